@@ -1,0 +1,26 @@
+"""Backends behind one interface: ``local`` (the embedded default) and ``kubernetes``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from playground.backends.base import Backend
+from playground.errors import UserError
+
+BACKENDS = ("local", "kubernetes")
+
+
+def get_backend(name: str = "local", **options: Any) -> Backend:
+    """Instantiate a backend by name. ``options`` go to its config (e.g. namespace, context)."""
+    if name == "local":
+        from playground.backends.local import LocalBackend
+
+        return LocalBackend(**options)
+    if name == "kubernetes":
+        from playground.backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(**options)
+    raise UserError(f"unknown backend {name!r}; allowed: {', '.join(BACKENDS)}", field="backend")
+
+
+__all__ = ["BACKENDS", "Backend", "get_backend"]

@@ -1,0 +1,21 @@
+"""Blueprint catalog: one YAML file per blueprint under ``catalog/``, validated by :mod:`.schema`."""
+
+from playground.blueprints.loader import get_blueprint, load_blueprint_file, load_catalog
+from playground.blueprints.schema import (
+    KNOWN_PARAMETERS,
+    Blueprint,
+    Example,
+    ParameterSpec,
+    parse_set_options,
+)
+
+__all__ = [
+    "KNOWN_PARAMETERS",
+    "Blueprint",
+    "Example",
+    "ParameterSpec",
+    "get_blueprint",
+    "load_blueprint_file",
+    "load_catalog",
+    "parse_set_options",
+]

@@ -1,0 +1,256 @@
+"""The blueprint schema (pydantic). A blueprint is defined once, in YAML; the launch form,
+the CLI ``--set``, notebook parameters and the TrainJob are all derived from it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from playground.errors import ParameterError
+
+# Parameters the training entrypoint understands. A blueprint exposes a bounded subset.
+KNOWN_PARAMETERS: dict[str, str] = {
+    "learning_rate": "peak learning rate (cosine decay after warmup)",
+    "max_steps": "optimizer steps to train",
+    "batch_size": "examples per optimizer step (per device)",
+    "gradient_accumulation_steps": "micro-batches accumulated per optimizer step",
+    "warmup_steps": "linear warmup steps",
+    "weight_decay": "AdamW weight decay",
+    "seed": "random seed (data order, init)",
+    "max_seq_length": "tokens per example (longer examples are truncated)",
+    "num_train_examples": "training examples to use",
+    "num_eval_examples": "held-out examples to evaluate",
+    "lora_rank": "LoRA rank r",
+    "lora_alpha": "LoRA alpha",
+    "lora_dropout": "LoRA dropout",
+    "eval_every": "evaluate every N steps (0: only at the end)",
+    "checkpoint_every": "save a resumable checkpoint every N steps (0: never)",
+    "log_every": "print a progress line every N steps",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ParameterSpec(_Strict):
+    """One bounded, user-settable parameter."""
+
+    type: Literal["int", "float", "bool", "choice"]
+    default: Any
+    min: float | None = None
+    max: float | None = None
+    choices: list[Any] | None = None
+    help: str = ""
+    log_scale: bool = False  # a hint for UI sliders (learning rates)
+
+    @model_validator(mode="after")
+    def _check(self) -> ParameterSpec:
+        if self.type == "choice" and not self.choices:
+            raise ValueError("type 'choice' needs 'choices'")
+        if self.type in ("int", "float") and (self.min is None or self.max is None):
+            raise ValueError(f"type {self.type!r} needs both 'min' and 'max' (parameters are bounded)")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is greater than max {self.max}")
+        return self
+
+    def describe_allowed(self) -> str:
+        """Human text for the allowed values, used in every error message."""
+        if self.type == "choice":
+            return "one of " + ", ".join(str(c) for c in self.choices or [])
+        if self.type == "bool":
+            return "true or false"
+        kind = "an integer" if self.type == "int" else "a number"
+        return f"{kind} from {_fmt(self.min)} to {_fmt(self.max)}"
+
+    def coerce(self, name: str, value: Any) -> Any:
+        """Convert ``value`` (typed, or a string from ``--set``/a form) and check bounds."""
+        allowed = self.describe_allowed()
+        bad = ParameterError(f"parameter {name!r}: {value!r} is not valid; allowed: {allowed}", field=name)
+        if self.type == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+            raise bad
+        if self.type == "choice":
+            for choice in self.choices or []:
+                if value == choice or str(value).strip() == str(choice):
+                    return choice
+            raise bad
+        if isinstance(value, bool):
+            raise bad
+        try:
+            if self.type == "int":
+                if isinstance(value, float):
+                    if not value.is_integer():
+                        raise ValueError
+                    number: float = int(value)
+                else:
+                    number = int(str(value).strip())
+            else:
+                number = float(str(value).strip()) if not isinstance(value, int | float) else float(value)
+        except (TypeError, ValueError):
+            raise bad from None
+        if isinstance(number, float) and not math.isfinite(number):
+            raise bad
+        assert self.min is not None and self.max is not None
+        if not (self.min <= number <= self.max):
+            raise ParameterError(f"parameter {name!r}: {_fmt(number)} is out of range; allowed: {allowed}", field=name)
+        return number
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "?"
+    if float(x).is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:g}"
+
+
+class ModelSpec(_Strict):
+    """Where the base model comes from.
+
+    ``source``: ``hf://org/name`` (hub), ``scratch://llama`` (architecture ``config`` built
+    locally with random init) or a local directory path (a stand-in or a mirror).
+    """
+
+    source: str
+    gated: bool = False
+    config: dict[str, Any] = Field(default_factory=dict)
+    tokenizer: str | None = None  # e.g. "chars" for a tokenizer the trainer builds itself
+    chat_template: str | None = None  # Jinja template stored with the tokenizer
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+
+
+class DatasetSpec(_Strict):
+    """Where the data comes from and how it is formatted.
+
+    ``source``: ``hf://org/name``, ``synthetic://<task>`` (generated by the project), or a
+    local ``.json``/``.jsonl`` file or directory.
+    """
+
+    source: str
+    format: Literal["alpaca", "chat", "synthetic"]
+    split: str = "train"
+    eval_split: str | None = None  # None: hold out ``eval_fraction`` of ``split``
+    eval_fraction: float = Field(default=0.05, gt=0, lt=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class MethodSpec(_Strict):
+    kind: Literal["full", "lora"]
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+class ResourcesSpec(_Strict):
+    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=0, ge=0)
+    cpu: str | None = None
+    memory: str | None = None
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.gpus_per_node > 0
+
+
+class KubernetesSpec(_Strict):
+    """How the blueprint runs as a TrainJob."""
+
+    trainer: Literal["playground", "builtin-torchtune"] = "playground"
+    runtime: str = "playground-torch"
+    image: str | None = None
+    active_deadline_seconds: int = Field(default=3600, ge=60)
+    storage: str = "10Gi"
+
+
+class ServingSpec(_Strict):
+    runtime: Literal["huggingface"] = "huggingface"
+    max_new_tokens: int = Field(default=128, ge=1, le=4096)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+
+
+class QualitySpec(_Strict):
+    """What the headless notebook (and the e2e check) asserts."""
+
+    metric: str
+    threshold: float
+    higher_is_better: bool = True
+
+    def passed(self, value: float) -> bool:
+        return value >= self.threshold if self.higher_is_better else value <= self.threshold
+
+
+class Example(_Strict):
+    prompt: str
+    expected: str | None = None
+
+
+class Blueprint(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,62}$")
+    title: str
+    description: str = ""
+    task: str
+    model: ModelSpec
+    dataset: DatasetSpec
+    method: MethodSpec
+    parameters: dict[str, ParameterSpec]
+    resources: ResourcesSpec = ResourcesSpec()
+    kubernetes: KubernetesSpec = KubernetesSpec()
+    serving: ServingSpec = ServingSpec()
+    quality: QualitySpec
+    examples: list[Example] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> Blueprint:
+        unknown = sorted(set(self.parameters) - set(KNOWN_PARAMETERS))
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN_PARAMETERS))}")
+        for name, spec in self.parameters.items():
+            try:
+                spec.coerce(name, spec.default)
+            except ParameterError as exc:
+                raise ValueError(f"default of {name!r} is invalid: {exc}") from None
+        return self
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.resources.needs_gpu
+
+    def defaults(self) -> dict[str, Any]:
+        return {name: spec.coerce(name, spec.default) for name, spec in self.parameters.items()}
+
+    def resolve_params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Defaults merged with ``overrides`` (typed values or strings), validated.
+
+        Raises :class:`ParameterError` naming the field and the allowed values.
+        """
+        params = self.defaults()
+        for name, value in (overrides or {}).items():
+            spec = self.parameters.get(name)
+            if spec is None:
+                known = ", ".join(sorted(self.parameters)) or "(none)"
+                raise ParameterError(
+                    f"unknown parameter {name!r} for blueprint {self.id!r}; allowed: {known}", field=name
+                )
+            params[name] = spec.coerce(name, value)
+        return params
+
+
+def parse_set_options(items: list[str] | None) -> dict[str, str]:
+    """``["k=v", ...]`` from ``--set`` into a dict; malformed items are a one-line error."""
+    result: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ParameterError(f"--set {item!r}: expected KEY=VALUE", field="--set")
+        result[key.strip()] = value.strip()
+    return result

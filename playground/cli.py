@@ -1,0 +1,86 @@
+"""The ``playground`` command line. Each command group lives in its own module and
+registers itself here; heavy imports happen inside the command functions."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any
+
+from playground.errors import UserError
+
+COMMAND_MODULES = (
+    "playground.commands.blueprints",  # blueprints, blueprints show
+    "playground.commands.jobs",  # train, jobs, logs, cancel, delete
+    "playground.serving.commands",  # serve, servers, chat, unserve
+    "playground.e2e.commands",  # e2e
+    "playground.commands.app",  # app
+)
+
+
+def add_backend_options(parser: argparse.ArgumentParser, *, dry_run: bool = False) -> None:
+    """``--backend`` and the Kubernetes connection flags, shared by every job command."""
+    group = parser.add_argument_group("backend")
+    group.add_argument("--backend", default=None, help="local (default) or kubernetes; env PLAYGROUND_BACKEND")
+    group.add_argument("--namespace", default=None, help="kubernetes: namespace (default: the context's)")
+    group.add_argument("--context", default=None, help="kubernetes: kubeconfig context")
+    group.add_argument("--kubeconfig", default=None, help="kubernetes: kubeconfig file")
+    if dry_run:
+        group.add_argument(
+            "--dry-run", action="store_true", help="kubernetes: print the manifest as YAML, contact nothing"
+        )
+
+
+def backend_from_args(args: argparse.Namespace):  # -> Backend (imported lazily)
+    """The backend named by ``--backend``/``$PLAYGROUND_BACKEND`` with its options."""
+    import os
+
+    from playground.backends import get_backend
+
+    name = args.backend or os.environ.get("PLAYGROUND_BACKEND", "local")
+    options: dict[str, Any] = {}
+    if name == "kubernetes":
+        options = {k: getattr(args, k, None) for k in ("namespace", "context", "kubeconfig")}
+        options = {k: v for k, v in options.items() if v is not None}
+    else:
+        used = [f"--{k}" for k in ("namespace", "context", "kubeconfig") if getattr(args, k, None)]
+        if used:
+            raise UserError(f"{used[0]} only applies to --backend kubernetes", field=used[0])
+    return get_backend(name, **options)
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="playground",
+        description="Blueprint Playground: pick an LLM fine-tuning blueprint, train it, watch it, serve it, chat.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"playground: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Where the engine keeps its state: ``$PLAYGROUND_HOME`` or the user's data dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+from playground.errors import UserError
+
+
+def playground_home() -> Path:
+    """The state directory (jobs, servers, caches). Not created here."""
+    env = os.environ.get("PLAYGROUND_HOME")
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_data_dir("blueprint-playground", appauthor=False))
+
+
+def ensure_writable_dir(path: Path, *, what: str) -> Path:
+    """Create ``path`` if needed and check it is writable; raise a one-line UserError if not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(
+            f"{what} {str(path)!r} is not writable ({exc.strerror or exc}); "
+            "choose another with PLAYGROUND_HOME or --output",
+            field=what,
+        ) from None
+    return path

@@ -1,0 +1,78 @@
+"""Engine data types shared by every backend (dataclasses, JSON-friendly)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from playground.events import JobPhase, Progress
+
+
+@dataclass(frozen=True)
+class SourceOverrides:
+    """Replace a blueprint's model or dataset source (a local stand-in, a mirror, a PVC path).
+
+    A blueprint that needs a GPU may run on CPU when its model is overridden by a local
+    directory: that is how the hub blueprints' code is tested on tiny stand-ins.
+    """
+
+    model: str | None = None
+    dataset: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What ``submit`` takes: a blueprint id and validated parameters.
+
+    Build one with :func:`playground.api.make_request`, which validates ``params``.
+    """
+
+    blueprint_id: str
+    params: dict[str, Any]
+    overrides: SourceOverrides = SourceOverrides()
+    labels: dict[str, str] = field(default_factory=dict)  # owner/session labels
+
+
+@dataclass
+class Job:
+    """A training job as every backend reports it."""
+
+    id: str
+    blueprint_id: str
+    backend: str
+    phase: JobPhase
+    params: dict[str, Any]
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    message: str = ""  # why it is in this phase (failing step, reason)
+    progress: Progress | None = None  # the latest point
+    metrics: dict[str, float] = field(default_factory=dict)
+    model_dir: str | None = None  # finished, servable HF model directory (or storage URI)
+    base_model: str | None = None  # the base model for side-by-side chat (dir, hf:// or URI)
+    log_tail: list[str] = field(default_factory=list)  # last lines, kept when it fails
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.phase.terminal
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["phase"] = str(self.phase)
+        return data
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible base URL (ending in ``/v1``) and the model name to ask for."""
+
+    url: str
+    model: str
+    job_id: str | None = None
+    kind: str = "fine-tuned"  # or "base"
+    backend: str = "local"
+    name: str | None = None  # server / InferenceService name
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

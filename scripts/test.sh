@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install everything the tests need on a fresh machine, then run lint and the whole test suite.
+# Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Headless Chromium for the real-browser test (Debian packages; no browser download).
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+      || echo "warning: could not install chromium; browser tests will be skipped" >&2
+  fi
+fi
+
+# CPU build of PyTorch pinned (a bare 'torch' pulls GBs of CUDA wheels), then the project.
+python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
+
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+ruff check .
+ruff format --check .
+python -m pytest -ra "$@"

@@ -203,6 +203,9 @@ class Blueprint(_Strict):
     dataset: DatasetSpec
     method: MethodSpec
     parameters: dict[str, ParameterSpec]
+    # Fixed training settings a visitor cannot change (e.g. warmup_steps), keys from KNOWN_PARAMETERS;
+    # a same-named entry in ``parameters`` overrides them.
+    training: dict[str, Any] = Field(default_factory=dict)
     resources: ResourcesSpec = ResourcesSpec()
     kubernetes: KubernetesSpec = KubernetesSpec()
     serving: ServingSpec = ServingSpec()
@@ -214,6 +217,9 @@ class Blueprint(_Strict):
         unknown = sorted(set(self.parameters) - set(KNOWN_PARAMETERS))
         if unknown:
             raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN_PARAMETERS))}")
+        unknown = sorted(set(self.training) - set(KNOWN_PARAMETERS))
+        if unknown:
+            raise ValueError(f"unknown training setting(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN_PARAMETERS))}")
         for name, spec in self.parameters.items():
             try:
                 spec.coerce(name, spec.default)

@@ -1,9 +1,120 @@
-"""Placeholder: filled in by the issue that owns this command group."""
+"""``playground serve``, ``servers``, ``chat`` and ``unserve``: model servers and talking to them."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+
+from playground.cli import add_backend_options, backend_from_args, print_json
+from playground.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this group's commands to the ``playground`` CLI."""
+    """Add the serving commands to the ``playground`` CLI."""
+    serve = subparsers.add_parser(
+        "serve",
+        help="serve a finished job's model behind an OpenAI-compatible endpoint",
+        description="Start a model server for JOB's fine-tuned model (or, with --base, its base model), "
+        "wait until it answers, and print the endpoint URL and model name.",
+    )
+    serve.add_argument("job", metavar="JOB", help="job id (see `playground jobs`)")
+    serve.add_argument("--base", action="store_true", help="serve the job's base model instead (to compare)")
+    serve.add_argument("--json", action="store_true", help="print the endpoint as JSON")
+    add_backend_options(serve, dry_run=True)
+    serve.set_defaults(func=cmd_serve)
+
+    servers = subparsers.add_parser("servers", help="list running model servers")
+    servers.add_argument("--json", action="store_true", help="print the endpoints as JSON")
+    add_backend_options(servers)
+    servers.set_defaults(func=cmd_servers)
+
+    chat = subparsers.add_parser(
+        "chat",
+        help="send one prompt to an endpoint and print the answer",
+        description="Chat with an OpenAI-compatible endpoint (a local server or a KServe InferenceService). "
+        "URL is the base URL ending in /v1; a local server's name or job id works too.",
+    )
+    chat.add_argument("url", metavar="URL", help="endpoint base URL (…/v1), or a local server name or job id")
+    chat.add_argument("prompt", help="the user message")
+    chat.add_argument("--model", default=None, help="model name (default: the endpoint's)")
+    chat.add_argument("--system", default=None, help="a system message before the prompt")
+    chat.add_argument("--stream", action="store_true", help="print the answer as it is generated")
+    chat.add_argument("--max-tokens", type=int, default=None, help="most tokens to generate")
+    chat.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    chat.set_defaults(func=cmd_chat)
+
+    unserve = subparsers.add_parser("unserve", help="stop model servers (by endpoint URL, server name or job id)")
+    unserve.add_argument("target", metavar="URL|JOB", help="endpoint URL, server name, or job id (all its servers)")
+    add_backend_options(unserve)
+    unserve.set_defaults(func=cmd_unserve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    backend = backend_from_args(args)
+    if args.dry_run:
+        sys.stdout.write(backend.render_serve(args.job, base=args.base).rstrip("\n") + "\n")
+        return 0
+    endpoint = backend.serve(args.job, base=args.base)
+    if args.json:
+        print_json(endpoint.to_dict())
+    else:
+        print(endpoint.url)
+        print(endpoint.model)
+    return 0
+
+
+def cmd_servers(args: argparse.Namespace) -> int:
+    endpoints = backend_from_args(args).endpoints()
+    if args.json:
+        print_json([e.to_dict() for e in endpoints])
+        return 0
+    if not endpoints:
+        print("no model servers running (start one with `playground serve JOB`)")
+        return 0
+    rows = [("NAME", "JOB", "KIND", "URL", "MODEL")]
+    rows += [(e.name or "", e.job_id or "", e.kind, e.url, e.model) for e in endpoints]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+    return 0
+
+
+def _local_endpoint(target: str):
+    """A local server by name or job id (fine-tuned first), for ``chat NAME``."""
+    from playground.paths import playground_home
+    from playground.serving.local import LocalServers
+
+    matches = [e for e in LocalServers(playground_home()).list() if target in (e.name, e.job_id)]
+    if not matches:
+        raise UserError(
+            f"{target!r} is neither an endpoint URL (http://HOST:PORT/v1) nor a local server name or job id "
+            "(see `playground servers`)",
+            field="url",
+        )
+    return sorted(matches, key=lambda e: e.kind != "fine-tuned")[0]
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from playground.serving.client import chat
+
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}", field="--max-tokens")
+    if not 0.0 <= args.temperature <= 2.0:
+        raise UserError(f"--temperature must be between 0 and 2, got {args.temperature}", field="--temperature")
+    endpoint = args.url if "://" in args.url else _local_endpoint(args.url)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    messages.append({"role": "user", "content": args.prompt})
+    options = {"model": args.model, "max_tokens": args.max_tokens, "temperature": args.temperature}
+    if args.stream:
+        for chunk in chat(endpoint, messages, stream=True, **options):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+    else:
+        print(chat(endpoint, messages, **options))
+    return 0
+
+
+def cmd_unserve(args: argparse.Namespace) -> int:
+    backend_from_args(args).unserve(args.target)
+    return 0

@@ -1,0 +1,715 @@
+"""The Kubernetes backend: Kubeflow Trainer v2 TrainJobs (kubeflow SDK) and KServe InferenceServices.
+
+Submitting uses the SDK (``TrainerClient.train`` / its spec builder and API client); following a
+job holds one watch per resource kind (the TrainJob, its pods, Events) plus one log stream per
+step pod, all resuming after a dropped connection. Nothing contacts the cluster before it is needed,
+so ``render_train``/``render_serve`` (``--dry-run``) work without a kubeconfig.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from playground.backends.base import Backend
+from playground.backends.kubernetes import manifests as m
+from playground.backends.kubernetes.errors import api_error
+from playground.backends.kubernetes.status import (
+    StreamState,
+    cluster_phase,
+    conditions,
+    container_name,
+    failure,
+    finished,
+    started,
+    step_name,
+    trainer_progress,
+)
+from playground.backends.kubernetes.watch import LogFollower, ResourceWatcher, WatchStats
+from playground.blueprints import Blueprint, get_blueprint, load_catalog
+from playground.errors import BackendError, JobNotFound, UserError
+from playground.events import Event, JobPhase, Phase
+from playground.types import Endpoint, Job, TrainRequest
+
+TRAINJOBS = "trainjobs.trainer.kubeflow.org"
+ISVCS = "inferenceservices.serving.kserve.io"
+RUNTIMES = "clustertrainingruntimes.trainer.kubeflow.org"
+IN_CLUSTER_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _ts(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class KubernetesBackend(Backend):
+    """Blueprint jobs as TrainJobs, served by KServe. Options fall back to env (PLAYGROUND_*)."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        namespace: str | None = None,
+        context: str | None = None,
+        kubeconfig: str | None = None,
+        *,
+        queue: str | None = None,
+        hf_token_secret: str | None = None,
+        image: str | None = None,
+        ttl_seconds_after_finished: int | None = None,
+        watch_timeout: int = 600,
+        serve_timeout: float = 600.0,
+        drain_timeout: float = 15.0,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        self.context = context
+        self.kubeconfig = kubeconfig
+        self._namespace = namespace
+        self.opts = m.ClusterOptions.from_env(
+            namespace=self.namespace,
+            queue=queue,
+            hf_token_secret=hf_token_secret,
+            image=image,
+            ttl_seconds_after_finished=ttl_seconds_after_finished,
+            extra_labels=dict(labels or {}),
+        )
+        self.watch_timeout = watch_timeout
+        self.serve_timeout = serve_timeout
+        self.drain_timeout = drain_timeout
+        self.stats = WatchStats()
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    # -- connection ------------------------------------------------------------------------------
+    @property
+    def namespace(self) -> str:
+        """--namespace, else the kubeconfig context's, else the pod's, else ``default`` (no request made)."""
+        if self._namespace:
+            return self._namespace
+        ns = None
+        try:
+            from kubernetes import config
+
+            path = self._kubeconfig_path()
+            if path and os.path.exists(path):
+                contexts, active = config.list_kube_config_contexts(config_file=path)
+                ctx = next((c for c in contexts if c["name"] == self.context), active) if self.context else active
+                ns = ((ctx or {}).get("context") or {}).get("namespace")
+            elif IN_CLUSTER_NS.exists():
+                ns = IN_CLUSTER_NS.read_text().strip()
+        except Exception:  # a broken kubeconfig is reported when connecting
+            ns = None
+        self._namespace = ns or "default"
+        return self._namespace
+
+    def _kubeconfig_path(self) -> str | None:
+        if self.kubeconfig:
+            return os.path.expanduser(self.kubeconfig)
+        env = os.environ.get("KUBECONFIG")
+        if env:
+            return os.path.expanduser(env.split(os.pathsep)[0])
+        return os.path.expanduser("~/.kube/config")
+
+    def _configuration(self):
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not self.kubeconfig
+        path = self._kubeconfig_path()
+        if not in_cluster:
+            if not path or not os.path.exists(path):
+                raise BackendError(
+                    f"no kubeconfig found at {path} and not running inside a cluster; "
+                    "pass --kubeconfig FILE / --context NAME or set KUBECONFIG",
+                    field="kubeconfig",
+                )
+            try:
+                config.load_kube_config(config_file=path, context=self.context, client_configuration=cfg)
+            except config.ConfigException as exc:
+                raise BackendError(f"kubeconfig {path}: {' '.join(str(exc).split())}", field="context") from None
+        else:
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException as exc:
+                raise BackendError(f"in-cluster config: {exc}") from None
+        cfg.connection_pool_maxsize = 64  # one stream per watch and per followed log
+        return cfg
+
+    @property
+    def client(self):
+        """The kubeflow SDK ``TrainerClient`` (connected on first use)."""
+        with self._lock:
+            if self._client is None:
+                import logging
+
+                from kubeflow.common.types import KubernetesBackendConfig
+                from kubeflow.trainer import TrainerClient
+
+                cfg = self._configuration()
+                logging.getLogger("kubeflow.trainer.backends.kubernetes.backend").setLevel(logging.ERROR)
+                try:
+                    config = KubernetesBackendConfig(
+                        namespace=self.namespace, context=self.context, client_configuration=cfg
+                    )
+                    self._client = TrainerClient(config)
+                except Exception as exc:
+                    raise self._error(exc, "connect to", "the Kubernetes API") from None
+                self.host = cfg.host
+            return self._client
+
+    @property
+    def custom(self):
+        return self.client.backend.custom_api
+
+    @property
+    def core(self):
+        return self.client.backend.core_api
+
+    def _error(self, exc: BaseException, verb: str, resource: str, name: str | None = None) -> BackendError:
+        if isinstance(exc, UserError):
+            return exc  # type: ignore[return-value]
+        host = getattr(self, "host", None)
+        return api_error(exc, verb=verb, resource=resource, namespace=self.namespace, name=name, host=host)
+
+    # -- manifests (no cluster) ------------------------------------------------------------------
+    def _plan(self, request: TrainRequest, runtime: Any = None, name: str | None = None) -> m.TrainJobPlan:
+        blueprint = get_blueprint(request.blueprint_id)
+        name = name or m.new_job_name(blueprint.id)
+        return m.plan_trainjob(blueprint, request, self.opts, name, runtime=runtime)
+
+    def render_train(self, request: TrainRequest) -> str:
+        plan = self._plan(request)
+        return m.to_yaml(m.build_trainjob(plan, m.sdk_backend(self.namespace)))
+
+    def _blueprint_of_name(self, job_id: str) -> Blueprint:
+        """The blueprint a job name was made from (names are ``<blueprint>-<suffix>``)."""
+        stem = job_id.rsplit("-", 1)[0]
+        for blueprint in load_catalog().values():
+            if m.new_job_name(blueprint.id).rsplit("-", 1)[0] == stem:
+                return blueprint
+        raise UserError(
+            f"cannot tell the blueprint of job {job_id!r} from its name without a cluster; "
+            "give a job name made by `playground train --backend kubernetes`",
+            field="job",
+        )
+
+    def render_serve(self, job_id: str, *, base: bool = False) -> str:
+        blueprint = self._blueprint_of_name(job_id)
+        uri = m.base_model_uri(job_id, blueprint) if base else m.output_uri(job_id, blueprint)
+        return m.to_yaml(m.build_inferenceservice(job_id, blueprint, uri, self.opts, base=base))
+
+    # -- runtimes ---------------------------------------------------------------------------------
+    def installed_runtimes(self) -> list[str]:
+        try:
+            data = self.custom.list_cluster_custom_object(m.GROUP, m.VERSION, m.CTR_PLURAL)
+        except Exception as exc:
+            raise self._error(exc, "list", RUNTIMES) from None
+        return sorted(item["metadata"]["name"] for item in data.get("items") or [])
+
+    def _runtime(self, blueprint: Blueprint):
+        from kubernetes.client.exceptions import ApiException
+
+        from playground.backends.kubernetes.errors import _root
+
+        name = blueprint.kubernetes.runtime
+        try:
+            return self.client.get_runtime(name)
+        except Exception as exc:
+            root = _root(exc)
+            if not (isinstance(root, ApiException) and root.status == 404):
+                raise self._error(exc, "get", RUNTIMES, name) from None
+        installed = self.installed_runtimes()
+        hint = "kubectl apply -k deploy/" if name.startswith("playground") else "the Kubeflow Trainer runtimes"
+        raise BackendError(
+            f"training runtime {name!r} (blueprint {blueprint.id}) is not installed; installed: "
+            f"{', '.join(installed) or 'none'}; install it with {hint}",
+            field="kubernetes.runtime",
+        )
+
+    # -- jobs -----------------------------------------------------------------------------------
+    def submit(self, request: TrainRequest) -> Job:
+        blueprint = get_blueprint(request.blueprint_id)
+        runtime = self._runtime(blueprint)
+        plan = self._plan(request, runtime=runtime)
+        try:
+            if blueprint.kubernetes.trainer == "playground":
+                self.client.train(
+                    runtime=plan.runtime, initializer=plan.initializer, trainer=plan.trainer, options=plan.options
+                )
+            else:  # the TorchTune args the SDK has no field for (max steps, lr) ride on its spec
+                body = m.build_trainjob(plan, self.client.backend)
+                self.custom.create_namespaced_custom_object(m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, body)
+        except ValueError as exc:  # the SDK refuses the trainer for this runtime
+            raise BackendError(f"runtime {runtime.name!r}: {exc}", field="kubernetes.runtime") from None
+        except Exception as exc:
+            raise self._error(exc, "create", TRAINJOBS, plan.name) from None
+        return self.get(plan.name)
+
+    def _get_trainjob(self, job_id: str) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.custom.get_namespaced_custom_object(
+                m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, job_id
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise JobNotFound(f"no TrainJob {job_id!r} in namespace {self.namespace!r}", field="job") from None
+            raise self._error(exc, "get", TRAINJOBS, job_id) from None
+        except Exception as exc:
+            raise self._error(exc, "get", TRAINJOBS, job_id) from None
+
+    def _pods(self, job_id: str) -> list[dict[str, Any]]:
+        try:
+            resp = self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"{m.JOBSET_NAME_LABEL}={job_id}", _preload_content=False
+            )
+        except Exception as exc:
+            raise self._error(exc, "list", "pods") from None
+        return json.loads(resp.data).get("items") or []
+
+    def _tail(self, pod: dict[str, Any], lines: int = 20) -> list[str]:
+        try:
+            text = self.core.read_namespaced_pod_log(
+                pod["metadata"]["name"], self.namespace, container=container_name(pod), tail_lines=lines
+            )
+        except Exception:  # the tail is a courtesy; the phase is what matters
+            return []
+        return [line for line in str(text).splitlines() if line.strip()]
+
+    def _job(self, obj: dict[str, Any], pods: list[dict[str, Any]] | None, tail: list[str] | None = None) -> Job:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        ann = meta.get("annotations") or {}
+        phase, reason = cluster_phase(obj, pods or [])
+        conds = conditions(obj)
+        finished_at = None
+        for ctype in ("Complete", "Failed"):
+            if conds.get(ctype, {}).get("status") == "True":
+                finished_at = _ts(conds[ctype].get("lastTransitionTime"))
+        starts = [_ts((p.get("status") or {}).get("startTime")) for p in pods or []]
+        progress, metrics = trainer_progress(obj)
+        log_tail = list(tail or [])
+        message = reason
+        if phase == JobPhase.FAILED and log_tail:
+            message = f"{reason}; last log line: {log_tail[-1]}"
+        try:
+            params = json.loads(ann.get(m.ANN_PARAMS, "{}"))
+        except ValueError:
+            params = {}
+        return Job(
+            id=meta.get("name", ""),
+            blueprint_id=self._blueprint_id(labels),
+            backend=self.name,
+            phase=phase,
+            params=params,
+            created_at=_ts(meta.get("creationTimestamp")) or time.time(),
+            started_at=min((s for s in starts if s), default=None),
+            finished_at=finished_at,
+            message=message,
+            progress=progress,
+            metrics={k: v for k, v in metrics.items() if k.startswith("eval")},
+            model_dir=ann.get(m.ANN_OUTPUT) if phase == JobPhase.SUCCEEDED else None,
+            base_model=ann.get(m.ANN_BASE),
+            log_tail=log_tail,
+            labels={k[len(m.LABEL_PREFIX) :]: v for k, v in labels.items() if k.startswith(m.LABEL_PREFIX)},
+        )
+
+    @staticmethod
+    def _blueprint_id(labels: dict[str, str]) -> str:
+        value = labels.get(m.LABEL_BLUEPRINT, "")
+        catalog = load_catalog()
+        return value if value in catalog else next((b for b in catalog if m.label_value(b) == value), value)
+
+    def get(self, job_id: str) -> Job:
+        obj = self._get_trainjob(job_id)
+        pods = self._pods(job_id)
+        tail = None
+        phase, _ = cluster_phase(obj, pods)
+        if phase == JobPhase.FAILED:
+            failing = [p for p in sorted(pods, key=step_name) if failure(p)] or [
+                p for p in pods if step_name(p) == "node-0"
+            ]
+            tail = self._tail(failing[0]) if failing else None
+        return self._job(obj, pods, tail)
+
+    def list(self) -> list[Job]:
+        try:
+            data = self.custom.list_namespaced_custom_object(
+                m.GROUP,
+                m.VERSION,
+                self.namespace,
+                m.TRAINJOB_PLURAL,
+                label_selector=f"{m.LABEL_MANAGED}={m.MANAGED_BY}",
+            )
+        except Exception as exc:
+            raise self._error(exc, "list", TRAINJOBS) from None
+        jobs = [self._job(obj, None) for obj in data.get("items") or []]
+        jobs = [j for j in jobs if not self._expired(j, data)]
+        return sorted(jobs, key=lambda j: j.created_at, reverse=True)
+
+    def _expired(self, job: Job, data: dict[str, Any]) -> bool:
+        """Optional TTL after finish (annotation set at submit): delete the job and its servers."""
+        obj = next(o for o in data.get("items") or [] if o["metadata"]["name"] == job.id)
+        ttl = (obj["metadata"].get("annotations") or {}).get(m.ANN_TTL)
+        if ttl is None or not job.done or job.finished_at is None or time.time() < job.finished_at + int(ttl):
+            return False
+        try:
+            self.delete(job.id)
+        except UserError:
+            return False
+        return True
+
+    # -- events ---------------------------------------------------------------------------------
+    def events(self, job_id: str, follow: bool = False) -> Iterator[Event]:
+        obj = self._get_trainjob(job_id)  # JobNotFound before anything starts
+        created = _ts((obj.get("metadata") or {}).get("creationTimestamp"))
+        yield Phase(JobPhase.PENDING, "TrainJob created", time=created or time.time())
+        state = StreamState(job_id, rank=0, phase=JobPhase.PENDING)
+        if not follow:
+            yield from self._history(job_id, state)
+            return
+        yield from self._follow(job_id, state)
+
+    def _history(self, job_id: str, state: StreamState) -> Iterator[Event]:
+        state.job = self._get_trainjob(job_id)
+        pods = self._pods(job_id)
+        for pod in pods:
+            yield from state.on_pod("ADDED", pod)
+        try:
+            resp = self.core.list_namespaced_event(self.namespace, _preload_content=False)
+            for ev in json.loads(resp.data).get("items") or []:
+                yield from state.on_event(ev)
+        except Exception:  # events are advisory (RBAC may hide them)
+            pass
+        yield from state.on_job("MODIFIED", state.job)
+        for pod in sorted(pods, key=step_name):
+            if not started(pod):
+                continue
+            sink: queue.Queue = queue.Queue()
+            follower = LogFollower(
+                self.core,
+                self.namespace,
+                pod["metadata"]["name"],
+                container_name(pod),
+                step_name(pod),
+                sink.put,
+                threading.Event(),
+                follow=False,
+                stats=self.stats,
+            )
+            follower.run()
+            while not sink.empty():
+                item = sink.get()
+                if item[0] == "log":
+                    yield from state.on_log(item[1], item[2])
+        end = state.terminal()
+        if end:
+            yield Phase(end[0], self._final_reason(end, state))
+
+    @staticmethod
+    def _final_reason(end: tuple[JobPhase, str], state: StreamState) -> str:
+        phase, reason = end
+        if phase == JobPhase.FAILED:
+            tail = state.failing_tail(3)
+            if tail:
+                return f"{reason}; last log lines: {' | '.join(tail)}"
+        return reason
+
+    def watchers(self, job_id: str, sink: Any, stop: threading.Event) -> list[ResourceWatcher]:
+        """One watch per resource kind for a job: its TrainJob, its pods, the namespace's Events."""
+        ns, t = self.namespace, self.watch_timeout
+        return [
+            ResourceWatcher(
+                "trainjob",
+                partial(
+                    self.custom.list_namespaced_custom_object,
+                    m.GROUP,
+                    m.VERSION,
+                    ns,
+                    m.TRAINJOB_PLURAL,
+                    field_selector=f"metadata.name={job_id}",
+                ),
+                sink,
+                stop,
+                timeout_seconds=t,
+                stats=self.stats,
+            ),
+            ResourceWatcher(
+                "pod",
+                partial(self.core.list_namespaced_pod, ns, label_selector=f"{m.JOBSET_NAME_LABEL}={job_id}"),
+                sink,
+                stop,
+                timeout_seconds=t,
+                stats=self.stats,
+            ),
+            ResourceWatcher(
+                "event", partial(self.core.list_namespaced_event, ns), sink, stop, timeout_seconds=t, stats=self.stats
+            ),
+        ]
+
+    def _follow(self, job_id: str, state: StreamState) -> Iterator[Event]:
+        inbox: queue.Queue = queue.Queue()
+        stop_watch = threading.Event()
+        stop_logs = threading.Event()
+        watchers = self.watchers(job_id, inbox.put, stop_watch)
+        followers: dict[str, LogFollower] = {}
+        ended: set[str] = set()
+        terminal_at: float | None = None
+        synced: set[str] = set()
+        try:
+            for w in watchers:
+                w.start()
+            while True:
+                try:
+                    item = inbox.get(timeout=0.5)
+                except queue.Empty:
+                    item = None
+                out: list[Event] = []
+                if item is not None:
+                    kind = item[0]
+                    if kind == "object":
+                        _, rkind, etype, obj = item
+                        if rkind == "trainjob":
+                            if etype == "DELETED":
+                                yield Phase(JobPhase.CANCELLED, "the TrainJob was deleted")
+                                return
+                            out = state.on_job(etype, obj)
+                        elif rkind == "pod":
+                            out = state.on_pod(etype, obj)
+                            self._maybe_follow(obj, followers, inbox.put, stop_logs, state)
+                        else:
+                            out = state.on_event(obj)
+                    elif kind == "synced":
+                        synced.add(item[1])
+                    elif kind == "log":
+                        out = state.on_log(item[1], item[2])
+                    elif kind == "log_end":
+                        ended.add(item[1])
+                    elif kind == "error":
+                        if item[1] == "event":
+                            continue  # Events are advisory: a missing permission must not stop the job view
+                        raise self._error(item[2], "watch", TRAINJOBS if item[1] == "trainjob" else "pods")
+                    elif kind == "log_error":
+                        ended.add(item[1])
+                yield from out
+                if terminal_at is None and state.terminal() and {"trainjob", "pod"} <= synced:
+                    terminal_at = time.monotonic()
+                    for pod in state.pods.values():  # a step that ran but was never followed (short-lived)
+                        self._maybe_follow(pod, followers, inbox.put, stop_logs, state)
+                if terminal_at is not None:
+                    drained = all(f.source in ended for f in followers.values())
+                    if drained or time.monotonic() - terminal_at > self.drain_timeout:
+                        end = state.terminal()
+                        assert end is not None
+                        yield Phase(end[0], self._final_reason(end, state))
+                        return
+        finally:
+            for w in watchers:
+                w.stop()
+            for f in followers.values():
+                f.stop()
+
+    def _maybe_follow(
+        self,
+        pod: dict[str, Any],
+        followers: dict[str, LogFollower],
+        sink: Any,
+        stop: threading.Event,
+        state: StreamState,
+    ) -> None:
+        name = pod["metadata"]["name"]
+        if name in followers or not started(pod):
+            return
+        follower = LogFollower(
+            self.core,
+            self.namespace,
+            name,
+            container_name(pod),
+            step_name(pod),
+            sink,
+            stop,
+            is_finished=lambda: finished(state.pods.get(name) or pod),
+            stats=self.stats,
+        )
+        followers[name] = follower
+        follower.start()
+
+    # -- control --------------------------------------------------------------------------------
+    def cancel(self, job_id: str) -> Job:
+        job = self.get(job_id)
+        if job.done:
+            return job
+        body = {"metadata": {"annotations": {m.ANN_CANCELLED: "true"}}, "spec": {"suspend": True}}
+        try:
+            self.custom.patch_namespaced_custom_object(
+                m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, job_id, body
+            )
+        except Exception as exc:
+            raise self._error(exc, "patch", TRAINJOBS, job_id) from None
+        return self.get(job_id)
+
+    def delete(self, job_id: str) -> None:
+        self._get_trainjob(job_id)
+        for isvc in self._isvcs(f"{m.LABEL_JOB}={job_id}"):
+            self._delete_isvc(isvc["metadata"]["name"])
+        try:
+            self.client.delete_job(job_id)
+        except Exception as exc:
+            raise self._error(exc, "delete", TRAINJOBS, job_id) from None
+
+    # -- serving --------------------------------------------------------------------------------
+    def _isvcs(self, selector: str) -> list[dict[str, Any]]:
+        try:
+            data = self.custom.list_namespaced_custom_object(
+                m.KSERVE_GROUP, m.KSERVE_VERSION, self.namespace, m.ISVC_PLURAL, label_selector=selector
+            )
+        except Exception as exc:
+            raise self._error(exc, "list", ISVCS) from None
+        return data.get("items") or []
+
+    def _delete_isvc(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.custom.delete_namespaced_custom_object(
+                m.KSERVE_GROUP, m.KSERVE_VERSION, self.namespace, m.ISVC_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise self._error(exc, "delete", ISVCS, name) from None
+        except Exception as exc:
+            raise self._error(exc, "delete", ISVCS, name) from None
+
+    @staticmethod
+    def _endpoint(isvc: dict[str, Any]) -> Endpoint | None:
+        meta = isvc.get("metadata") or {}
+        status = isvc.get("status") or {}
+        url = status.get("url")
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        if not url or not ready:
+            return None
+        labels = meta.get("labels") or {}
+        return Endpoint(
+            url=url.rstrip("/") + "/openai/v1",
+            model=meta.get("name", ""),
+            job_id=labels.get(m.LABEL_JOB),
+            kind=labels.get(m.LABEL_KIND, "fine-tuned"),
+            backend="kubernetes",
+            name=meta.get("name"),
+        )
+
+    def serve(self, job_id: str, *, base: bool = False) -> Endpoint:
+        from kubernetes.client.exceptions import ApiException
+
+        job = self.get(job_id)
+        blueprint = get_blueprint(job.blueprint_id)
+        if base:
+            uri = job.base_model or m.base_model_uri(job_id, blueprint)
+        else:
+            if job.phase != JobPhase.SUCCEEDED or not job.model_dir:
+                raise UserError(f"job {job_id} is {job.phase}; it can be served once it has Succeeded", field="job")
+            uri = job.model_dir
+        body = m.build_inferenceservice(job_id, blueprint, uri, self.opts, base=base)
+        name = body["metadata"]["name"]
+        try:
+            self.custom.create_namespaced_custom_object(
+                m.KSERVE_GROUP, m.KSERVE_VERSION, self.namespace, m.ISVC_PLURAL, body
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise self._error(exc, "create", ISVCS, name) from None
+            existing = self.custom.get_namespaced_custom_object(
+                m.KSERVE_GROUP, m.KSERVE_VERSION, self.namespace, m.ISVC_PLURAL, name
+            )
+            labels = (existing.get("metadata") or {}).get("labels") or {}
+            model = ((existing.get("spec") or {}).get("predictor") or {}).get("model") or {}
+            if labels.get(m.LABEL_JOB) != job_id or model.get("storageUri") != uri:
+                raise self._error(exc, "create", ISVCS, name) from None
+        except Exception as exc:
+            raise self._error(exc, "create", ISVCS, name) from None
+        return self._wait_ready(name)
+
+    def _wait_ready(self, name: str) -> Endpoint:
+        """Watch the InferenceService until Ready (one watch, no polling) or ``serve_timeout``."""
+        inbox: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        watcher = ResourceWatcher(
+            "isvc",
+            partial(
+                self.custom.list_namespaced_custom_object,
+                m.KSERVE_GROUP,
+                m.KSERVE_VERSION,
+                self.namespace,
+                m.ISVC_PLURAL,
+                field_selector=f"metadata.name={name}",
+            ),
+            inbox.put,
+            stop,
+            timeout_seconds=max(30, int(self.serve_timeout)),
+            stats=self.stats,
+        )
+        deadline = time.monotonic() + self.serve_timeout
+        last: dict[str, Any] = {}
+        watcher.start()
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    item = inbox.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                except queue.Empty:
+                    continue
+                if item[0] == "error":
+                    raise self._error(item[2], "watch", ISVCS, name)
+                if item[0] != "object":
+                    continue
+                if item[2] == "DELETED":
+                    raise BackendError(f"InferenceService {name!r} was deleted while waiting for it")
+                last = item[3]
+                endpoint = self._endpoint(last)
+                if endpoint is not None:
+                    return endpoint
+        finally:
+            watcher.stop()
+        not_ready = [
+            f"{c.get('type')}: {c.get('reason') or c.get('status')} {c.get('message') or ''}".strip()
+            for c in (last.get("status") or {}).get("conditions") or []
+            if c.get("status") != "True"
+        ]
+        why = "; ".join(not_ready) or "no status reported (is KServe installed?)"
+        raise BackendError(f"InferenceService {name!r} not Ready after {self.serve_timeout:g}s: {why}")
+
+    def unserve(self, target: str) -> None:
+        matched = [
+            isvc
+            for isvc in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}")
+            if target
+            in (
+                isvc["metadata"]["name"],
+                (isvc["metadata"].get("labels") or {}).get(m.LABEL_JOB),
+                (isvc.get("status") or {}).get("url"),
+                ((isvc.get("status") or {}).get("url") or "").rstrip("/") + "/openai/v1",
+            )
+        ]
+        if not matched:
+            raise UserError(
+                f"no InferenceService matches {target!r} (an endpoint URL, InferenceService name or job id)",
+                field="target",
+            )
+        for isvc in matched:
+            self._delete_isvc(isvc["metadata"]["name"])
+
+    def endpoints(self) -> list[Endpoint]:
+        found = [self._endpoint(i) for i in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}")]
+        return [e for e in found if e is not None]

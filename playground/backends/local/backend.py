@@ -1,0 +1,435 @@
+"""The local backend: each job is a detached supervisor process plus a state directory.
+
+``submit`` validates everything it can (blueprint, parameters, sources, GPUs, a writable state
+dir), writes ``spec.json``/``status.json`` and starts ``python -m playground.backends.local.supervisor
+JOBDIR`` in a new session, so the job outlives the caller (a notebook kernel, a CLI call). Any
+later process reads the same directory: ``list``/``get`` read ``status.json``, ``events`` replays
+``train.log`` and then tails it. A job whose supervisor died while it was running is marked
+``Failed`` by whoever notices (reconcile).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import playground
+from playground.backends.base import Backend
+from playground.backends.local import state
+from playground.backends.local.gpus import detect_gpus
+from playground.blueprints import Blueprint, get_blueprint
+from playground.errors import JobNotFound, UserError
+from playground.events import Event, JobPhase, Phase, Progress, event_from_dict, parse_line
+from playground.paths import ensure_writable_dir, playground_home
+from playground.types import Endpoint, Job, TrainRequest
+
+_JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
+_STARTUP_GRACE = 30.0  # seconds a job may sit without a supervisor pid before it counts as dead
+_FOLLOW_INTERVAL = 0.2  # seconds between looks at a followed log
+_LAUNCHED: list[subprocess.Popen] = []  # supervisors this process started, reaped so they leave no zombies
+
+
+def _reap() -> None:
+    _LAUNCHED[:] = [p for p in _LAUNCHED if p.poll() is None]
+
+
+def new_job_id(blueprint_id: str) -> str:
+    """``<blueprint-id>-<5 random chars>``, a valid Kubernetes name (DNS-1035 label, ≤ 63 chars)."""
+    prefix = re.sub(r"[^a-z0-9-]+", "-", blueprint_id.lower()).strip("-")
+    if not prefix or not prefix[0].isalpha():
+        prefix = f"job-{prefix}".rstrip("-")
+    prefix = prefix[:57].rstrip("-")
+    suffix = "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(5))
+    return f"{prefix}-{suffix}"
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _is_remote(source: str) -> bool:
+    return "://" in source
+
+
+class LocalBackend(Backend):
+    """Jobs as detached processes on this machine, state under ``home/jobs/`` (``$PLAYGROUND_HOME``)."""
+
+    name = "local"
+
+    def __init__(self, home: Path | str | None = None, *, cancel_grace: float = 10.0) -> None:
+        self.home = Path(home) if home is not None else playground_home()
+        self.cancel_grace = cancel_grace
+
+    # -- paths --------------------------------------------------------------------------------
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home / "jobs"
+
+    def _jobdir(self, job_id: str) -> Path:
+        jobdir = self.jobs_dir / job_id
+        if not _JOB_ID.match(job_id or "") or not (jobdir / state.SPEC).is_file():
+            known = [p.name for p in self._job_dirs()][:5]
+            hint = f"known: {', '.join(known)}" if known else "there are no local jobs"
+            raise JobNotFound(f"unknown job {job_id!r} on the local backend; {hint}", field="job")
+        return jobdir
+
+    def _job_dirs(self) -> list[Path]:
+        """Job directories, newest first."""
+        if not self.jobs_dir.is_dir():
+            return []
+        dirs = [p for p in self.jobs_dir.iterdir() if (p / state.SPEC).is_file() and (p / state.STATUS).is_file()]
+        return sorted(dirs, key=lambda p: (p / state.SPEC).stat().st_mtime, reverse=True)
+
+    # -- submit -------------------------------------------------------------------------------
+    def _plan(self, request: TrainRequest, *, check_gpus: bool = True) -> tuple[Blueprint, dict[str, Any], int, bool]:
+        """Validate a request: (blueprint, params, trainer processes, stand-in mode). Starts nothing."""
+        blueprint = get_blueprint(request.blueprint_id)
+        params = blueprint.resolve_params(dict(request.params))
+        model, dataset = request.overrides.model, request.overrides.dataset
+        if model is not None and not _is_remote(model) and not Path(model).expanduser().is_dir():
+            raise UserError(
+                f"--model-source {model!r}: no such directory; allowed: a local model directory or hf://ORG/NAME",
+                field="model_source",
+            )
+        if dataset is not None and not _is_remote(dataset) and not Path(dataset).expanduser().exists():
+            raise UserError(
+                f"--dataset-source {dataset!r}: no such file or directory; "
+                "allowed: a local .json/.jsonl file or directory, or hf://ORG/NAME",
+                field="dataset_source",
+            )
+        stand_in = model is not None and not _is_remote(model)
+        need = blueprint.resources.gpus_per_node
+        nproc = 1
+        if need > 0:
+            have = detect_gpus() if check_gpus else need
+            if stand_in:
+                nproc = max(1, min(need, have))  # a local stand-in model also trains on CPU
+            elif have == 0:
+                raise UserError(
+                    f"blueprint {blueprint.id!r} needs {need} GPU(s), none found on this machine; "
+                    "try 'tiny-llama-cpu' (runs on CPU) or --backend kubernetes",
+                    field="blueprint",
+                )
+            elif have < need:
+                raise UserError(
+                    f"blueprint {blueprint.id!r} needs {need} GPU(s), {have} found on this machine; "
+                    "try --backend kubernetes",
+                    field="blueprint",
+                )
+            else:
+                nproc = need
+        return blueprint, params, nproc, stand_in
+
+    def _spec(
+        self, job_id: str, jobdir: Path, request: TrainRequest, blueprint: Blueprint, params: dict, nproc: int
+    ) -> dict[str, Any]:
+        output = jobdir / state.OUTPUT
+        blueprint_file = jobdir / "blueprint" / f"{blueprint.id}.yaml"
+        if nproc > 1:
+            head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+            head += ["-m", state.TRAINER_MODULE]
+        else:
+            head = [sys.executable, "-m", state.TRAINER_MODULE]
+        command = [*head, "--blueprint", str(blueprint_file), "--output", str(output)]
+        for key, value in params.items():
+            command += ["--set", f"{key}={_format_value(value)}"]
+        if request.overrides.model:
+            command += ["--model-source", request.overrides.model]
+        if request.overrides.dataset:
+            command += ["--dataset-source", request.overrides.dataset]
+        if blueprint.model.source.startswith("scratch://") and not request.overrides.model:
+            base_model = str(output / "base-model")
+        else:
+            base_model = request.overrides.model or blueprint.model.source
+        package_root = str(Path(playground.__file__).resolve().parents[1])
+        pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+        return {
+            "id": job_id,
+            "backend": self.name,
+            "blueprint_id": blueprint.id,
+            "blueprint_file": str(blueprint_file),
+            "params": params,
+            "overrides": {"model": request.overrides.model, "dataset": request.overrides.dataset},
+            "labels": dict(request.labels),
+            "created_at": time.time(),
+            "processes": nproc,
+            "base_model": base_model,
+            "quality": blueprint.quality.model_dump(),
+            "command": command,
+            "env": {"PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, "PLAYGROUND_JOB_ID": job_id},
+            "cancel_grace_seconds": self.cancel_grace,
+        }
+
+    def submit(self, request: TrainRequest) -> Job:
+        blueprint, params, nproc, _ = self._plan(request)
+        jobs_dir = ensure_writable_dir(self.jobs_dir, what="state dir")
+        for _ in range(20):
+            job_id = new_job_id(blueprint.id)
+            jobdir = jobs_dir / job_id
+            try:
+                jobdir.mkdir()
+                break
+            except FileExistsError:
+                continue
+        else:  # pragma: no cover - 36**5 ids
+            raise UserError(f"could not allocate a job id under {str(jobs_dir)!r}", field="state dir")
+        spec = self._spec(job_id, jobdir, request, blueprint, params, nproc)
+        import yaml
+
+        (jobdir / "blueprint").mkdir()
+        (jobdir / "blueprint" / f"{blueprint.id}.yaml").write_text(
+            yaml.safe_dump(blueprint.model_dump(mode="json"), sort_keys=False)
+        )
+        (jobdir / state.OUTPUT).mkdir()
+        (jobdir / state.LOG).touch()
+        status = {"phase": str(JobPhase.PENDING), "message": "", "created_at": spec["created_at"], "metrics": {}}
+        state.write_json_atomic(jobdir / state.STATUS, status)
+        state.write_json_atomic(jobdir / state.SPEC, spec)
+        _reap()
+        with open(jobdir / state.SUPERVISOR_LOG, "ab") as sup_log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", state.SUPERVISOR_MODULE, str(jobdir)],
+                cwd=jobdir,
+                env={**os.environ, "PYTHONPATH": spec["env"]["PYTHONPATH"]},
+                stdin=subprocess.DEVNULL,
+                stdout=sup_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives the caller; not hit by the caller's Ctrl-C
+                close_fds=True,
+            )
+        _LAUNCHED.append(proc)
+        (jobdir / "supervisor.pid").write_text(str(proc.pid))
+        return self.get(job_id)
+
+    def render_train(self, request: TrainRequest) -> str:
+        """What ``submit`` would run for ``request``, as YAML (the local backend has no manifest)."""
+        import yaml
+
+        blueprint, params, nproc, _ = self._plan(request, check_gpus=False)
+        jobdir = self.jobs_dir / new_job_id(blueprint.id)
+        spec = self._spec(jobdir.name, jobdir, request, blueprint, params, nproc)
+        spec.pop("created_at")
+        return yaml.safe_dump(spec, sort_keys=False)
+
+    # -- state --------------------------------------------------------------------------------
+    def _supervisor_pid(self, jobdir: Path) -> int | None:
+        try:
+            return int((jobdir / "supervisor.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _status(self, jobdir: Path) -> dict[str, Any]:
+        """``status.json``, reconciled: a non-terminal job whose supervisor is gone becomes Failed."""
+        _reap()
+        status = state.read_json(jobdir / state.STATUS)
+        if JobPhase(status["phase"]).terminal:
+            return status
+        pid = self._supervisor_pid(jobdir)
+        if pid is None:
+            if time.time() - float(status.get("created_at", 0)) < _STARTUP_GRACE:
+                return status
+        elif state.process_alive(pid, marker=str(jobdir)):
+            return status
+        status = state.read_json(jobdir / state.STATUS)  # it may have finished just now
+        if JobPhase(status["phase"]).terminal:
+            return status
+        trainer = status.get("trainer_pid")
+        if trainer and state.process_alive(trainer, marker=str(jobdir / state.OUTPUT)):
+            state.kill_group(status.get("trainer_pgid") or trainer, signal.SIGKILL)
+        tail = self._log_tail(jobdir)
+        status.update(
+            phase=str(JobPhase.FAILED),
+            message="supervisor exited unexpectedly",
+            finished_at=time.time(),
+            log_tail=tail or status.get("log_tail", []),
+        )
+        state.write_json_atomic(jobdir / state.STATUS, status)
+        return status
+
+    def _log_tail(self, jobdir: Path, lines: int = state.LOG_TAIL_LINES) -> list[str]:
+        try:
+            with open(jobdir / state.LOG, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 256 * 1024))
+                text = fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            return []
+        return [state.describe_event(parse_line(line)) for line in text.splitlines()[-lines:]]
+
+    def _job(self, jobdir: Path) -> Job:
+        spec = state.read_json(jobdir / state.SPEC)
+        status = self._status(jobdir)
+        phase = JobPhase(status["phase"])
+        progress = None
+        if status.get("progress"):
+            progress = event_from_dict({"type": "progress", **status["progress"]})
+            assert isinstance(progress, Progress)
+        model = jobdir / state.OUTPUT / "model"
+        model_dir = str(model) if phase == JobPhase.SUCCEEDED and model.is_dir() else None
+        base_model = spec.get("base_model")
+        if base_model and base_model.startswith(str(jobdir)) and not Path(base_model).is_dir():
+            base_model = None  # scratch:// base weights are not written yet (or the job failed first)
+        return Job(
+            id=spec["id"],
+            blueprint_id=spec["blueprint_id"],
+            backend=self.name,
+            phase=phase,
+            params=spec["params"],
+            created_at=spec["created_at"],
+            started_at=status.get("started_at"),
+            finished_at=status.get("finished_at"),
+            message=status.get("message", ""),
+            progress=progress,
+            metrics=dict(status.get("metrics") or {}),
+            model_dir=model_dir,
+            base_model=base_model,
+            log_tail=list(status.get("log_tail") or []),
+            labels=dict(spec.get("labels") or {}),
+        )
+
+    def get(self, job_id: str) -> Job:
+        return self._job(self._jobdir(job_id))
+
+    def list(self) -> list[Job]:
+        jobs = []
+        for jobdir in self._job_dirs():
+            try:
+                jobs.append(self._job(jobdir))
+            except (OSError, ValueError, KeyError):
+                continue  # being deleted or half-created by another process
+        return sorted(jobs, key=lambda j: j.created_at, reverse=True)
+
+    def job_dir(self, job_id: str) -> Path:
+        """The job's state directory (``spec.json``, ``status.json``, ``train.log``, ``output/``)."""
+        return self._jobdir(job_id)
+
+    # -- events -------------------------------------------------------------------------------
+    def events(self, job_id: str, follow: bool = False) -> Iterator[Event]:
+        jobdir = self._jobdir(job_id)
+        spec = state.read_json(jobdir / state.SPEC)
+        yield Phase(JobPhase.PENDING, time=spec["created_at"])
+        try:
+            fh = open(jobdir / state.LOG, "rb")  # noqa: SIM115 - closed in finally; a generator
+        except FileNotFoundError:
+            return
+        try:
+            pending = b""
+            while True:
+                chunk = fh.read(1 << 16)
+                if chunk:
+                    lines = (pending + chunk).split(b"\n")
+                    pending = lines.pop()
+                    for raw in lines:
+                        event = parse_line(raw.decode("utf-8", errors="replace"))
+                        if isinstance(event, Phase) and event.phase.terminal:
+                            continue  # the supervisor's verdict (status.json) is the terminal phase
+                        yield event
+                    continue
+                try:
+                    status = self._status(jobdir)
+                except FileNotFoundError:
+                    return  # deleted meanwhile
+                phase = JobPhase(status["phase"])
+                if phase.terminal:
+                    rest = pending + fh.read()  # the log is complete before the terminal status is written
+                    for raw in rest.split(b"\n"):
+                        if raw.strip():
+                            event = parse_line(raw.decode("utf-8", errors="replace"))
+                            if not (isinstance(event, Phase) and event.phase.terminal):
+                                yield event
+                    yield Phase(phase, status.get("message", ""), time=status.get("finished_at") or time.time())
+                    return
+                if not follow:
+                    return
+                time.sleep(_FOLLOW_INTERVAL)
+        finally:
+            fh.close()
+
+    # -- control ------------------------------------------------------------------------------
+    def cancel(self, job_id: str) -> Job:
+        jobdir = self._jobdir(job_id)
+        status = self._status(jobdir)
+        if JobPhase(status["phase"]).terminal:
+            return self._job(jobdir)
+        state.wait_until(lambda: self._supervisor_pid(jobdir) is not None, timeout=5)
+        pid = self._supervisor_pid(jobdir)
+
+        def finished() -> bool:
+            return JobPhase(self._status(jobdir)["phase"]).terminal
+
+        if pid and state.process_alive(pid, marker=str(jobdir)):
+            os.kill(pid, signal.SIGTERM)
+            state.wait_until(finished, timeout=self.cancel_grace + 15, interval=0.1)
+        status = state.read_json(jobdir / state.STATUS)
+        if not JobPhase(status["phase"]).terminal:  # the supervisor did not answer: do its job
+            if pid and state.process_alive(pid, marker=str(jobdir)):
+                os.kill(pid, signal.SIGKILL)
+            state.kill_group(status.get("trainer_pgid"), signal.SIGKILL)
+            status.update(
+                phase=str(JobPhase.CANCELLED),
+                message="cancelled by user",
+                finished_at=time.time(),
+                log_tail=self._log_tail(jobdir),
+            )
+            state.write_json_atomic(jobdir / state.STATUS, status)
+        if pid:  # let the supervisor finish its last write before anyone removes the directory
+
+            def supervisor_gone() -> bool:
+                _reap()
+                return not state.process_alive(pid, marker=str(jobdir))
+
+            state.wait_until(supervisor_gone, timeout=10)
+        return self._job(jobdir)
+
+    def delete(self, job_id: str) -> None:
+        jobdir = self._jobdir(job_id)
+        if not JobPhase(self._status(jobdir)["phase"]).terminal:
+            self.cancel(job_id)
+        servers = self._servers(required=False)
+        if servers is not None:
+            servers.stop(job_id)
+        shutil.rmtree(jobdir, ignore_errors=True)
+        if jobdir.exists():
+            raise UserError(f"could not remove {str(jobdir)!r}", field="job")
+
+    # -- serving (delegated to playground.serving.local) ---------------------------------------
+    def _servers(self, *, required: bool = True):
+        try:
+            from playground.serving.local import LocalServers
+        except ModuleNotFoundError as exc:
+            if required or exc.name not in ("playground.serving.local", "playground.serving"):
+                raise
+            return None  # serving is not installed in this build: nothing can be serving
+        return LocalServers(self.home)
+
+    def serve(self, job_id: str, *, base: bool = False) -> Endpoint:
+        job = self.get(job_id)
+        if base:
+            if not job.base_model:
+                raise UserError(f"job {job_id} has no base model yet (phase {job.phase}); try again soon", field="job")
+            return self._servers().start(job.base_model, job_id=job_id, kind="base")
+        if job.phase != JobPhase.SUCCEEDED or not job.model_dir:
+            raise UserError(f"job {job_id} is {job.phase}; it can be served once it has Succeeded", field="job")
+        return self._servers().start(job.model_dir, job_id=job_id, kind="fine-tuned")
+
+    def unserve(self, target: str) -> None:
+        stopped = self._servers().stop(target)
+        if not stopped:
+            raise UserError(f"no local model server matches {target!r} (an endpoint URL, server name or job id)")
+
+    def endpoints(self) -> list[Endpoint]:
+        servers = self._servers(required=False)
+        return servers.list() if servers is not None else []

@@ -1,0 +1,228 @@
+"""The detached process that runs one local job: ``python -m playground.backends.local.supervisor JOBDIR``.
+
+Started by :meth:`LocalBackend.submit` in its own session, so the job outlives the process that
+submitted it. It runs the trainer command from ``spec.json`` in a process group of its own, tees
+the output to ``train.log``, turns event lines into ``status.json`` updates, and on exit records
+``Succeeded``, ``Failed`` (exit code or signal, last log lines) or ``Cancelled``.
+
+SIGTERM (sent by :meth:`LocalBackend.cancel`) means cancel: the trainer's group gets SIGTERM, then
+SIGKILL after the grace period in ``spec.json``. The supervisor is the only writer of
+``status.json`` while it lives.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from playground.backends.local import state
+from playground.events import JobPhase, Metric, Phase, Progress, event_to_dict, parse_line
+
+PROGRESS_WRITE_INTERVAL = 0.5  # seconds between status.json rewrites caused by progress alone
+
+
+class Supervisor:
+    def __init__(self, jobdir: Path) -> None:
+        self.jobdir = jobdir
+        self.spec = state.read_json(jobdir / state.SPEC)
+        self.status = state.read_json(jobdir / state.STATUS)
+        self.lock = threading.RLock()
+        self.tail: collections.deque[str] = collections.deque(maxlen=state.LOG_TAIL_LINES)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.cancel_requested = False
+        self.trainer_reason = ""  # the reason of a Failed phase the trainer itself reported
+        self.last_write = 0.0
+        self.dirty = False
+
+    # -- status -------------------------------------------------------------------------
+    def write_status(self, **changes: Any) -> None:
+        with self.lock:
+            self.status.update(changes)
+            self.status["updated_at"] = time.time()
+            self.status["log_tail"] = list(self.tail)
+            state.write_json_atomic(self.jobdir / state.STATUS, self.status)
+            self.last_write = time.monotonic()
+            self.dirty = False
+
+    def on_event(self, line: str) -> None:
+        with self.lock:
+            self._on_event(line)
+
+    def _on_event(self, line: str) -> None:
+        event = parse_line(line)
+        self.tail.append(state.describe_event(event))
+        if isinstance(event, Progress):
+            data = event_to_dict(event)
+            data.pop("type", None)
+            self.status["progress"] = data
+            self.dirty = True
+        elif isinstance(event, Metric):
+            self.status.setdefault("metrics", {})[event.name] = event.value
+            self.dirty = True
+        elif isinstance(event, Phase):
+            if event.phase.terminal:
+                # The supervisor decides the terminal phase once the process has exited.
+                if event.phase == JobPhase.FAILED and event.reason:
+                    self.trainer_reason = event.reason
+                return
+            self.write_status(phase=str(event.phase), message=event.reason)
+            return
+        if self.dirty and time.monotonic() - self.last_write >= PROGRESS_WRITE_INTERVAL:
+            self.write_status()
+
+    # -- signals ------------------------------------------------------------------------
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        if self.cancel_requested:
+            return
+        self.cancel_requested = True
+        proc = self.proc
+        if proc is None:
+            return
+        state.kill_group(proc.pid, signal.SIGTERM)
+        grace = float(self.spec.get("cancel_grace_seconds", 10))
+        timer = threading.Timer(grace, state.kill_group, args=(proc.pid, signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+
+    # -- main ---------------------------------------------------------------------------
+    def pump(self, log) -> None:
+        """Reader thread: copy trainer output to train.log line by line and parse it."""
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            log.write(raw)
+            log.flush()
+            text = raw.decode("utf-8", errors="replace")
+            try:
+                self.on_event(text)
+            except Exception as exc:  # a status write must never stop the log copy
+                print(f"supervisor: status update failed: {exc!r}", file=sys.stderr, flush=True)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+        signal.signal(signal.SIGINT, self.on_sigterm)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        command = list(self.spec["command"])
+        env = {**os.environ, **self.spec.get("env", {})}
+        log = open(self.jobdir / state.LOG, "ab")  # noqa: SIM115 - closed below, after the reader ends
+        self.write_status(supervisor_pid=os.getpid())
+        if self.cancel_requested:
+            log.close()
+            return self.finish(JobPhase.CANCELLED, "cancelled before the trainer started")
+        log.write(f"[supervisor] starting: {' '.join(command)}\n".encode())
+        log.flush()
+        try:
+            self.proc = subprocess.Popen(
+                command,
+                cwd=self.jobdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: cancel reaches torchrun's workers too
+            )
+        except OSError as exc:
+            line = f"[supervisor] cannot start the trainer: {exc}"
+            log.write(f"{line}\n".encode())
+            log.close()
+            self.tail.append(line)
+            return self.finish(JobPhase.FAILED, line.removeprefix("[supervisor] "))
+        self.write_status(
+            phase=str(JobPhase.INITIALIZING),
+            started_at=time.time(),
+            trainer_pid=self.proc.pid,
+            trainer_pgid=self.proc.pid,
+        )
+        if self.cancel_requested:  # SIGTERM arrived while starting
+            self.cancel_requested = False
+            self.on_sigterm(signal.SIGTERM, None)
+        reader = threading.Thread(target=self.pump, args=(log,), daemon=True)
+        reader.start()
+        returncode = self.proc.wait()
+        # Leftovers of the group (torchrun workers, dataloader processes) would keep the pipe open.
+        state.kill_group(self.proc.pid, signal.SIGKILL)
+        reader.join(timeout=30)
+        return self.conclude(returncode, log)
+
+    def conclude(self, returncode: int, log) -> int:
+        model_dir = self.jobdir / state.OUTPUT / "model"
+        if returncode == 0 and model_dir.is_dir():
+            phase, message = JobPhase.SUCCEEDED, ""
+        elif self.cancel_requested:
+            phase, message = JobPhase.CANCELLED, "cancelled by user"
+        elif returncode < 0:
+            phase, message = JobPhase.FAILED, f"trainer killed by signal {signal_name(-returncode)} ({-returncode})"
+        elif returncode == 0:
+            phase, message = JobPhase.FAILED, "trainer exited with code 0 but wrote no model directory"
+        else:
+            detail = self.trainer_reason or last_error_line(self.tail)
+            message = f"trainer exited with code {returncode}" + (f": {detail}" if detail else "")
+            phase = JobPhase.FAILED
+        line = f"[supervisor] trainer exited ({returncode}); job {phase}" + (f": {message}" if message else "")
+        log.write(f"{line}\n".encode())
+        log.close()
+        self.tail.append(line)
+        changes: dict[str, Any] = {"exit_code": returncode if returncode >= 0 else None}
+        if returncode < 0:
+            changes["signal"] = signal_name(-returncode)
+        if phase == JobPhase.SUCCEEDED:
+            changes["metrics"] = {**self.status.get("metrics", {}), **read_metrics(self.jobdir / state.OUTPUT)}
+        return self.finish(phase, message, **changes)
+
+    def finish(self, phase: JobPhase, message: str, **changes: Any) -> int:
+        self.write_status(phase=str(phase), message=message, finished_at=time.time(), **changes)
+        return 0 if phase == JobPhase.SUCCEEDED else 1
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def last_error_line(lines) -> str:
+    """The most telling line of a failed run's output: the last exception line, else the last line."""
+    candidates = [ln.strip() for ln in lines if ln.strip() and not ln.startswith(("[progress]", "[supervisor]"))]
+    for line in reversed(candidates):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception", "Interrupt", "Exit")) or ": error:" in line or line.startswith("error"):
+            return line[:300]
+    return candidates[-1][:300] if candidates else ""
+
+
+def read_metrics(output: Path) -> dict[str, float]:
+    """Numeric top-level values of the trainer's ``metrics.json`` (missing or odd files give nothing)."""
+    try:
+        data = state.read_json(output / "metrics.json")
+    except (OSError, ValueError):
+        return {}
+    if isinstance(data.get("metrics"), dict):
+        data = {**data, **data["metrics"]}
+    return {k: float(v) for k, v in data.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m playground.backends.local.supervisor JOBDIR", file=sys.stderr)
+        return 2
+    supervisor = Supervisor(Path(args[0]))
+    try:
+        return supervisor.run()
+    except BaseException as exc:  # record why, kill the trainer, never leave a job "running"
+        if supervisor.proc is not None:
+            state.kill_group(supervisor.proc.pid, signal.SIGKILL)
+        supervisor.tail.append(f"[supervisor] error: {exc!r}")
+        supervisor.finish(JobPhase.FAILED, f"supervisor error: {exc!r}")
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The headless path of the per-blueprint notebooks (papermill, ``playground e2e``).
+
+launch → follow to the end → evaluate → serve (fine-tuned and base) → chat on the blueprint's
+example prompts → check the quality bar → write ``result.json`` → stop the servers.
+It talks only to a Backend and the chat client, like the widgets; no torch import here
+(stand-ins, when asked for, are built by :mod:`playground.train.standins`, imported lazily).
+Secrets come from the environment only (``HF_TOKEN``) and are never written out.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from playground.api import make_request
+from playground.blueprints import Blueprint, get_blueprint
+from playground.events import JobPhase, Metric, Phase, Progress
+
+STANDIN = "standin"
+RESULT_FILE = "result.json"
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def standin_arch(blueprint: Blueprint) -> str:
+    """The architecture of a hub blueprint's model, for its local stand-in (``llama`` or ``qwen2``)."""
+    source = blueprint.model.source.lower()
+    return "qwen2" if "qwen" in source else "llama"
+
+
+def build_standins(
+    blueprint: Blueprint, model_source: str | None, dataset_source: str | None, workdir: Path
+) -> tuple[str | None, str | None]:
+    """Replace ``"standin"`` sources by a tiny local model / a few Alpaca rows built in ``workdir``."""
+    if STANDIN not in (model_source, dataset_source):
+        return model_source, dataset_source
+    from playground.train import standins  # heavy (transformers): only in the headless kernel
+
+    if model_source == STANDIN:
+        target = workdir / f"standin-{standin_arch(blueprint)}"
+        built = standins.build_standin(standin_arch(blueprint), target)
+        model_source = str(built or target)
+    if dataset_source == STANDIN:
+        target = workdir / "alpaca.jsonl"
+        written = standins.write_alpaca_rows(target, 64)
+        dataset_source = str(written or target)
+    return model_source, dataset_source
+
+
+def answer_matches(answer: str, expected: str | None) -> bool | None:
+    """Exact match (case-insensitive, trimmed) for short answers; containment for long ones."""
+    if expected is None:
+        return None
+    got, want = answer.strip().lower(), expected.strip().lower()
+    return got == want or (len(got) > len(want) + 8 and want in got)
+
+
+def ask(endpoint: Any, prompt: str, blueprint: Blueprint) -> tuple[str, float]:
+    """One streamed chat turn; returns the text and the seconds it took."""
+    from playground.serving.client import chat
+
+    start = time.monotonic()
+    chunks = chat(
+        endpoint,
+        [{"role": "user", "content": prompt}],
+        stream=True,
+        max_tokens=blueprint.serving.max_new_tokens,
+        temperature=blueprint.serving.temperature,
+    )
+    text = "".join(chunks)
+    return text, time.monotonic() - start
+
+
+def write_result(out_dir: Path, result: Mapping[str, Any]) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / RESULT_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def run_blueprint(
+    blueprint_id: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    backend: str | Any = "local",
+    model_source: str | None = None,
+    dataset_source: str | None = None,
+    assert_quality: bool = True,
+    out_dir: str | Path = ".",
+    backend_options: Mapping[str, Any] | None = None,
+    say: Callable[[str], None] = _say,
+) -> dict[str, Any]:
+    """Run the whole path with no clicks; returns (and writes) the result.
+
+    ``result["passed"]`` is True when the job succeeded, the servers answered and, with
+    ``assert_quality``, the blueprint's quality bar was met. The caller asserts on it.
+    """
+    from playground.backends import get_backend
+
+    t0 = time.time()
+    blueprint = get_blueprint(blueprint_id)
+    be = get_backend(backend, **dict(backend_options or {})) if isinstance(backend, str) else backend
+    out = Path(out_dir)
+    result: dict[str, Any] = {
+        "blueprint": blueprint.id,
+        "backend": be.name,
+        "job_id": None,
+        "phase": None,
+        "passed": False,
+        "params": dict(params or {}),
+        "sources": {"model": model_source, "dataset": dataset_source},
+        "metrics": {},
+        "quality": {
+            "metric": blueprint.quality.metric,
+            "threshold": blueprint.quality.threshold,
+            "higher_is_better": blueprint.quality.higher_is_better,
+            "value": None,
+            "passed": None,
+            "asserted": bool(assert_quality),
+        },
+        "chat": [],
+        "endpoints": [],
+        "timings": {},
+        "progress_points": 0,
+        "error": None,
+    }
+    timings = result["timings"]
+    workdir = Path(tempfile.mkdtemp(prefix="playground-standins-")) if STANDIN in (model_source, dataset_source) else None
+    job_id: str | None = None
+    try:
+        if workdir is not None:
+            t = time.monotonic()
+            model_source, dataset_source = build_standins(blueprint, model_source, dataset_source, workdir)
+            timings["standins_seconds"] = round(time.monotonic() - t, 3)
+            say(f"stand-ins: model={model_source} dataset={dataset_source}")
+
+        request = make_request(
+            blueprint.id, params, model_source=model_source, dataset_source=dataset_source, labels={"app": "notebook"}
+        )
+        result["params"] = dict(request.params)
+        submitted = time.monotonic()
+        job = be.submit(request)
+        job_id = result["job_id"] = job.id
+        say(f"job {job.id} submitted ({be.name} backend)")
+
+        first_progress = None
+        last_shown = -1
+        for event in be.events(job.id, follow=True):
+            if isinstance(event, Progress):
+                result["progress_points"] += 1
+                if first_progress is None:
+                    first_progress = time.monotonic() - submitted
+                decile = int(event.fraction * 10)
+                if decile > last_shown:
+                    last_shown = decile
+                    loss = f"{event.loss:.4f}" if event.loss is not None else "?"
+                    say(f"step {event.step}/{event.total_steps} loss {loss}")
+            elif isinstance(event, Phase):
+                say(f"phase {event.phase}" + (f": {event.reason}" if event.reason else ""))
+            elif isinstance(event, Metric):
+                say(f"metric {event.name} = {event.value:.4g}")
+        timings["follow_seconds"] = round(time.monotonic() - submitted, 3)
+        if first_progress is not None:
+            timings["submit_to_first_progress_seconds"] = round(first_progress, 3)
+
+        job = be.get(job.id)
+        result["phase"] = str(job.phase)
+        result["metrics"] = dict(job.metrics)
+        result["job"] = job.to_dict()
+        if job.started_at:
+            result["queue_wait_seconds"] = round(max(0.0, job.started_at - job.created_at), 3)
+            if job.finished_at:
+                result["train_seconds"] = round(max(0.0, job.finished_at - job.started_at), 3)
+        if job.phase != JobPhase.SUCCEEDED:
+            tail = "\n".join(job.log_tail[-10:])
+            raise RuntimeError(f"job {job.id} ended {job.phase}: {job.message}\n{tail}".rstrip())
+
+        # evaluate: the trainer's held-out evaluation, checked against the blueprint's bar
+        value = job.metrics.get(blueprint.quality.metric)
+        result["quality"]["value"] = value
+        result["quality"]["passed"] = value is not None and blueprint.quality.passed(value)
+
+        # serve fine-tuned and base
+        t = time.monotonic()
+        endpoints = {"fine-tuned": be.serve(job.id), "base": be.serve(job.id, base=True)}
+        timings["serve_seconds"] = round(time.monotonic() - t, 3)
+        result["endpoints"] = [e.to_dict() for e in endpoints.values()]
+        say("serving: " + ", ".join(f"{k} {e.url}" for k, e in endpoints.items()))
+
+        # chat on the blueprint's example prompts, both models
+        t = time.monotonic()
+        for example in blueprint.examples:
+            row: dict[str, Any] = {"prompt": example.prompt, "expected": example.expected}
+            for kind, endpoint in endpoints.items():
+                text, seconds = ask(endpoint, example.prompt, blueprint)
+                row[kind] = text
+                row[f"{kind}_seconds"] = round(seconds, 3)
+                row[f"{kind}_correct"] = answer_matches(text, example.expected)
+            result["chat"].append(row)
+            say(f"{example.prompt!r}: fine-tuned {row['fine-tuned']!r} · base {row['base']!r}")
+        timings["chat_seconds"] = round(time.monotonic() - t, 3)
+        scored = [r["fine-tuned_correct"] for r in result["chat"] if r["fine-tuned_correct"] is not None]
+        result["chat_exact_match"] = (sum(scored) / len(scored)) if scored else None
+
+        result["passed"] = bool(result["quality"]["passed"]) or not assert_quality
+        if not result["passed"]:
+            result["error"] = (
+                f"quality bar not met: {blueprint.quality.metric} = {value} "
+                f"({'≥' if blueprint.quality.higher_is_better else '≤'} {blueprint.quality.threshold} required)"
+            )
+    except BaseException as exc:
+        result["passed"] = False
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        if job_id is not None:
+            try:
+                be.unserve(job_id)
+            except Exception:
+                pass  # nothing was serving
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        timings["total_seconds"] = round(time.time() - t0, 3)
+        write_result(out, result)
+        say(f"result: {'PASSED' if result['passed'] else 'FAILED'} → {out / RESULT_FILE}")
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience: python -m playground.headless ID
+    run_blueprint(sys.argv[1], out_dir=sys.argv[2] if len(sys.argv) > 2 else ".")

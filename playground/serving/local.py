@@ -1,0 +1,333 @@
+"""Local model servers: detached ``transformers serve`` processes recorded under ``$PLAYGROUND_HOME/servers``.
+
+Each server is one process (``python -m playground.serving.server``) pinned to one model directory,
+listening on ``127.0.0.1`` on a free port. Its record ``servers/<name>.json`` (pid, port, url, model
+dir, job id, kind, log path) lets any later process list and stop it; records whose process is gone
+are dropped when listed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from playground.errors import UserError
+from playground.paths import ensure_writable_dir
+from playground.types import Endpoint
+
+SERVER_MODULE = "playground.serving.server"
+HOST = "127.0.0.1"
+LOG_TAIL_LINES = 15
+_PORT_RETRIES = 3
+_children: dict[int, subprocess.Popen] = {}  # servers started by this process (reaped on stop)
+
+
+def free_port(host: str = HOST) -> int:
+    """A port nobody listens on right now (bind port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie child of ours counts as gone, and is reaped)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # Linux: a zombie still answers kill(0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _is_our_server(pid: int) -> bool:
+    """Guard against pid reuse: on Linux the command line must be our server module."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return pid_alive(pid)  # no /proc (macOS): trust the pid
+    return SERVER_MODULE.encode() in cmdline and pid_alive(pid)
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The log's last meaningful lines (blank lines and traceback ``^^^`` markers skipped)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip(" ^~\t")][-lines:]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.") or "model"
+
+
+def _resolve_model(model_dir: str) -> tuple[str, bool]:
+    """(what the server loads, whether it is a local directory). ``hf://org/name`` serves a hub id."""
+    if model_dir.startswith("hf://"):
+        return model_dir[len("hf://") :], False
+    if "://" in model_dir:
+        raise UserError(f"cannot serve {model_dir!r} locally: give a model directory or hf://org/name", field="model")
+    path = Path(model_dir).expanduser().resolve()
+    if "@" in str(path):
+        raise UserError(f"model directory {str(path)!r} contains '@', which transformers reads as a revision")
+    return str(path), True
+
+
+class LocalServers:
+    """Start, list and stop the local model servers recorded under ``home/servers``."""
+
+    def __init__(self, home: Path | str) -> None:
+        self.home = Path(home)
+        self.dir = self.home / "servers"
+
+    # -- records -----------------------------------------------------------------------------
+    def _records(self) -> list[dict[str, Any]]:
+        if not self.dir.is_dir():
+            return []
+        records = []
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # being written, or garbage
+            if not _is_our_server(int(record.get("pid", 0))):
+                path.unlink(missing_ok=True)
+                continue
+            records.append(record)
+        return records
+
+    def _write(self, record: dict[str, Any]) -> None:
+        path = self.dir / f"{record['name']}.json"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record, indent=2))
+        os.replace(tmp, path)
+
+    @staticmethod
+    def _endpoint(record: dict[str, Any]) -> Endpoint:
+        return Endpoint(
+            url=record["url"],
+            model=record["model"],
+            job_id=record.get("job_id"),
+            kind=record.get("kind", "fine-tuned"),
+            backend="local",
+            name=record["name"],
+        )
+
+    def list(self) -> list[Endpoint]:
+        """The running servers (records of dead processes are dropped)."""
+        return [self._endpoint(r) for r in self._records()]
+
+    def records(self) -> list[dict[str, Any]]:
+        """The running servers' full records (pid, port, log path, model dir...)."""
+        return self._records()
+
+    # -- start -------------------------------------------------------------------------------
+    def start(
+        self,
+        model_dir: str,
+        *,
+        job_id: str | None = None,
+        kind: str = "fine-tuned",
+        timeout: float = 180,
+        port: int | None = None,
+        name: str | None = None,
+    ) -> Endpoint:
+        """Serve ``model_dir`` and wait until it answers; return its endpoint.
+
+        Serving what is already served (same name and model) returns the running endpoint.
+        A ``port`` in use is replaced by a free one.
+        """
+        from playground.serving.validate import check_model_dir
+
+        model, local = _resolve_model(model_dir)
+        if local:
+            check_model_dir(model)
+        if name is None:
+            digest = hashlib.sha1(model.encode()).hexdigest()[:8]
+            name = f"{job_id}-{kind}" if job_id else f"{Path(model).name}-{digest}"
+        name = _slug(name)
+        ensure_writable_dir(self.dir, what="server state directory")
+        with _locked(self.dir / f".{name}.lock"):  # two callers serving the same thing get one server
+            return self._start_locked(model, local, name, job_id=job_id, kind=kind, timeout=timeout, port=port)
+
+    def _start_locked(
+        self, model: str, local: bool, name: str, *, job_id: str | None, kind: str, timeout: float, port: int | None
+    ) -> Endpoint:
+        for record in self._records():
+            if record["name"] == name:
+                if record["model_dir"] == model:
+                    return self._endpoint(record)
+                raise UserError(f"a server named {name!r} already serves {record['model_dir']}; stop it first")
+
+        log_path = self.dir / f"{name}.log"
+        for attempt in range(_PORT_RETRIES):
+            chosen = port if port is not None and attempt == 0 and not port_in_use(port) else free_port()
+            proc = self._spawn(model, chosen, log_path, offline=local)
+            record = {
+                "name": name,
+                "pid": proc.pid,
+                "port": chosen,
+                "url": f"http://{HOST}:{chosen}/v1",
+                "model": model,
+                "model_dir": model,
+                "job_id": job_id,
+                "kind": kind,
+                "log": str(log_path),
+                "started_at": time.time(),
+            }
+            self._write(record)
+            try:
+                self._wait_ready(proc, record, timeout)
+            except _PortTaken:
+                self._forget(record)
+                continue
+            except BaseException:
+                self._kill(proc.pid)
+                self._forget(record)
+                raise
+            return self._endpoint(record)
+        raise UserError(f"could not find a free port for the model server after {_PORT_RETRIES} tries")
+
+    def _spawn(self, model: str, port: int, log_path: Path, *, offline: bool) -> subprocess.Popen:
+        env = dict(os.environ)
+        if offline:
+            env["HF_HUB_OFFLINE"] = "1"  # a local directory needs nothing from the hub
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", SERVER_MODULE, model, "--host", HOST, "--port", str(port)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # outlives the caller; a signal to its group reaches it alone
+                close_fds=True,
+            )
+        _children[proc.pid] = proc
+        return proc
+
+    def _wait_ready(self, proc: subprocess.Popen, record: dict[str, Any], timeout: float) -> None:
+        import httpx
+
+        url, log_path = record["url"], Path(record["log"])
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = proc.poll()
+                if code is not None:
+                    lines = tail(log_path)
+                    if any("address already in use" in line.lower() for line in lines):
+                        raise _PortTaken
+                    raise UserError(
+                        f"model server for {record['model_dir']} exited with code {code} before it was ready; "
+                        f"last log lines ({log_path}): " + " | ".join(lines[-5:])
+                    )
+                try:
+                    health = client.get(url.removesuffix("/v1") + "/health")
+                    models = client.get(url + "/models") if health.status_code == 200 else None
+                    if models is not None and models.status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise UserError(
+                        f"model server for {record['model_dir']} was not ready after {timeout:g}s; "
+                        f"last log lines ({log_path}): " + " | ".join(tail(log_path)[-5:])
+                    )
+                time.sleep(0.25)
+
+    # -- stop --------------------------------------------------------------------------------
+    def stop(self, target: str) -> list[Endpoint]:
+        """Stop the servers matching ``target``: an endpoint URL, a server name or a job id (all its servers)."""
+        wanted = target.strip().rstrip("/")
+        matched = []
+        for record in self._records():
+            url = record["url"].rstrip("/")
+            if wanted in (url, url.removesuffix("/v1"), record["name"], record.get("job_id")):
+                matched.append(record)
+        for record in matched:
+            self._kill(int(record["pid"]))
+            self._forget(record)
+        return [self._endpoint(r) for r in matched]
+
+    def stop_all(self) -> list[Endpoint]:
+        records = self._records()
+        for record in records:
+            self._kill(int(record["pid"]))
+            self._forget(record)
+        return [self._endpoint(r) for r in records]
+
+    def _forget(self, record: dict[str, Any]) -> None:
+        (self.dir / f"{record['name']}.json").unlink(missing_ok=True)
+
+    @staticmethod
+    def _kill(pid: int, grace: float = 10.0) -> None:
+        """SIGTERM the server's process group, SIGKILL after ``grace`` seconds; wait until it is gone."""
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            proc = _children.get(pid)
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(wait)
+            else:
+                deadline = time.monotonic() + wait
+                while pid_alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            if not pid_alive(pid):
+                _children.pop(pid, None)
+                return
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive advisory lock on ``path`` (no-op where fcntl is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class _PortTaken(Exception):
+    """The server lost the race for its port; start again on another."""

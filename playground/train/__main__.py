@@ -1,0 +1,154 @@
+"""``python -m playground.train``: the training entrypoint, run locally or in a TrainJob pod.
+
+    python -m playground.train --blueprint tiny-llama-cpu --set max_steps=100 --output DIR [--resume]
+        [--model-source SRC] [--dataset-source SRC]
+
+Writes into DIR: ``model/`` (servable, written atomically), ``base-model/`` (scratch blueprints:
+the untrained weights), ``checkpoints/step-N/`` and ``metrics.json``. Prints event lines
+(``playground.events``): Phase Initializing → Training → Saving → Succeeded, Progress every
+``log_every`` steps, Metric for eval results. Bad input: one line, exit 2, nothing written.
+A failure prints Phase Failed with the reason and the error as the last log line, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+from playground.blueprints import get_blueprint, parse_set_options
+from playground.errors import UserError
+from playground.events import JobPhase
+from playground.paths import ensure_writable_dir
+
+PROG = "playground.train"
+DATASET_FORMS = "hf://ORG/NAME, synthetic://TASK, or a local .json/.jsonl file or directory"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
+        raise UserError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=f"python -m {PROG}", description="Train a blueprint and write a servable model directory.")
+    parser.add_argument("--blueprint", required=True, help="catalog id or path to a blueprint YAML file")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="parameter")
+    parser.add_argument("--output", required=True, help="output directory (model/, checkpoints/, metrics.json)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
+    parser.add_argument("--model-source", default=None, help="replace the blueprint's model (hf://, scratch://, dir)")
+    parser.add_argument("--dataset-source", default=None, help="replace the blueprint's dataset (hf://, file, dir)")
+    return parser
+
+
+def check_dataset_source(source: str) -> None:
+    """A one-line UserError unless ``source`` is a form the trainer can load."""
+    from playground.train.data import SYNTHETIC_TASKS
+
+    if source.startswith("synthetic://"):
+        task = source.removeprefix("synthetic://")
+        if task not in SYNTHETIC_TASKS:
+            raise UserError(
+                f"dataset source {source!r}: unknown synthetic task; allowed: {', '.join(SYNTHETIC_TASKS)}",
+                field="dataset",
+            )
+        return
+    if source.startswith("hf://"):
+        if source.removeprefix("hf://").strip("/").count("/") != 1:
+            raise UserError(f"dataset source {source!r}: expected hf://ORG/NAME", field="dataset")
+        return
+    path = Path(source).expanduser()
+    if not (path.is_dir() or (path.is_file() and path.suffix in (".json", ".jsonl"))):
+        raise UserError(f"dataset source {source!r}: no such .json/.jsonl file or directory; allowed: {DATASET_FORMS}")
+
+
+def gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def prepare(argv: list[str] | None):
+    """Parse and validate everything before writing anything; returns the TrainSpec."""
+    from playground.train.model import parse_source
+    from playground.train.recipe import TrainSpec
+
+    args = build_parser().parse_args(argv)
+    blueprint = get_blueprint(args.blueprint)
+    params = blueprint.resolve_params(parse_set_options(args.sets))
+    model_source = args.model_source or blueprint.model.source
+    parse_source(model_source)
+    dataset_source = args.dataset_source or blueprint.dataset.source
+    if blueprint.dataset.format == "synthetic" and not dataset_source.startswith("synthetic://"):
+        raise UserError(f"dataset source {dataset_source!r}: blueprint {blueprint.id!r} needs synthetic://TASK")
+    check_dataset_source(dataset_source)
+    if blueprint.needs_gpu and not args.model_source and not gpu_available():
+        raise UserError(
+            f"blueprint {blueprint.id!r} needs a GPU and none is available here; try tiny-llama-cpu "
+            "(or pass --model-source with a small local model)",
+            field="blueprint",
+        )
+    output = Path(args.output).expanduser().resolve()
+    ensure_writable_dir(output, what="output directory")
+    return TrainSpec(blueprint, params, output, model_source, dataset_source, resume=args.resume)
+
+
+def _quiet_libraries() -> None:
+    """Keep the log readable: library progress bars and advisory warnings off."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001 - cosmetic only
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        spec = prepare(argv)
+    except UserError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+    from playground.train.reporting import Reporter
+
+    reporter = Reporter(enabled=int(os.environ.get("RANK", 0)) == 0)
+    reporter.phase(JobPhase.INITIALIZING)
+    for stale in spec.output.glob(".model.tmp-*"):  # a crashed save's leftovers; never a finished model
+        import shutil
+
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        _quiet_libraries()
+        from playground.train.recipe import run
+
+        run(spec, reporter)
+    except BaseException as exc:  # noqa: BLE001 - every failure ends as Phase Failed + exit code
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__
+        if not isinstance(exc, UserError | KeyboardInterrupt):
+            traceback.print_exc()
+            sys.stderr.flush()
+        reporter.phase(JobPhase.FAILED, reason)
+        reporter.log(f"{PROG}: error: {reason}")
+        reporter.close()
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        return exc.exit_code if isinstance(exc, UserError) else 1
+    reporter.phase(JobPhase.SUCCEEDED)
+    reporter.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

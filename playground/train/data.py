@@ -1,0 +1,269 @@
+"""Training data: synthetic tasks the project generates itself, and Alpaca-format datasets.
+
+Every dataset becomes a list of :class:`Sample` (a chat ``prompt`` and the ``answer``), split into
+train and held-out eval rows that never overlap, then tokenized through the tokenizer's chat
+template into one padded tensor. Batches are drawn from a per-epoch permutation that depends only
+on the seed, so a batch is a pure function of the step: resuming needs nothing but the step.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from playground.errors import UserError
+
+EVAL_SEED_OFFSET = 1_000_003  # the held-out set is the same whatever the training seed
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One conversation turn: the user ``prompt`` and the expected assistant ``answer``."""
+
+    prompt: str
+    answer: str
+
+
+# --- synthetic tasks ---------------------------------------------------------------------
+
+
+def _word(rng: random.Random, options: dict[str, Any]) -> str:
+    alphabet = str(options.get("alphabet", string.ascii_lowercase))
+    length = rng.randint(int(options.get("min_len", 3)), int(options.get("max_len", 6)))
+    return "".join(rng.choice(alphabet) for _ in range(length))
+
+
+def _reverse(rng: random.Random, options: dict[str, Any]) -> Sample:
+    word = _word(rng, options)
+    return Sample(f"reverse: {word}", word[::-1])
+
+
+def _sort(rng: random.Random, options: dict[str, Any]) -> Sample:
+    word = _word(rng, options)
+    return Sample(f"sort: {word}", "".join(sorted(word)))
+
+
+def _add(rng: random.Random, options: dict[str, Any]) -> Sample:
+    high = int(options.get("max_value", 99))
+    a, b = rng.randint(0, high), rng.randint(0, high)
+    return Sample(f"add: {a}+{b}", str(a + b))
+
+
+SYNTHETIC_TASKS: dict[str, Callable[[random.Random, dict[str, Any]], Sample]] = {
+    "reverse": _reverse,
+    "sort": _sort,
+    "add": _add,
+}
+
+
+def synthetic_splits(
+    task: str, options: dict[str, Any], *, num_train: int, num_eval: int, seed: int
+) -> tuple[list[Sample], list[Sample]]:
+    """Unique held-out prompts first (fixed seed), then training samples that never repeat one."""
+    make = SYNTHETIC_TASKS[task]
+    eval_rng = random.Random(EVAL_SEED_OFFSET)
+    eval_samples: dict[str, Sample] = {}
+    attempts = 0
+    while len(eval_samples) < num_eval and attempts < num_eval * 100:
+        sample = make(eval_rng, options)
+        eval_samples.setdefault(sample.prompt, sample)
+        attempts += 1
+    held_out = set(eval_samples)
+    rng = random.Random(seed)
+    train: list[Sample] = []
+    while len(train) < num_train:
+        sample = make(rng, options)
+        if sample.prompt not in held_out:
+            train.append(sample)
+    return train, list(eval_samples.values())
+
+
+# --- Alpaca / local data -------------------------------------------------------------------
+
+
+def alpaca_sample(row: dict[str, Any]) -> Sample:
+    """Alpaca row (instruction, input, output) → one chat turn; the input follows the instruction."""
+    instruction = str(row.get("instruction") or "").strip()
+    extra = str(row.get("input") or "").strip()
+    prompt = f"{instruction}\n\n{extra}" if extra else instruction
+    return Sample(prompt, str(row.get("output") or "").strip())
+
+
+def chat_sample(row: dict[str, Any]) -> Sample:
+    """A row with ``messages`` (last one the assistant's) or ``prompt``/``completion`` fields."""
+    if "messages" in row:
+        messages = row["messages"]
+        user = next(m["content"] for m in reversed(messages[:-1]) if m["role"] == "user")
+        return Sample(str(user), str(messages[-1]["content"]))
+    return Sample(str(row["prompt"]), str(row.get("completion") or row.get("response") or ""))
+
+
+def load_rows(source: str, split: str) -> list[dict[str, Any]]:
+    """Rows of ``hf://org/name`` (``datasets.load_dataset``; token from ``HF_TOKEN``), a local
+    ``.json``/``.jsonl`` file, a ``save_to_disk`` directory, or a directory of json files."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    token = os.environ.get("HF_TOKEN") or None
+    if source.startswith("hf://"):
+        dataset = datasets.load_dataset(source.removeprefix("hf://"), split=split, token=token)
+    else:
+        path = Path(source).expanduser()
+        if path.is_dir() and (path / "dataset_info.json").exists():
+            loaded = datasets.load_from_disk(str(path))
+            dataset = loaded[split.split("[")[0]] if isinstance(loaded, datasets.DatasetDict) else loaded
+        elif path.is_dir():
+            files = sorted(str(p) for p in path.iterdir() if p.suffix in (".json", ".jsonl"))
+            dataset = datasets.load_dataset("json", data_files=files, split=_local_split(split))
+        else:
+            dataset = datasets.load_dataset("json", data_files=str(path), split=_local_split(split))
+    return [dict(row) for row in dataset]
+
+
+def _local_split(split: str) -> str:
+    """A json file has one split, ``train``; keep a slice such as ``[:1000]``."""
+    _, bracket, rest = split.partition("[")
+    return "train" + (bracket + rest if bracket else "")
+
+
+def file_splits(
+    rows: list[dict[str, Any]],
+    eval_rows: list[dict[str, Any]] | None,
+    *,
+    fmt: str,
+    eval_fraction: float,
+    num_train: int | None,
+    num_eval: int | None,
+    seed: int,
+) -> tuple[list[Sample], list[Sample]]:
+    """Samples for train and eval. Without an eval split, a seeded ``eval_fraction`` of the rows is
+    held out; training rows whose prompt equals a held-out prompt are dropped (no overlap)."""
+    convert = alpaca_sample if fmt == "alpaca" else chat_sample
+    samples = [convert(row) for row in rows]
+    samples = [s for s in samples if s.prompt and s.answer]
+    if eval_rows is not None:
+        train, held = samples, [s for s in (convert(r) for r in eval_rows) if s.prompt and s.answer]
+    else:
+        order = list(range(len(samples)))
+        random.Random(EVAL_SEED_OFFSET).shuffle(order)
+        n_eval = max(1, round(len(samples) * eval_fraction)) if len(samples) > 1 else 0
+        held = [samples[i] for i in order[:n_eval]]
+        train = [samples[i] for i in sorted(order[n_eval:])]
+    if num_eval is not None:
+        held = held[:num_eval]
+    prompts = {s.prompt for s in held}
+    train = [s for s in train if s.prompt not in prompts]
+    if num_train is not None:
+        train = train[:num_train]
+    if not train:
+        raise UserError("dataset: no training rows left after holding out the eval split", field="dataset.source")
+    return train, held
+
+
+# --- tokenization and batching ------------------------------------------------------------
+
+
+@dataclass
+class TokenizedSet:
+    """``input_ids``/``labels`` as [N, L] tensors (right-padded), ``lengths`` [N], prompts kept for
+    generation-based evaluation. Labels are -100 on the prompt and on padding."""
+
+    input_ids: Any
+    labels: Any
+    lengths: Any
+    prompt_ids: list[list[int]]
+    samples: list[Sample]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
+def tokenize(samples: list[Sample], tokenizer: Any, max_seq_length: int) -> TokenizedSet:
+    """Render each sample with the chat template; train only on the answer (and its end token)."""
+    import torch
+
+    prompt_texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": s.prompt}], tokenize=False, add_generation_prompt=True
+        )
+        for s in samples
+    ]
+    full_texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": s.prompt}, {"role": "assistant", "content": s.answer}], tokenize=False
+        )
+        for s in samples
+    ]
+    prompts = tokenizer(prompt_texts, add_special_tokens=False)["input_ids"]
+    fulls = tokenizer(full_texts, add_special_tokens=False)["input_ids"]
+    width = min(max_seq_length, max(len(f) for f in fulls))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(samples), width), -100, dtype=torch.long)
+    lengths = torch.zeros(len(samples), dtype=torch.long)
+    for i, (prompt, full) in enumerate(zip(prompts, fulls, strict=True)):
+        # The prompt is a prefix of the full conversation for sane templates; be robust if not.
+        start = 0
+        limit = min(len(prompt), len(full))
+        while start < limit and prompt[start] == full[start]:
+            start += 1
+        full = full[:width]
+        n = len(full)
+        input_ids[i, :n] = torch.tensor(full)
+        if start < n:
+            labels[i, start:n] = torch.tensor(full[start:])
+        lengths[i] = n
+    return TokenizedSet(input_ids, labels, lengths, prompts, samples)
+
+
+class Batches:
+    """Deterministic batches: epoch ``e`` is ``randperm(N, seed + e)``; rank ``r`` of ``w`` takes
+    every ``w``-th example of each global batch. ``batch(step)`` needs no state at all."""
+
+    def __init__(self, data: TokenizedSet, *, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.data = data
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.global_batch = batch_size * world_size
+        self.per_epoch = max(1, len(data) // self.global_batch)
+        self._perm_epoch = -1
+        self._perm: Any = None
+
+    def position(self, micro_step: int) -> tuple[int, int]:
+        """(epoch, batch index within the epoch) of the ``micro_step``-th micro-batch."""
+        return divmod(micro_step, self.per_epoch)
+
+    def epoch_float(self, micro_step: int) -> float:
+        return micro_step * self.global_batch / max(1, len(self.data))
+
+    def batch(self, micro_step: int) -> tuple[Any, Any, int]:
+        """``(input_ids, labels, n_tokens)`` of one micro-batch, trimmed to its longest row."""
+        import torch
+
+        epoch, index = self.position(micro_step)
+        if epoch != self._perm_epoch:
+            gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+            self._perm = torch.randperm(len(self.data), generator=gen)
+            self._perm_epoch = epoch
+        start = index * self.global_batch
+        if len(self.data) < self.global_batch:  # tiny datasets: wrap around
+            rows = self._perm.repeat(self.global_batch // len(self.data) + 1)[: self.global_batch]
+        else:
+            rows = self._perm[start : start + self.global_batch]
+        rows = rows[self.rank :: self.world_size]
+        lengths = self.data.lengths[rows]
+        width = int(lengths.max())
+        return self.data.input_ids[rows, :width], self.data.labels[rows, :width], int(lengths.sum())
+
+    def __iter__(self) -> Iterator[tuple[Any, Any, int]]:
+        step = 0
+        while True:
+            yield self.batch(step)
+            step += 1

@@ -1,0 +1,76 @@
+"""Held-out evaluation: token loss on the answers, and exact match by greedy generation.
+
+Exact match prompts the model exactly as a server does for an OpenAI chat request: the chat
+template with ``add_generation_prompt=True``, no padding (prompts are grouped by length so a
+batch needs none), greedy decoding that stops at EOS, special tokens skipped when decoding.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from playground.train.data import TokenizedSet
+
+
+def eval_loss(model: Any, data: TokenizedSet, *, batch_size: int, device: Any, autocast: Any) -> float:
+    """Mean cross-entropy per answer token over the held-out set."""
+    import torch
+
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(data), batch_size):
+            rows = slice(start, start + batch_size)
+            width = int(data.lengths[rows].max())
+            ids = data.input_ids[rows, :width].to(device)
+            labels = data.labels[rows, :width].to(device)
+            n = int((labels[:, 1:] != -100).sum())
+            if n == 0:
+                continue
+            with autocast():
+                out = model(input_ids=ids, labels=labels)
+            total += float(out.loss) * n
+            count += n
+    model.train(was_training)
+    return total / count if count else float("nan")
+
+
+def generate_answers(
+    model: Any, tokenizer: Any, prompt_ids: list[list[int]], *, max_new_tokens: int, device: Any, batch_size: int = 256
+) -> list[str]:
+    """Greedy answers for each prompt (token ids from the chat template), decoded like a server."""
+    import torch
+
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i, ids in enumerate(prompt_ids):
+        groups[len(ids)].append(i)
+    answers: list[str] = [""] * len(prompt_ids)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for indices in groups.values():
+            for start in range(0, len(indices), batch_size):
+                chunk = indices[start : start + batch_size]
+                ids = torch.tensor([prompt_ids[i] for i in chunk], device=device)
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    eos_token_id=model.generation_config.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+                for i, row in zip(chunk, out[:, ids.shape[1] :].tolist(), strict=True):
+                    answers[i] = tokenizer.decode(row, skip_special_tokens=True)
+    model.train(was_training)
+    return answers
+
+
+def exact_match(answers: list[str], expected: list[str]) -> float:
+    """Share of answers equal to the expected text (surrounding whitespace ignored)."""
+    if not expected:
+        return float("nan")
+    hits = sum(a.strip() == e.strip() for a, e in zip(answers, expected, strict=True))
+    return hits / len(expected)

@@ -1,0 +1,115 @@
+"""Model sources: ``scratch://<arch>`` (config built locally, random init), ``hf://org/name``
+(hub; token from ``HF_TOKEN`` only) or a local Hugging Face directory (a stand-in or a mirror).
+LoRA adapters come from peft, configured by the blueprint's method and parameters."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from playground.errors import UserError
+
+SCRATCH_ARCHS = ("llama", "qwen2")
+SOURCE_FORMS = "hf://ORG/NAME, scratch://llama, scratch://qwen2, or a local model directory"
+
+
+def parse_source(source: str) -> tuple[str, str]:
+    """``("hf", repo)``, ``("scratch", arch)`` or ``("local", path)``; a one-line UserError otherwise."""
+    if source.startswith("hf://"):
+        repo = source.removeprefix("hf://").strip("/")
+        if repo.count("/") != 1 or not all(repo.split("/")):
+            raise UserError(f"model source {source!r}: expected hf://ORG/NAME; allowed: {SOURCE_FORMS}", field="model")
+        return "hf", repo
+    if source.startswith("scratch://"):
+        arch = source.removeprefix("scratch://")
+        if arch not in SCRATCH_ARCHS:
+            raise UserError(
+                f"model source {source!r}: unknown architecture; allowed: {', '.join(SCRATCH_ARCHS)}", field="model"
+            )
+        return "scratch", arch
+    path = Path(source).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        return "local", str(path)
+    raise UserError(
+        f"model source {source!r}: not a model directory (no config.json there); allowed: {SOURCE_FORMS}",
+        field="model",
+    )
+
+
+def hf_token() -> str | None:
+    """The hub token, from the environment only (never a parameter, never printed)."""
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def load_tokenizer(kind: str, ref: str, spec: Any) -> Any:
+    """The tokenizer for a model source, with the blueprint's chat template (or a default)."""
+    from playground.train.tokenizer import build_char_tokenizer, ensure_chat_template
+
+    if kind == "scratch":
+        if spec.tokenizer in (None, "chars"):
+            return build_char_tokenizer(spec.chat_template)
+        kind, ref = parse_source(spec.tokenizer)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ref, token=hf_token() if kind == "hf" else None)
+    ensure_chat_template(tokenizer, spec.chat_template)
+    return tokenizer
+
+
+def build_model(kind: str, ref: str, spec: Any, tokenizer: Any, *, dtype: Any, seed: int) -> Any:
+    """A causal LM: from a locally built config (random init, seeded) or from pretrained weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if kind == "scratch":
+        from transformers import LlamaConfig, Qwen2Config
+
+        config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[ref]
+        options = {"tie_word_embeddings": True, **spec.config}
+        config = config_cls(
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            **options,
+        )
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return model.to(dtype)
+    token = hf_token() if kind == "hf" else None
+    model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype, token=token)
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer))
+    return model
+
+
+def apply_lora(model: Any, method: Any, params: dict[str, Any]) -> Any:
+    """Wrap ``model`` with LoRA adapters (rank/alpha/dropout from params, else the blueprint's method)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=int(params.get("lora_rank", method.rank)),
+        lora_alpha=int(params.get("lora_alpha", method.alpha)),
+        lora_dropout=float(params.get("lora_dropout", method.dropout)),
+        target_modules=list(method.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def configure_generation(model: Any, tokenizer: Any, max_new_tokens: int) -> None:
+    """Greedy decoding that stops at the tokenizer's EOS (and the model's own stop tokens)."""
+    gen = model.generation_config
+    eos = gen.eos_token_id
+    eos_ids = list(eos) if isinstance(eos, list | tuple) else ([eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.insert(0, tokenizer.eos_token_id)
+    gen.eos_token_id = eos_ids[0] if len(eos_ids) == 1 else eos_ids
+    gen.pad_token_id = tokenizer.pad_token_id
+    gen.do_sample = False
+    gen.max_new_tokens = max_new_tokens
+    for name in ("temperature", "top_p", "top_k"):  # sampling knobs would only warn with do_sample=False
+        if hasattr(gen, name):
+            setattr(gen, name, None)
+    model.config.pad_token_id = tokenizer.pad_token_id

@@ -1,0 +1,64 @@
+"""Servable model directories, written atomically.
+
+A plain Hugging Face directory (``config.json``, ``model.safetensors``, tokenizer files with the
+chat template, ``generation_config.json``) that ``transformers serve``, KServe's HuggingFace
+runtime and ``AutoModelForCausalLM`` load unchanged. LoRA adapters are merged first. The directory
+is written under a temporary name and renamed, so ``model/`` exists only when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from playground.train.tokenizer import save_tokenizer
+
+
+def unwrap(model: Any) -> Any:
+    """The bare model under DDP / torch.compile wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return getattr(model, "_orig_mod", model)
+
+
+def merged_copy(model: Any) -> Any:
+    """A model ready to save: LoRA merged into the base weights (the training model is left as is)."""
+    model = unwrap(model)
+    if hasattr(model, "merge_and_unload"):  # peft
+        import copy
+
+        return copy.deepcopy(model).merge_and_unload()
+    return model
+
+
+def save_model_dir(model: Any, tokenizer: Any, target: Path, *, dtype: Any = None) -> Path:
+    """Write a servable directory at ``target`` atomically (replacing an older one)."""
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    final_model = merged_copy(model)
+    if dtype is not None and next(final_model.parameters()).dtype != dtype:
+        final_model = final_model.to(dtype)
+    final_model.save_pretrained(str(tmp), safe_serialization=True)
+    save_tokenizer(tokenizer, tmp)
+    for stale in tmp.glob("adapter_*"):  # never ship half of a LoRA layout next to merged weights
+        stale.unlink()
+    _fsync_dir(tmp)
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(target)
+    return target
+
+
+def _fsync_dir(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())

@@ -1,0 +1,843 @@
+"""A Kubernetes API over real HTTP (kmock's KubernetesEmulator, extended) and a small controller simulator.
+
+The real ``kubernetes`` client and ``kubeflow`` SDK talk to it through a kubeconfig. What the
+emulator adds to kmock's in-memory object store is what those clients rely on: resourceVersions,
+watches that resume from a resourceVersion (410 Gone once compacted), label/field selectors,
+merge patches, the ``status`` subresource, pod logs (follow, timestamps, sinceSeconds), injected
+faults (401/403/409/422...) and dropped connections. The simulator plays Kubeflow Trainer, JobSet,
+Kueue and KServe: TrainJob → step pods → logs (replayed from a real trainer log) → trainerStatus →
+Complete/Failed; InferenceService → Ready with a URL proxied to a local model server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+import re
+import string
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+import attrs
+import kmock
+import yaml
+from kmock._internal.k8s import KubernetesError
+
+from playground.events import EVENT_PREFIX, Progress, parse_line
+
+CLUSTER_SCOPED = {"clustertrainingruntimes", "clusterservingruntimes", "namespaces", "nodes"}
+KINDS = {
+    "trainjobs": "TrainJob",
+    "clustertrainingruntimes": "ClusterTrainingRuntime",
+    "trainingruntimes": "TrainingRuntime",
+    "inferenceservices": "InferenceService",
+    "pods": "Pod",
+    "events": "Event",
+    "configmaps": "ConfigMap",
+    "secrets": "Secret",
+    "persistentvolumeclaims": "PersistentVolumeClaim",
+}
+API_VERSIONS = {
+    "trainjobs": "trainer.kubeflow.org/v1alpha1",
+    "clustertrainingruntimes": "trainer.kubeflow.org/v1alpha1",
+    "trainingruntimes": "trainer.kubeflow.org/v1alpha1",
+    "inferenceservices": "serving.kserve.io/v1beta1",
+}
+
+
+def now_iso(ts: float | None = None) -> str:
+    return datetime.fromtimestamp(ts if ts is not None else time.time(), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def nano_iso(ts: float) -> str:
+    whole = int(ts)
+    nanos = int(round((ts - whole) * 1e9))
+    if nanos >= 1_000_000_000:
+        whole, nanos = whole + 1, nanos - 1_000_000_000
+    return datetime.fromtimestamp(whole, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{nanos:09d}Z"
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (null removes a key)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _split_selector(text: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+def label_match(selector: str | None, labels: dict[str, str]) -> bool:
+    for term in _split_selector(selector or ""):
+        m = re.fullmatch(r"([\w./-]+)\s+(in|notin)\s+\((.*)\)", term)
+        if m:
+            values = {v.strip() for v in m.group(3).split(",")}
+            if (labels.get(m.group(1)) in values) != (m.group(2) == "in"):
+                return False
+        elif "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def field_match(selector: str | None, obj: dict[str, Any]) -> bool:
+    for term in _split_selector(selector or ""):
+        neg = "!=" in term
+        key, value = term.split("!=" if neg else "=", 1)
+        cur: Any = obj
+        for part in key.strip().split("."):
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        if (str(cur) == value.strip()) == neg:
+            return False
+    return True
+
+
+@dataclass
+class Fault:
+    """Answer matching requests with an API error (``times`` < 0: forever)."""
+
+    method: str
+    plural: str
+    status: int
+    reason: str
+    message: str
+    details: dict[str, Any] | None = None
+    times: int = -1
+    name: str | None = None
+
+
+@attrs.define(kw_only=True)
+class ClusterEmulator(kmock.KubernetesEmulator):
+    """kmock's KubernetesEmulator with resourceVersions, resumable watches, selectors, logs and faults."""
+
+    store: dict[tuple[str, str | None, str], dict[str, Any]] = attrs.field(factory=dict)
+    changes: list[tuple[int, str, str, dict[str, Any]]] = attrs.field(factory=list)
+    rv: int = 0
+    compacted: int = 0
+    faults: list[Fault] = attrs.field(factory=list)
+    pod_logs: dict[tuple[str, str], dict[str, Any]] = attrs.field(factory=dict)
+    hooks: list[Callable[[str, str, dict[str, Any]], None]] = attrs.field(factory=list)
+    counts: Counter = attrs.field(factory=Counter)
+    drop_watch_after: int | None = None  # cut every watch stream after N events (network drop)
+    drop_log_after: int | None = None  # cut every log stream after N lines
+    proxies: dict[tuple[str, str], tuple[str, str]] = attrs.field(factory=dict)  # isvc -> (url, model)
+    _changed: asyncio.Condition | None = attrs.field(default=None)
+    _session: aiohttp.ClientSession | None = attrs.field(default=None)
+    generation: int = 0  # bumped by drop_all(): open streams close at once
+    dropped: int = 0
+
+    @property
+    def changed(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    # -- state ---------------------------------------------------------------------------------
+    async def notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    def _record(self, plural: str, etype: str, obj: dict[str, Any]) -> None:
+        self.changes.append((self.rv, plural, etype, copy.deepcopy(obj)))
+        for hook in list(self.hooks):
+            hook(etype, plural, obj)
+
+    def _stamp(self, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+
+    def create(self, plural: str, ns: str | None, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name and meta.get("generateName"):
+            name = meta["generateName"] + "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+            meta["name"] = name
+        ns = None if plural in CLUSTER_SCOPED else (ns or meta.get("namespace") or "default")
+        key = (plural, ns, name)
+        if key in self.store:
+            group = API_VERSIONS.get(plural, "v1").split("/")[0] if "/" in API_VERSIONS.get(plural, "") else ""
+            full = f"{plural}.{group}" if group else plural
+            raise KubernetesError(
+                status=409,
+                reason="AlreadyExists",
+                message=f'{full} "{name}" already exists',
+                details={"name": name, "group": group, "kind": plural},
+            )
+        if ns:
+            meta["namespace"] = ns
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", now_iso())
+        meta["generation"] = 1
+        obj.setdefault("kind", KINDS.get(plural, plural.capitalize()))
+        obj.setdefault("apiVersion", API_VERSIONS.get(plural, "v1"))
+        self._stamp(obj)
+        self.store[key] = obj
+        self._record(plural, "ADDED", obj)
+        return obj
+
+    def patch(self, plural: str, ns: str | None, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        ns = None if plural in CLUSTER_SCOPED else ns
+        key = (plural, ns, name)
+        if key not in self.store:
+            raise KubernetesError(status=404, reason="NotFound", message=f'{plural} "{name}" not found')
+        patch = dict(patch)
+        if "metadata" in patch:
+            patch["metadata"] = {k: v for k, v in patch["metadata"].items() if k not in ("resourceVersion", "uid")}
+        obj = merge_patch(self.store[key], patch)
+        if obj.get("spec") != self.store[key].get("spec"):
+            obj["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
+        self._stamp(obj)
+        self.store[key] = obj
+        self._record(plural, "MODIFIED", obj)
+        return obj
+
+    def delete(self, plural: str, ns: str | None, name: str) -> dict[str, Any]:
+        ns = None if plural in CLUSTER_SCOPED else ns
+        obj = self.store.pop((plural, ns, name), None)
+        if obj is None:
+            raise KubernetesError(status=404, reason="NotFound", message=f'{plural} "{name}" not found')
+        obj = copy.deepcopy(obj)
+        self._stamp(obj)
+        self._record(plural, "DELETED", obj)
+        return obj
+
+    def compact(self) -> None:
+        """Forget the change history (as etcd compaction does): older resourceVersions get 410 Gone."""
+        self.compacted = self.rv
+        self.changes.clear()
+
+    def items(self, plural: str, ns: str | None = None) -> list[dict[str, Any]]:
+        return [o for (p, n, _), o in self.store.items() if p == plural and (ns is None or n == ns)]
+
+    # -- pod logs ------------------------------------------------------------------------------
+    def append_log(self, ns: str, pod: str, line: str) -> None:
+        entry = self.pod_logs.setdefault((ns, pod), {"lines": [], "done": False})
+        ts = time.time()
+        if entry["lines"] and ts <= entry["lines"][-1][0]:
+            ts = entry["lines"][-1][0] + 1e-6
+        entry["lines"].append((ts, line))
+
+    def end_log(self, ns: str, pod: str) -> None:
+        self.pod_logs.setdefault((ns, pod), {"lines": [], "done": False})["done"] = True
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        path = request.url.path
+        if path.startswith("/serving/"):
+            return await self._proxy(request)
+        res = request.resource
+        if res is None or res.plural is None:
+            return await super()._handle(request)
+        plural = res.plural
+        method = str(request.method.value if hasattr(request.method, "value") else request.method).upper()
+        params = request.params
+        sub = request.subresource
+        kind = (
+            "watch"
+            if params.get("watch") in ("true", "1")
+            else ("log" if sub == "log" else ("get" if request.name else "list"))
+        )
+        self.counts[(method, plural, kind if method == "GET" else method.lower())] += 1
+        self.counts["total"] += 1
+        for fault in self.faults:
+            if fault.method == method and fault.plural == plural and fault.times != 0:
+                if fault.name is None or fault.name == request.name:
+                    fault.times -= 1
+                    raise KubernetesError(
+                        status=fault.status, reason=fault.reason, message=fault.message, details=fault.details
+                    )
+        ns = request.namespace
+        if plural in CLUSTER_SCOPED:
+            ns = None
+        if method == "GET" and kind == "log":
+            return await self._serve_log(request, ns or "default", request.name or "")
+        if method == "GET" and kind == "watch":
+            return await self._watch(request, plural, ns)
+        if method == "GET" and request.name:
+            obj = self.store.get((plural, ns, request.name))
+            if obj is None:
+                raise KubernetesError(
+                    status=404, reason="NotFound", message=f'{plural} "{request.name}" not found'
+                )
+            return aiohttp.web.json_response(obj)
+        if method == "GET":
+            items = self._select(plural, ns, params)
+            return aiohttp.web.json_response(
+                {
+                    "apiVersion": API_VERSIONS.get(plural, "v1"),
+                    "kind": KINDS.get(plural, plural) + "List",
+                    "metadata": {"resourceVersion": str(self.rv)},
+                    "items": items,
+                }
+            )
+        if method == "POST":
+            obj = self.create(plural, ns, request.data or {})
+            await self.notify()
+            return aiohttp.web.json_response(obj, status=201)
+        if method in ("PATCH", "PUT") and request.name:
+            data = request.data or {}
+            if sub == "status":
+                data = {"status": data.get("status")}
+            obj = self.patch(plural, ns, request.name, data)
+            await self.notify()
+            return aiohttp.web.json_response(obj)
+        if method == "DELETE" and request.name:
+            obj = self.delete(plural, ns, request.name)
+            await self.notify()
+            return aiohttp.web.json_response(obj)
+        return await super()._handle(request)
+
+    def _select(self, plural: str, ns: str | None, params: dict[str, str]) -> list[dict[str, Any]]:
+        out = []
+        for obj in self.items(plural, ns):
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if label_match(params.get("labelSelector"), labels) and field_match(params.get("fieldSelector"), obj):
+                out.append(obj)
+        return out
+
+    def _matches(self, plural: str, ns: str | None, params: dict[str, str], p: str, obj: dict[str, Any]) -> bool:
+        if p != plural:
+            return False
+        if ns is not None and (obj.get("metadata") or {}).get("namespace") != ns:
+            return False
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return label_match(params.get("labelSelector"), labels) and field_match(params.get("fieldSelector"), obj)
+
+    async def _watch(self, request: kmock.Request, plural: str, ns: str | None) -> aiohttp.web.StreamResponse:
+        params = request.params
+        rv_text = params.get("resourceVersion") or ""
+        timeout = float(params.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        generation = self.generation
+        resp = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request._raw_request)
+        sent = 0
+
+        async def send(event: dict[str, Any]) -> bool:
+            nonlocal sent
+            await resp.write(json.dumps(event).encode() + b"\n")
+            sent += 1
+            if self.drop_watch_after is not None and sent >= self.drop_watch_after:
+                self.dropped += 1
+                request._raw_request.transport.close()  # an abrupt drop, not a clean end
+                return False
+            return True
+
+        try:
+            if rv_text in ("", "0"):
+                cursor = self.rv
+                for obj in self._select(plural, ns, params):
+                    if not await send({"type": "ADDED", "object": obj}):
+                        return resp
+            else:
+                cursor = int(rv_text)
+                if cursor < self.compacted:
+                    gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410}
+                    gone |= {"reason": "Expired", "message": f"too old resource version: {cursor} ({self.compacted})"}
+                    await send({"type": "ERROR", "object": gone})
+                    return resp
+            while time.monotonic() < deadline:
+                pending = [c for c in self.changes if c[0] > cursor]
+                for rv, p, etype, obj in pending:
+                    cursor = rv
+                    if self._matches(plural, ns, params, p, obj) and not await send({"type": etype, "object": obj}):
+                        return resp
+                if generation != self.generation:
+                    request._raw_request.transport.close()
+                    return resp
+                async with self.changed:
+                    try:
+                        await asyncio.wait_for(self.changed.wait(), timeout=max(0.01, deadline - time.monotonic()))
+                    except TimeoutError:
+                        pass
+            if params.get("allowWatchBookmarks") == "true":
+                await send({"type": "BOOKMARK", "object": {"kind": KINDS.get(plural), "metadata": {"resourceVersion": str(cursor)}}})
+            await resp.write_eof()
+        except (ConnectionResetError, RuntimeError, aiohttp.ClientConnectionResetError):
+            pass
+        return resp
+
+    async def _serve_log(self, request: kmock.Request, ns: str, name: str) -> aiohttp.web.StreamResponse:
+        pod = self.store.get(("pods", ns, name))
+        if pod is None:
+            raise KubernetesError(status=404, reason="NotFound", message=f'pods "{name}" not found')
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        state = statuses[0].get("state", {}) if statuses else {}
+        if not ("running" in state or "terminated" in state):
+            waiting = (state.get("waiting") or {}).get("reason", "ContainerCreating")
+            raise KubernetesError(
+                status=400,
+                reason="BadRequest",
+                message=f'container "{request.params.get("container", "")}" in pod "{name}" is waiting to start: {waiting}',
+            )
+        params = request.params
+        follow = params.get("follow") == "true"
+        stamps = params.get("timestamps") == "true"
+        since = float(params["sinceSeconds"]) if "sinceSeconds" in params else None
+        tail = int(params["tailLines"]) if "tailLines" in params else None
+        entry = self.pod_logs.setdefault((ns, name), {"lines": [], "done": False})
+        lines = entry["lines"]
+        start = 0
+        if since is not None:
+            cutoff = time.time() - since
+            start = next((i for i, (ts, _) in enumerate(lines) if ts >= cutoff), len(lines))
+        if tail is not None:
+            start = max(start, len(lines) - tail)
+
+        def render(ts: float, text: str) -> bytes:
+            return ((nano_iso(ts) + " " if stamps else "") + text + "\n").encode()
+
+        if not follow:
+            return aiohttp.web.Response(body=b"".join(render(*item) for item in lines[start:]), content_type="text/plain")
+        resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await resp.prepare(request._raw_request)
+        generation, sent, index = self.generation, 0, start
+        try:
+            while True:
+                while index < len(lines):
+                    await resp.write(render(*lines[index]))
+                    index += 1
+                    sent += 1
+                    if self.drop_log_after is not None and sent >= self.drop_log_after:
+                        self.dropped += 1
+                        request._raw_request.transport.close()
+                        return resp
+                if entry["done"] or generation != self.generation:
+                    break
+                async with self.changed:
+                    try:
+                        await asyncio.wait_for(self.changed.wait(), timeout=1.0)
+                    except TimeoutError:
+                        pass
+            if generation != self.generation:
+                request._raw_request.transport.close()
+                return resp
+            await resp.write_eof()
+        except (ConnectionResetError, RuntimeError, aiohttp.ClientConnectionResetError):
+            pass
+        return resp
+
+    async def _proxy(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        """KServe's ingress: /serving/<ns>/<isvc>/openai/v1/... → the local model server's /v1/..."""
+        parts = request.url.path.split("/")
+        ns, name, rest = parts[2], parts[3], "/".join(parts[4:])
+        target = self.proxies.get((ns, name))
+        if target is None or not rest.startswith("openai/v1"):
+            return aiohttp.web.json_response({"error": f"no route for {request.url.path}"}, status=404)
+        base, model = target
+        url = base.rstrip("/") + rest[len("openai/v1") :]
+        body = request.body
+        if request.data and isinstance(request.data, dict) and "model" in request.data:
+            body = json.dumps({**request.data, "model": model}).encode()
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with self._session.request(str(request.method.value), url, data=body or None, headers=headers) as up:
+            payload = await up.read()
+            return aiohttp.web.Response(body=payload, status=up.status, content_type=up.content_type)
+
+
+def pod_manifest(job: dict[str, Any], rjob: str, container: str, image: str = "sim") -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+    labels = {
+        "jobset.sigs.k8s.io/jobset-name": name,
+        "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+        "batch.kubernetes.io/job-completion-index": "0",
+        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer" if rjob == "node" else rjob,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{name}-{rjob}-0-0-{suffix}", "labels": labels},
+        "spec": {"containers": [{"name": container, "image": image}]},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]},
+    }
+
+
+@dataclass
+class Scenario:
+    """What the simulated trainer does: the node-0 log it prints (replayed), and how it ends."""
+
+    node_log: list[str] = field(default_factory=list)
+    exit_code: int = 0
+    line_delay: float = 0.0
+    unschedulable_for: float = 0.0  # node pod Unschedulable this long first
+    hold_queue: bool = False  # Kueue keeps the job suspended until admit() is called
+    start_delay: float = 0.0
+
+
+class TrainerSimulator:
+    """Plays Kubeflow Trainer + JobSet + Kueue + kubelet + KServe against the emulator's store."""
+
+    def __init__(self, emu: ClusterEmulator, loop: asyncio.AbstractEventLoop) -> None:
+        self.emu = emu
+        self.loop = loop
+        self.scenario = Scenario()
+        self.scenarios: dict[str, Scenario] = {}  # by blueprint label
+        self.output_dir: Path | None = None  # what every job's /workspace/output holds once done
+        self.servers: Any = None  # playground.serving.local.LocalServers
+        self.admitted: dict[str, asyncio.Event] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.errors: list[BaseException] = []
+        emu.hooks.append(self._on_change)
+
+    def _on_change(self, etype: str, plural: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{plural}/{meta.get('namespace')}/{meta.get('name')}"
+        if plural == "trainjobs" and etype == "ADDED":
+            self._spawn(key, self._run_trainjob(meta["namespace"], meta["name"]))
+        elif plural == "trainjobs" and etype == "DELETED":
+            task = self.tasks.pop(key, None)
+            if task:
+                task.cancel()
+            for pod in self.emu.items("pods", meta.get("namespace")):
+                if pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == meta["name"]:
+                    self.emu.delete("pods", meta["namespace"], pod["metadata"]["name"])
+        elif plural == "trainjobs" and etype == "MODIFIED" and (obj.get("spec") or {}).get("suspend"):
+            if (meta.get("annotations") or {}).get("blueprint-playground.dev/cancelled"):
+                task = self.tasks.pop(key, None)
+                if task:
+                    task.cancel()
+        elif plural == "inferenceservices" and etype == "ADDED":
+            self._spawn(key, self._run_isvc(meta["namespace"], meta["name"]))
+        elif plural == "inferenceservices" and etype == "DELETED":
+            self.emu.proxies.pop((meta.get("namespace"), meta.get("name")), None)
+            if self.servers is not None:
+                self.loop.run_in_executor(None, self._stop_server, meta["name"])
+
+    def _stop_server(self, name: str) -> None:
+        try:
+            self.servers.stop(name)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def _spawn(self, key: str, coro: Any) -> None:
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # surfaced by the tests
+                self.errors.append(exc)
+
+        self.tasks[key] = self.loop.create_task(guarded())
+
+    async def _event(self, ns: str, kind: str, name: str, reason: str, message: str, etype: str = "Normal") -> None:
+        self.emu.create(
+            "events",
+            ns,
+            {
+                "metadata": {"generateName": f"{name}."},
+                "involvedObject": {"kind": kind, "name": name, "namespace": ns},
+                "reason": reason,
+                "message": message,
+                "type": etype,
+                "firstTimestamp": now_iso(),
+                "lastTimestamp": now_iso(),
+                "count": 1,
+            },
+        )
+        await self.emu.notify()
+
+    async def _patch(self, plural: str, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        if (plural, ns, name) not in self.emu.store:
+            return None
+        obj = self.emu.patch(plural, ns, name, patch)
+        await self.emu.notify()
+        return obj
+
+    async def _condition(self, ns: str, name: str, ctype: str, status: str, reason: str, message: str) -> None:
+        job = self.emu.store.get(("trainjobs", ns, name))
+        if job is None:
+            return
+        conds = [c for c in (job.get("status") or {}).get("conditions") or [] if c["type"] != ctype]
+        conds.append(
+            {"type": ctype, "status": status, "reason": reason, "message": message, "lastTransitionTime": now_iso()}
+        )
+        await self._patch("trainjobs", ns, name, {"status": {"conditions": conds}})
+
+    async def _pod_state(self, ns: str, pod: str, phase: str, state: dict[str, Any], **extra: Any) -> None:
+        obj = self.emu.store.get(("pods", ns, pod))
+        if obj is None:
+            return
+        container = obj["spec"]["containers"][0]["name"]
+        status = {"phase": phase, "containerStatuses": [{"name": container, "state": state}], **extra}
+        if phase != "Pending":
+            status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+            status.setdefault("startTime", now_iso())
+        await self._patch("pods", ns, pod, {"status": status})
+
+    async def _run_pod(self, ns: str, job: dict[str, Any], rjob: str, container: str, lines: list[str], sc: Scenario) -> int:
+        pod = self.emu.create("pods", ns, pod_manifest(job, rjob, container))
+        name = pod["metadata"]["name"]
+        await self.emu.notify()
+        await self._event(ns, "Pod", name, "Scheduled", f"Successfully assigned {ns}/{name} to sim-node-1")
+        await self._pod_state(ns, name, "Pending", {"waiting": {"reason": "ContainerCreating"}})
+        await self._pod_state(ns, name, "Running", {"running": {"startedAt": now_iso()}})
+        await self._event(ns, "Pod", name, "Started", f"Started container {container}")
+        job_name = job["metadata"]["name"]
+        total_progress = [parse_line(x) for x in lines]
+        for i, line in enumerate(lines):
+            self.emu.append_log(ns, name, line)
+            event = total_progress[i]
+            if isinstance(event, Progress) and rjob == "node":
+                await self._trainer_status(ns, job_name, event)
+            if i % 20 == 0 or sc.line_delay:
+                await self.emu.notify()
+            if sc.line_delay:
+                await asyncio.sleep(sc.line_delay)
+        code = sc.exit_code if rjob == "node" else 0
+        self.emu.end_log(ns, name)
+        term = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "finishedAt": now_iso()}}
+        await self._pod_state(ns, name, "Succeeded" if code == 0 else "Failed", term)
+        return code
+
+    async def _trainer_status(self, ns: str, name: str, p: Progress) -> None:
+        """What kubeflow's update_trainjob_status does from inside the trainer (throttled)."""
+        if p.step % 50 and p.step != p.total_steps:
+            return
+        metrics = [{"name": "loss", "value": f"{p.loss:.4f}"}] if p.loss is not None else []
+        status = {
+            "progressPercentage": int(100 * p.step / max(1, p.total_steps)),
+            "lastUpdatedTime": now_iso(),
+            "metrics": metrics,
+        }
+        if p.eta_seconds is not None:
+            status["estimatedRemainingSeconds"] = int(p.eta_seconds)
+        await self._patch("trainjobs", ns, name, {"status": {"trainerStatus": status}})
+
+    async def _run_trainjob(self, ns: str, name: str) -> None:
+        job = self.emu.store[("trainjobs", ns, name)]
+        blueprint = job["metadata"].get("labels", {}).get("blueprint-playground.dev/blueprint", "")
+        sc = self.scenarios.get(blueprint, self.scenario)
+        await asyncio.sleep(sc.start_delay)
+        queue = job["metadata"].get("labels", {}).get("kueue.x-k8s.io/queue-name")
+        workload = f"trainjob-{name}-{uuid.uuid4().hex[:5]}"
+        if queue:
+            await self._patch("trainjobs", ns, name, {"spec": {"suspend": True}})
+            await self._condition(ns, name, "Suspended", "True", "Suspended", "TrainJob is suspended")
+            if sc.hold_queue:
+                msg = "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor gpu, 1 more needed"
+                await self._event(ns, "Workload", workload, "Pending", msg)
+                await self.admitted.setdefault(queue, asyncio.Event()).wait()
+            await self._event(ns, "Workload", workload, "QuotaReserved", f"Quota reserved in ClusterQueue cluster-{queue}")
+            await self._event(ns, "Workload", workload, "Admitted", f"Admitted by ClusterQueue cluster-{queue}")
+            await self._patch("trainjobs", ns, name, {"spec": {"suspend": False}})
+            await self._condition(ns, name, "Suspended", "False", "Resumed", "TrainJob is resumed")
+        await self._event(ns, "TrainJob", name, "SuccessfulCreateJobSet", f"Created JobSet {name}")
+        job = self.emu.store[("trainjobs", ns, name)]
+        if (job.get("spec") or {}).get("initializer"):
+            for rjob in ("dataset-initializer", "model-initializer"):
+                uri = job["spec"]["initializer"].get(rjob.split("-")[0], {}).get("storageUri", "")
+                lines = [f"Downloading {uri}", f"{rjob}: done"]
+                await self._run_pod(ns, job, rjob, rjob, lines, sc)
+        if sc.unschedulable_for:
+            pod = self.emu.create("pods", ns, pod_manifest(job, "node", "node"))
+            pname = pod["metadata"]["name"]
+            cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+            cond["message"] = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+            await self._patch("pods", ns, pname, {"status": {"phase": "Pending", "conditions": [cond]}})
+            await self._event(ns, "Pod", pname, "FailedScheduling", cond["message"], "Warning")
+            await asyncio.sleep(sc.unschedulable_for)
+            self.emu.delete("pods", ns, pname)
+        code = await self._run_pod(ns, job, "node", "node", sc.node_log, sc)
+        if code == 0:
+            await self._condition(ns, name, "Complete", "True", "JobsCompleted", "TrainJob is completed")
+        else:
+            await self._event(ns, "TrainJob", name, "FailedJobs", "ReplicatedJob node has failed jobs", "Warning")
+            await self._condition(ns, name, "Failed", "True", "FailedJobs", "jobset failed: ReplicatedJob node failed")
+
+    def admit(self, queue: str) -> None:
+        self.loop.call_soon_threadsafe(self.admitted.setdefault(queue, asyncio.Event()).set)
+
+    async def _run_isvc(self, ns: str, name: str) -> None:
+        isvc = self.emu.store[("inferenceservices", ns, name)]
+        uri = isvc["spec"]["predictor"]["model"]["storageUri"]
+        conds = [{"type": "PredictorReady", "status": "False", "reason": "Initializing"}]
+        conds.append({"type": "Ready", "status": "False", "reason": "Initializing", "message": "loading the model"})
+        await self._patch("inferenceservices", ns, name, {"status": {"conditions": conds}})
+        match = re.fullmatch(r"pvc://[^/]+/output/(.+)", uri)
+        local = self.output_dir / match.group(1) if match and self.output_dir else None
+        if local is None or not local.is_dir() or self.servers is None:
+            conds = [{"type": "Ready", "status": "False", "reason": "ModelLoadFailed", "message": f"{uri}: no such model"}]
+            await self._patch("inferenceservices", ns, name, {"status": {"conditions": conds}})
+            return
+        kind = isvc["metadata"].get("labels", {}).get("blueprint-playground.dev/kind", "fine-tuned")
+        endpoint = await self.loop.run_in_executor(None, lambda: self.servers.start(str(local), kind=kind, name=name))
+        self.emu.proxies[(ns, name)] = (endpoint.url, endpoint.model)
+        url = f"{self.emu_url}/serving/{ns}/{name}"
+        ready = [{"type": t, "status": "True", "lastTransitionTime": now_iso()} for t in ("PredictorReady", "Ready")]
+        await self._patch("inferenceservices", ns, name, {"status": {"url": url, "conditions": ready}})
+
+    emu_url: str = ""
+
+
+class Cluster:
+    """The emulator + simulator on a background event loop, driven from synchronous tests."""
+
+    def __init__(self, namespace: str = "ml") -> None:
+        self.namespace = namespace
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Future | None = None
+        self.thread = threading.Thread(target=self._main, name="k8s-emulator", daemon=True)
+        self.emu: ClusterEmulator
+        self.sim: TrainerSimulator
+        self.url = ""
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        async with ClusterEmulator() as emu, kmock.Server(emu) as server:
+            self.emu = emu
+            self.url = str(server.url).rstrip("/")
+            self.sim = TrainerSimulator(emu, self.loop)
+            self.sim.emu_url = self.url
+            self._stop = self.loop.create_future()
+            self._ready.set()
+            await self._stop
+            if emu._session is not None:
+                await emu._session.close()
+
+    def __enter__(self) -> Cluster:
+        self.thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the emulator did not start")
+        self.put(
+            "configmaps",
+            {
+                "metadata": {"name": "kubeflow-trainer-public", "namespace": "kubeflow-system"},
+                "data": {"kubeflow_trainer_version": "v2.3.0"},
+            },
+            namespace="kubeflow-system",
+        )
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        def finish() -> None:
+            for task in list(self.sim.tasks.values()):
+                task.cancel()
+            if self._stop is not None and not self._stop.done():
+                self._stop.set_result(None)
+
+        self.loop.call_soon_threadsafe(finish)
+        self.thread.join(30)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        async def run() -> Any:
+            result = fn()
+            await self.emu.notify()
+            return result
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
+
+    def put(self, plural: str, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        return self.call(lambda: self.emu.create(plural, namespace or self.namespace, obj))
+
+    def get(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        ns = None if plural in CLUSTER_SCOPED else (namespace or self.namespace)
+        return self.call(lambda: copy.deepcopy(self.emu.store.get((plural, ns, name))))
+
+    def items(self, plural: str) -> list[dict[str, Any]]:
+        return self.call(lambda: copy.deepcopy(self.emu.items(plural)))
+
+    def fault(self, **kwargs: Any) -> Fault:
+        fault = Fault(**kwargs)
+        self.call(lambda: self.emu.faults.append(fault))
+        return fault
+
+    def clear_faults(self) -> None:
+        self.call(self.emu.faults.clear)
+
+    def compact(self) -> None:
+        self.call(self.emu.compact)
+
+    def drop_streams(self) -> None:
+        """Cut every open watch and log stream (as a load balancer restart would)."""
+
+        def bump() -> None:
+            self.emu.generation += 1
+
+        self.call(bump)
+
+    def install_runtimes(self, *paths: Path) -> list[str]:
+        names = []
+        for path in paths:
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc and doc.get("kind") == "ClusterTrainingRuntime":
+                    self.put("clustertrainingruntimes", doc)
+                    names.append(doc["metadata"]["name"])
+        return names
+
+    def kubeconfig(self, path: Path, *, namespace: str | None = None, token: str = "sim-token") -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "sim", "cluster": {"server": self.url}}],
+            "users": [{"name": "dev", "user": {"token": token}}],
+            "contexts": [
+                {"name": "sim", "context": {"cluster": "sim", "user": "dev", "namespace": namespace or self.namespace}}
+            ],
+            "current-context": "sim",
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+
+def trainer_log(lines: list[str], *, step_limit: int | None = None) -> list[str]:
+    """Trainer output to replay; ``step_limit`` keeps the progress lines up to that step."""
+    out = []
+    for line in lines:
+        event = parse_line(line)
+        if step_limit is not None and isinstance(event, Progress) and event.step > step_limit:
+            continue
+        out.append(line)
+    return out
+
+
+__all__ = ["EVENT_PREFIX", "Cluster", "ClusterEmulator", "Fault", "Scenario", "TrainerSimulator", "trainer_log"]

@@ -1,0 +1,337 @@
+"""Serving: the trained tiny-llama-cpu model behind real ``transformers serve`` processes, over HTTP.
+
+Each server starts once per module (fine-tuned and base through LocalBackend.serve, plus one
+extra for the port/stop lifecycle); every check talks to it over localhost with the project's
+client, the official ``openai`` client or raw httpx.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from playground.errors import UserError
+from playground.serving.client import base_url, chat, complete, list_models
+from playground.serving.local import LocalServers, pid_alive, port_in_use
+from playground.serving.validate import check_model_dir
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+N_HELD_OUT = 40
+MAX_TOKENS = 12  # the blueprint's serving.max_new_tokens
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def held_out() -> list[tuple[str, str]]:
+    """Held-out prompts exactly as the trainer draws them (never trained on) + the blueprint's examples."""
+    from playground.blueprints.loader import get_blueprint
+    from playground.train.data import synthetic_splits
+
+    bp = get_blueprint("tiny-llama-cpu")
+    _, samples = synthetic_splits("reverse", bp.dataset.options, num_train=0, num_eval=N_HELD_OUT, seed=0)
+    pairs = [(s.prompt, s.answer) for s in samples]
+    return pairs + [(ex.prompt, ex.expected) for ex in bp.examples]
+
+
+@pytest.fixture(scope="module")
+def backend(session_home: Path):
+    from playground.backends.local import LocalBackend
+
+    return LocalBackend(home=session_home)
+
+
+@pytest.fixture(scope="module")
+def served(trained_tiny_job, backend):
+    """The fine-tuned and the base model of the shared trained job, each behind its own server."""
+    fine = backend.serve(trained_tiny_job.id)
+    base = backend.serve(trained_tiny_job.id, base=True)
+    yield {"fine-tuned": fine, "base": base}
+    LocalServers(backend.home).stop(trained_tiny_job.id)
+
+
+def _ask(endpoint, prompt: str, **kw) -> str:
+    return chat(endpoint, [{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS, **kw)
+
+
+def _score(endpoint, pairs) -> tuple[float, list[str]]:
+    answers = [_ask(endpoint, p) for p, _ in pairs]
+    hits = sum(a.strip() == e for a, (_, e) in zip(answers, pairs, strict=True))
+    return hits / len(pairs), answers
+
+
+# -- correctness ----------------------------------------------------------------------------------
+def test_fine_tuned_answers_held_out_prompts(served, held_out, trained_tiny_job):
+    fine = served["fine-tuned"]
+    assert fine.url.endswith("/v1") and fine.kind == "fine-tuned" and fine.job_id == trained_tiny_job.id
+    assert fine.model == str(Path(trained_tiny_job.model_dir).resolve())
+    score, answers = _score(fine, held_out)
+    assert score >= 0.9, list(zip(held_out, answers, strict=True))
+
+
+def test_base_model_answers_differ_and_score_near_zero(served, held_out):
+    pairs = held_out[:20]
+    base_score, base_answers = _score(served["base"], pairs)
+    _, fine_answers = _score(served["fine-tuned"], pairs)
+    assert base_score <= 0.05, base_answers
+    assert sum(b != f for b, f in zip(base_answers, fine_answers, strict=True)) >= 18
+
+
+def test_streaming_yields_the_same_text(served, held_out):
+    fine = served["fine-tuned"]
+    for prompt, _ in held_out[:8]:
+        chunks = list(_ask(fine, prompt, stream=True))
+        assert len(chunks) > 1  # really streamed, token by token
+        assert "".join(chunks) == _ask(fine, prompt)
+    base_chunks = list(_ask(served["base"], held_out[0][0], stream=True))
+    assert "".join(base_chunks) == _ask(served["base"], held_out[0][0])
+
+
+def test_completions_models_and_the_official_openai_client(served, trained_tiny_job):
+    from openai import OpenAI
+    from transformers import AutoTokenizer
+
+    fine = served["fine-tuned"]
+    assert list_models(fine.url) == [fine.model]
+    # /v1/completions takes the raw prompt: the chat template rendered by hand gives the chat answer
+    tokenizer = AutoTokenizer.from_pretrained(trained_tiny_job.model_dir)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "reverse: kube"}], tokenize=False, add_generation_prompt=True
+    )
+    assert complete(fine, text, max_tokens=MAX_TOKENS).strip() == "ebuk"
+    assert "".join(complete(fine, text, max_tokens=MAX_TOKENS, stream=True)).strip() == "ebuk"
+    # a bare URL: the client asks /v1/models for the model name
+    assert _ask(fine.url, "reverse: flow") == "wolf"
+    # any OpenAI client works against the endpoint
+    client = OpenAI(base_url=fine.url, api_key="unused")
+    reply = client.chat.completions.create(
+        model=fine.model, messages=[{"role": "user", "content": "reverse: gpu"}], max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert reply.choices[0].message.content == "upg"
+    assert reply.choices[0].finish_reason == "stop"  # stopped at EOS, not at max_tokens
+    stream = client.chat.completions.create(
+        model=fine.model, messages=[{"role": "user", "content": "reverse: gpu"}], max_tokens=MAX_TOKENS, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "upg"
+
+
+# -- bad requests ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (json.dumps({}).encode(), 400, "messages: Field required"),
+        (json.dumps({"messages": "hi"}).encode(), 400, "messages"),
+        (json.dumps({"messages": []}).encode(), 400, "at least 1"),
+        (json.dumps({"messages": [{"content": "x"}]}).encode(), 400, "messages.0.role"),
+        (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), 400, "messages.0.content"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}).encode(), 400, "max_tokens"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "x"}).encode(), 400, "max_tokens"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}).encode(), 400, "temperature"),
+        (json.dumps({"messages": [{"role": "user", "content": "hi"}], "bogus": 1}).encode(), 422, "bogus"),
+        (json.dumps({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}).encode(), 404, "nope"),
+        (json.dumps({"messages": [{"role": "user", "content": "a" * 500}]}).encode(), 400, "context window is 64"),
+        (json.dumps({"messages": [{"role": "user", "content": "a" * (2 << 20)}]}).encode(), 413, "at most"),
+    ],
+    ids=lambda v: v if isinstance(v, int) else None,
+)
+def test_bad_requests_get_4xx_with_the_reason_and_the_server_keeps_serving(served, body, status, needle):
+    fine = served["fine-tuned"]
+    response = httpx.post(
+        fine.url + "/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=60
+    )
+    assert response.status_code == status, response.text
+    assert needle in response.text
+    assert _ask(fine, "reverse: kube") == "ebuk"
+
+
+def test_client_raises_user_error_with_the_servers_message(served):
+    fine = served["fine-tuned"]
+    with pytest.raises(UserError, match=r"answered 400: prompt is \d+ tokens; this model's context window is 64"):
+        _ask(fine, "reverse: " + "x" * 200)
+    with pytest.raises(UserError, match=r"answered 400: .*prompt is"):
+        list(_ask(fine, "reverse: " + "x" * 200, stream=True))  # raised when the stream opens
+    with pytest.raises(UserError, match=r"answered 400: invalid request: messages\.0\.role"):
+        chat(fine, [{"content": "no role"}])
+    with pytest.raises(UserError, match="cannot reach"):
+        chat(f"http://127.0.0.1:{_free_port()}/v1", "hi", model="m")
+    with pytest.raises(UserError, match="must look like"):
+        chat("localhost:8000", "hi")
+    assert base_url("http://127.0.0.1:9") == "http://127.0.0.1:9/v1"
+    # max_tokens larger than the context left is clamped (finish_reason length), not an error
+    assert _ask(served["base"], "reverse: ab", max_tokens=500) is not None
+
+
+def test_eight_concurrent_clients_all_get_correct_answers(served, held_out):
+    fine = served["fine-tuned"]
+    jobs = held_out[:16]
+
+    def one(i: int) -> tuple[str, str]:
+        prompt, expected = jobs[i]
+        answer = "".join(_ask(fine, prompt, stream=True)) if i % 2 else _ask(fine, prompt)
+        return answer, expected
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(one, range(len(jobs))))
+    wrong = [(a, e) for a, e in results if a != e]
+    assert len(wrong) <= 1, wrong  # the same bar as sequential answers (>= 0.9)
+    sequential = [_ask(fine, p) for p, _ in jobs]
+    assert [a for a, _ in results] == sequential  # concurrency changes nothing
+
+
+# -- lifecycle ------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PLAYGROUND_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "playground.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_a_new_process_lists_the_servers_and_serving_again_reuses_them(served, backend, trained_tiny_job):
+    result = _cli("servers", "--json", home=backend.home)
+    assert result.returncode == 0, result.stderr
+    listed = {(e["url"], e["model"], e["kind"], e["job_id"]) for e in json.loads(result.stdout)}
+    for ep in served.values():
+        assert (ep.url, ep.model, ep.kind, ep.job_id) in listed
+    record = json.loads((backend.home / "servers" / f"{served['base'].name}.json").read_text())
+    assert {"pid", "port", "url", "model_dir", "job_id", "kind", "log"} <= set(record)
+    assert record["model_dir"] == str(Path(trained_tiny_job.base_model).resolve())
+    assert Path(record["log"]).is_file()
+    # serving the same thing again returns the running server, it starts no second one
+    assert backend.serve(trained_tiny_job.id) == served["fine-tuned"]
+    result = _cli("serve", trained_tiny_job.id, "--json", home=backend.home)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["url"] == served["fine-tuned"].url
+    result = _cli("servers", home=backend.home)
+    assert served["fine-tuned"].url in result.stdout and "base" in result.stdout
+
+
+def test_cli_chat(served, backend, trained_tiny_job):
+    fine = served["fine-tuned"]
+    result = _cli("chat", fine.url, "reverse: flow", "--max-tokens", "12", home=backend.home)
+    assert (result.returncode, result.stdout.strip()) == (0, "wolf"), result.stderr
+    result = _cli("chat", fine.url, "reverse: serve", "--stream", "--model", fine.model, home=backend.home)
+    assert (result.returncode, result.stdout.strip()) == (0, "evres"), result.stderr
+    result = _cli("chat", trained_tiny_job.id, "reverse: kube", home=backend.home)  # a job id finds its server
+    assert (result.returncode, result.stdout.strip()) == (0, "ebuk"), result.stderr
+    result = _cli("chat", fine.url, "reverse: kube", "--model", "other", home=backend.home)
+    assert result.returncode == 2 and "'other' is not served here" in result.stderr
+    assert result.stderr.count("\n") == 1  # one line
+    result = _cli("unserve", "http://127.0.0.1:1/v1", home=backend.home)
+    assert result.returncode == 2 and "no local model server matches" in result.stderr
+
+
+def test_port_in_use_picks_another_and_stop_frees_the_port(trained_tiny_job, tmp_path):
+    servers = LocalServers(tmp_path / "home")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        ep = servers.start(trained_tiny_job.model_dir, name="extra", port=busy)
+    try:
+        port = int(ep.url.rsplit(":", 1)[1].split("/")[0])
+        assert port != busy and port_in_use(port)
+        assert _ask(ep, "reverse: kube") == "ebuk"
+        pid = servers.records()[0]["pid"]
+        assert [e.url for e in LocalServers(tmp_path / "home").list()] == [ep.url]
+    finally:
+        stopped = servers.stop(ep.url)
+    assert [e.url for e in stopped] == [ep.url]
+    assert not pid_alive(pid) and not port_in_use(port)
+    assert servers.list() == [] and not (tmp_path / "home" / "servers" / "extra.json").exists()
+    assert servers.stop(ep.url) == []
+    # a server that died on its own (killed, machine rebooted) is dropped from the list
+    record = tmp_path / "home" / "servers" / "extra.json"
+    record.write_text(json.dumps({"name": "extra", "pid": pid, "url": ep.url, "model": ep.model, "model_dir": "x"}))
+    assert servers.list() == [] and not record.exists()
+
+
+def test_a_server_that_dies_reports_its_last_log_lines(trained_tiny_job, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(trained_tiny_job.model_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["architectures"] = ["NoSuchArchitectureForCausalLM"]
+    (broken / "config.json").write_text(json.dumps(config))
+    servers = LocalServers(tmp_path / "home")
+    started = time.monotonic()
+    with pytest.raises(
+        UserError, match=r"exited with code \d+ before it was ready; last log lines .*NoSuchArchitecture"
+    ):
+        servers.start(str(broken), timeout=120)
+    assert time.monotonic() - started < 120  # noticed the death, did not wait for the timeout
+    assert servers.list() == []
+
+
+@pytest.mark.parametrize("damage", ["gone", "config.json", "model.safetensors", "tokenizer.json", "chat template"])
+def test_missing_or_incomplete_model_dir_names_the_missing_file(trained_tiny_job, tmp_path, damage):
+    model = tmp_path / "model"
+    shutil.copytree(trained_tiny_job.model_dir, model)
+    check_model_dir(model)  # the trainer's directory is complete
+    if damage == "gone":
+        shutil.rmtree(model)
+        needle = "does not exist"
+    elif damage == "chat template":
+        (model / "chat_template.jinja").unlink(missing_ok=True)
+        tok = json.loads((model / "tokenizer_config.json").read_text())
+        tok.pop("chat_template", None)
+        (model / "tokenizer_config.json").write_text(json.dumps(tok))
+        needle = "chat_template.jinja"
+    else:
+        (model / damage).unlink()
+        needle = damage
+    servers = LocalServers(tmp_path / "home")
+    with pytest.raises(UserError, match=needle):
+        servers.start(str(model))
+    assert not (tmp_path / "home" / "servers").exists() or not list((tmp_path / "home" / "servers").iterdir())
+
+
+def test_truncated_weights_are_reported(trained_tiny_job, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(trained_tiny_job.model_dir, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(UserError, match=r"incomplete model\.safetensors"):
+        check_model_dir(model)
+
+
+def test_serving_a_job_that_has_not_finished_is_a_clear_error(backend, session_home):
+    from playground.api import make_request
+
+    job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000}))
+    try:
+        with pytest.raises(UserError, match=r"can be served once it has Succeeded"):
+            backend.serve(job.id)
+        result = _cli("serve", job.id, home=session_home)
+        assert result.returncode == 2 and "once it has Succeeded" in result.stderr
+    finally:
+        backend.cancel(job.id)
+        backend.delete(job.id)
+    assert not any(e.job_id == job.id for e in backend.endpoints())
+
+
+def test_unserve_by_job_id_stops_both_servers(served, backend, trained_tiny_job):
+    urls = [ep.url for ep in served.values()]
+    result = _cli("unserve", trained_tiny_job.id, home=backend.home)
+    assert result.returncode == 0, result.stderr
+    assert not any(e.job_id == trained_tiny_job.id for e in backend.endpoints())
+    for url in urls:
+        assert not port_in_use(int(url.rsplit(":", 1)[1].split("/")[0]))
+        with pytest.raises(UserError, match="cannot reach"):
+            chat(url, "hi", model="m")

@@ -1,0 +1,265 @@
+"""ServePanel (serve fine-tuned and base) and ChatPanel (both side by side, tokens streaming in)."""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import ipywidgets as ipw
+
+from playground.backends.base import Backend
+from playground.blueprints import Blueprint
+from playground.types import Endpoint, Job
+from widgets.state import error_text
+
+SIDES = ("base", "fine-tuned")
+SIDE_TITLES = {"base": "Base model", "fine-tuned": "Fine-tuned"}
+
+
+@dataclass
+class Turn:
+    prompt: str
+    answer: str = ""
+    done: bool = False
+    error: str = ""
+    expected: str | None = None
+    seconds: float | None = None
+
+    @property
+    def correct(self) -> bool | None:
+        if self.expected is None or not self.done or self.error:
+            return None
+        return self.answer.strip().lower() == self.expected.strip().lower()
+
+
+@dataclass
+class Transcript:
+    turns: list[Turn] = field(default_factory=list)
+
+    def html(self, side: str) -> str:
+        parts = []
+        for turn in self.turns:
+            mark = ""
+            if turn.correct is not None:
+                mark = " <span class='pg-ok'>✓</span>" if turn.correct else " <span class='pg-bad'>✗</span>"
+            cursor = "" if turn.done else "<span class='pg-cursor'>▍</span>"
+            answer = html.escape(turn.answer) + cursor
+            if turn.error:
+                answer = f"<span class='pg-error-text'>{html.escape(turn.error)}</span>"
+            parts.append(
+                f"<div class='pg-turn'><div class='pg-q'>{html.escape(turn.prompt)}</div>"
+                f"<div class='pg-a' data-side='{side}' data-done='{str(turn.done).lower()}'>{answer}{mark}</div></div>"
+            )
+        return "".join(parts) or "<div class='pg-empty'>no messages yet</div>"
+
+
+class ChatPanel(ipw.VBox):
+    """Ask both models the same prompt; answers stream in side by side (≤ 10 updates/s each)."""
+
+    def __init__(self, blueprint: Blueprint, *, max_rate: float = 10.0) -> None:
+        self.blueprint = blueprint
+        self.interval = 1.0 / max_rate
+        self.endpoints: dict[str, Endpoint] = {}
+        self.transcripts = {side: Transcript() for side in SIDES}
+        self.expected = {ex.prompt: ex.expected for ex in blueprint.examples}
+        self._threads: list[threading.Thread] = []
+        self.answers = {side: ipw.HTML(self.transcripts[side].html(side)) for side in SIDES}
+        columns = []
+        for side in SIDES:
+            self.answers[side].add_class("pg-answers").add_class(f"pg-answer-{side}")
+            title = ipw.HTML(f"<b>{SIDE_TITLES[side]}</b>").add_class(f"pg-title-{side}")
+            columns.append(ipw.VBox([title, self.answers[side]], layout=ipw.Layout(width="50%", padding="4px")))
+        self.prompt = ipw.Text(placeholder="Ask both models…", layout=ipw.Layout(width="60%"))
+        self.prompt.add_class("pg-prompt")
+        self.prompt.on_submit(lambda _: self.ask(self.prompt.value))
+        self.send = ipw.Button(description="Send", icon="paper-plane", button_style="primary")
+        self.send.add_class("pg-send")
+        self.send.on_click(lambda _: self.ask(self.prompt.value))
+        self.suggestions = []
+        for example in blueprint.examples:
+            button = ipw.Button(description=example.prompt, tooltip="ask both models", layout=ipw.Layout(width="auto"))
+            button.add_class("pg-suggestion")
+            button.on_click(lambda _, p=example.prompt: self.ask(p))
+            self.suggestions.append(button)
+        self.status = ipw.HTML("serve the models to chat").add_class("pg-chat-status")
+        super().__init__(
+            [
+                ipw.HBox([ipw.HTML("Try:"), *self.suggestions], layout=ipw.Layout(flex_flow="row wrap")),
+                ipw.HBox([self.prompt, self.send]),
+                ipw.HBox(columns),
+                self.status,
+            ]
+        )
+        self.add_class("pg-chat")
+        self._set_enabled(False)
+
+    def _set_enabled(self, enabled: bool) -> None:
+        for widget in (self.send, self.prompt, *self.suggestions):
+            widget.disabled = not enabled
+
+    def set_endpoints(self, endpoints: dict[str, Endpoint]) -> None:
+        self.endpoints = dict(endpoints)
+        self._set_enabled(bool(self.endpoints))
+        names = ", ".join(f"{SIDE_TITLES.get(k, k)}: {e.url}" for k, e in self.endpoints.items())
+        self.status.value = f"ready · {html.escape(names)}" if self.endpoints else "serve the models to chat"
+
+    def ask(self, prompt: str) -> list[threading.Thread]:
+        """Send ``prompt`` to every served side; returns the streaming threads."""
+        prompt = prompt.strip()
+        if not prompt or not self.endpoints:
+            return []
+        self.prompt.value = prompt
+        threads = []
+        for side in SIDES:
+            endpoint = self.endpoints.get(side)
+            if endpoint is None:
+                continue
+            turn = Turn(prompt=prompt, expected=self.expected.get(prompt))
+            self.transcripts[side].turns.append(turn)
+            thread = threading.Thread(target=self._stream, args=(side, endpoint, turn), daemon=True)
+            thread.start()
+            threads.append(thread)
+        self._threads = threads
+        return threads
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def _refresh(self, side: str) -> None:
+        self.answers[side].value = self.transcripts[side].html(side)
+
+    def _stream(self, side: str, endpoint: Endpoint, turn: Turn) -> None:
+        from playground.serving.client import chat
+
+        start = time.monotonic()
+        last = 0.0
+        self._refresh(side)
+        try:
+            for chunk in chat(
+                endpoint,
+                [{"role": "user", "content": turn.prompt}],
+                stream=True,
+                max_tokens=self.blueprint.serving.max_new_tokens,
+                temperature=self.blueprint.serving.temperature,
+            ):
+                turn.answer += chunk
+                now = time.monotonic()
+                if now - last >= self.interval:
+                    last = now
+                    self._refresh(side)
+        except Exception as exc:  # shown in the column, never printed from this thread
+            turn.error = error_text(exc)
+        turn.done = True
+        turn.seconds = time.monotonic() - start
+        self._refresh(side)
+
+
+class ServePanel(ipw.VBox):
+    """Serve a finished job's fine-tuned and base models, then hand the endpoints to a ChatPanel."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        job: Job,
+        *,
+        chat: ChatPanel | None = None,
+        on_ready: Callable[[dict[str, Endpoint]], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.job = job
+        self.chat = chat
+        self.on_ready = on_ready
+        self.endpoints: dict[str, Endpoint] = {}
+        self.error = ""
+        self._thread: threading.Thread | None = None
+        self.serve_button = ipw.Button(description="Serve fine-tuned + base", icon="play", button_style="success")
+        self.serve_button.layout.width = "auto"
+        self.serve_button.add_class("pg-serve")
+        self.serve_button.on_click(lambda _: self.serve())
+        self.stop_button = ipw.Button(description="Stop servers", icon="stop", disabled=True)
+        self.stop_button.add_class("pg-unserve")
+        self.stop_button.on_click(lambda _: self.stop())
+        self.status = ipw.HTML("").add_class("pg-serve-status")
+        super().__init__([ipw.HBox([self.serve_button, self.stop_button]), self.status])
+        self.add_class("pg-serve-panel")
+        self._adopt_running()
+
+    def _adopt_running(self) -> None:
+        """After a reload, reuse servers already running for this job."""
+        try:
+            running = [e for e in self.backend.endpoints() if e.job_id == self.job.id]
+        except Exception:
+            return
+        found = {e.kind: e for e in running if e.kind in SIDES}
+        if "fine-tuned" in found:
+            self._ready(found)
+
+    def serve(self) -> threading.Thread:
+        """Start both servers on background threads (they take a while to load)."""
+        self.serve_button.disabled = True
+        self.status.value = "starting the model servers… (loading the models)"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def _serve(self) -> None:
+        results: dict[str, Endpoint] = {}
+        errors: list[str] = []
+
+        def one(side: str) -> None:
+            try:
+                results[side] = self.backend.serve(self.job.id, base=side == "base")
+            except Exception as exc:
+                errors.append(f"{SIDE_TITLES[side]}: {error_text(exc)}")
+
+        threads = [threading.Thread(target=one, args=(side,), daemon=True) for side in ("fine-tuned", "base")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            self.error = "; ".join(errors)
+            self.status.value = f"<span class='pg-error-text'>{html.escape(self.error)}</span>"
+        if results:
+            self._ready(results)
+        else:
+            self.serve_button.disabled = False
+
+    def _ready(self, endpoints: dict[str, Endpoint]) -> None:
+        self.endpoints = dict(endpoints)
+        self.serve_button.disabled = True
+        self.stop_button.disabled = False
+        rows = " · ".join(
+            f"{SIDE_TITLES.get(k, k)}: <code>{html.escape(e.url)}</code> ({html.escape(e.model)})"
+            for k, e in sorted(self.endpoints.items())
+        )
+        extra = f" <span class='pg-error-text'>{html.escape(self.error)}</span>" if self.error else ""
+        self.status.value = f"serving · {rows}{extra}"
+        if self.chat is not None:
+            self.chat.set_endpoints(self.endpoints)
+        if self.on_ready:
+            self.on_ready(self.endpoints)
+
+    def stop(self) -> None:
+        self.stop_button.disabled = True
+        try:
+            self.backend.unserve(self.job.id)
+            self.status.value = "servers stopped"
+        except Exception as exc:
+            self.status.value = f"<span class='pg-error-text'>{html.escape(error_text(exc))}</span>"
+        self.endpoints = {}
+        if self.chat is not None:
+            self.chat.set_endpoints({})
+        self.serve_button.disabled = False

@@ -1,0 +1,89 @@
+"""BlueprintGallery: one card per blueprint (title, task, model, method, GPUs, why it cannot run here)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Iterable
+
+import ipywidgets as ipw
+
+from playground.blueprints import Blueprint
+from widgets.state import blueprint_notes
+
+
+def method_text(blueprint: Blueprint) -> str:
+    method = blueprint.method
+    if method.kind == "lora":
+        return f"LoRA r={method.rank} α={method.alpha} on {', '.join(method.target_modules)}"
+    return "full fine-tune"
+
+
+def gpu_text(blueprint: Blueprint) -> str:
+    res = blueprint.resources
+    if not res.needs_gpu:
+        return "CPU only"
+    total = res.nodes * res.gpus_per_node
+    return f"{total} GPU{'s' if total > 1 else ''}" + (f" ({res.nodes} nodes)" if res.nodes > 1 else "")
+
+
+def card_html(blueprint: Blueprint, notes: list[str]) -> str:
+    model = blueprint.model.source + (" (gated)" if blueprint.model.gated else "")
+    rows = [
+        ("task", blueprint.task),
+        ("model", model),
+        ("data", blueprint.dataset.source),
+        ("method", method_text(blueprint)),
+        ("resources", gpu_text(blueprint)),
+    ]
+    table = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    note = "".join(f"<div class='pg-note'>⚠ {html.escape(n)}</div>" for n in notes)
+    return (
+        f"<div class='pg-card-title'>{html.escape(blueprint.title)}</div>"
+        f"<div class='pg-card-id'><code>{html.escape(blueprint.id)}</code></div>"
+        f"<table class='pg-card-table'>{table}</table>{note}"
+    )
+
+
+class BlueprintGallery(ipw.VBox):
+    """Cards for the catalog; ``on_select(blueprint)`` fires when a person picks one."""
+
+    def __init__(
+        self,
+        blueprints: Iterable[Blueprint],
+        *,
+        on_select: Callable[[Blueprint], None] | None = None,
+        backend: str = "local",
+    ) -> None:
+        self.blueprints = {b.id: b for b in blueprints}
+        self.on_select = on_select
+        self.selected: str | None = None
+        self.cards: dict[str, ipw.VBox] = {}
+        self.notes: dict[str, list[str]] = {}
+        self.bodies: dict[str, ipw.HTML] = {}
+        for bp in self.blueprints.values():
+            body = ipw.HTML()
+            button = ipw.Button(description="Select", icon="check")
+            button.add_class("pg-select").add_class(f"pg-select-{bp.id}")
+            button.on_click(lambda _, bid=bp.id: self.select(bid))
+            card = ipw.VBox([body, button], layout=ipw.Layout(width="320px", margin="4px", padding="8px"))
+            card.add_class("pg-card").add_class(f"pg-card-{bp.id}")
+            self.cards[bp.id], self.bodies[bp.id] = card, body
+        self.set_backend(backend)
+        super().__init__([ipw.HBox(list(self.cards.values()), layout=ipw.Layout(flex_flow="row wrap"))])
+        self.add_class("pg-gallery")
+
+    def set_backend(self, backend: str) -> None:
+        """Recompute the 'cannot run here' notes for ``backend``."""
+        for bid, bp in self.blueprints.items():
+            self.notes[bid] = blueprint_notes(bp, backend)
+            self.bodies[bid].value = card_html(bp, self.notes[bid])
+
+    def select(self, blueprint_id: str) -> Blueprint:
+        blueprint = self.blueprints[blueprint_id]
+        if self.selected in self.cards:
+            self.cards[self.selected].remove_class("pg-selected")
+        self.selected = blueprint_id
+        self.cards[blueprint_id].add_class("pg-selected")
+        if self.on_select:
+            self.on_select(blueprint)
+        return blueprint

@@ -1,0 +1,74 @@
+"""JobsList: running and finished jobs; Open reattaches a monitor that replays the whole history."""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Callable
+
+import ipywidgets as ipw
+
+from playground.backends.base import Backend
+from playground.types import Job
+from widgets.monitor import phase_badge
+from widgets.state import attachable_jobs, error_text
+
+
+def age_text(created_at: float, now: float | None = None) -> str:
+    seconds = max(0, int((now or time.time()) - created_at))
+    if seconds < 60:
+        return f"{seconds}s ago"
+    if seconds < 3600:
+        return f"{seconds // 60}m ago"
+    return f"{seconds // 3600}h ago"
+
+
+class JobsList(ipw.VBox):
+    """The backend's jobs, running first; ``on_open(job)`` attaches a monitor to one."""
+
+    def __init__(self, backend: Backend, *, on_open: Callable[[Job], None] | None = None, limit: int = 20) -> None:
+        self.backend = backend
+        self.on_open = on_open
+        self.limit = limit
+        self.jobs: list[Job] = []
+        self.refresh_button = ipw.Button(description="Refresh", icon="refresh")
+        self.refresh_button.add_class("pg-refresh")
+        self.refresh_button.on_click(lambda _: self.refresh())
+        self.rows = ipw.VBox([])
+        self.status = ipw.HTML("")
+        super().__init__([self.refresh_button, self.rows, self.status])
+        self.add_class("pg-jobs")
+        self.refresh()
+
+    def set_backend(self, backend: Backend) -> None:
+        self.backend = backend
+        self.refresh()
+
+    def refresh(self) -> list[Job]:
+        try:
+            self.jobs = attachable_jobs(self.backend.list())[: self.limit]
+            self.status.value = "" if self.jobs else "no jobs yet"
+        except Exception as exc:
+            self.jobs = []
+            self.status.value = f"<span class='pg-error-text'>{html.escape(error_text(exc))}</span>"
+        rows = []
+        for job in self.jobs:
+            progress = ""
+            if job.progress is not None:
+                progress = f" · step {job.progress.step}/{job.progress.total_steps}"
+            label = ipw.HTML(
+                f"<code>{html.escape(job.id)}</code> · {html.escape(job.blueprint_id)} · "
+                f"{phase_badge(job.phase)}{progress} · {age_text(job.created_at)}"
+            )
+            button = ipw.Button(description="Open", icon="eye", layout=ipw.Layout(width="90px"))
+            button.add_class("pg-open").add_class(f"pg-open-{job.id}")
+            button.on_click(lambda _, j=job: self.attach_job(j))
+            rows.append(ipw.HBox([button, label]))
+        self.rows.children = rows
+        return self.jobs
+
+    def attach_job(self, job: Job | str) -> None:
+        if isinstance(job, str):
+            job = self.backend.get(job)
+        if self.on_open:
+            self.on_open(job)

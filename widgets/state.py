@@ -1,0 +1,364 @@
+"""The pure logic behind the widgets: no ipywidgets, no torch, testable on its own.
+
+- :class:`JobState` folds a job's event stream into what the monitor shows.
+- :class:`Coalescer` takes events from a reader thread and hands snapshots to a render
+  callback at most ``max_rate`` times a second, keeping every progress point.
+- :class:`FormModel` turns a blueprint's parameter schema into form fields and form values
+  into validated params (the engine's :class:`~playground.errors.ParameterError` per field).
+- :func:`attachable_jobs` / :func:`replay` are the reattach path after a reload.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from playground.blueprints import Blueprint
+from playground.errors import ParameterError, UserError
+from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress
+from playground.types import Job
+
+# ---------------------------------------------------------------------------------------------
+# Job state and coalescing
+
+
+@dataclass
+class Snapshot:
+    """What one UI update shows. ``new_points`` are the progress points since the last update."""
+
+    phase: JobPhase
+    reason: str
+    latest: Progress | None
+    new_points: list[Progress]
+    total_points: int
+    log_tail: list[str]
+    cluster_events: list[ClusterEvent]
+    metrics: dict[str, float]
+    events_seen: int
+
+    @property
+    def fraction(self) -> float:
+        if self.phase == JobPhase.SUCCEEDED:
+            return 1.0
+        return self.latest.fraction if self.latest else 0.0
+
+
+class JobState:
+    """A job's history folded from its events (thread-safe: one writer, one reader)."""
+
+    def __init__(self, log_tail: int = 200) -> None:
+        self._lock = threading.Lock()
+        self.phase = JobPhase.PENDING
+        self.reason = ""
+        self.points: list[Progress] = []
+        self.logs: deque[str] = deque(maxlen=log_tail)
+        self.cluster_events: list[ClusterEvent] = []
+        self.metrics: dict[str, float] = {}
+        self.events_seen = 0
+        self._delivered = 0
+
+    def apply(self, event: Event) -> None:
+        with self._lock:
+            self.events_seen += 1
+            if isinstance(event, Progress):
+                self.points.append(event)
+            elif isinstance(event, Phase):
+                self.phase, self.reason = event.phase, event.reason
+            elif isinstance(event, Log):
+                self.logs.append(event.line if event.source in ("trainer", "") else f"[{event.source}] {event.line}")
+            elif isinstance(event, ClusterEvent):
+                self.cluster_events.append(event)
+            elif isinstance(event, Metric):
+                self.metrics[event.name] = event.value
+
+    def snapshot(self) -> Snapshot:
+        """The current state plus the points not handed out by an earlier snapshot."""
+        with self._lock:
+            new = self.points[self._delivered :]
+            self._delivered = len(self.points)
+            return Snapshot(
+                phase=self.phase,
+                reason=self.reason,
+                latest=self.points[-1] if self.points else None,
+                new_points=new,
+                total_points=len(self.points),
+                log_tail=list(self.logs),
+                cluster_events=list(self.cluster_events[-20:]),
+                metrics=dict(self.metrics),
+                events_seen=self.events_seen,
+            )
+
+
+class Coalescer:
+    """Apply a fast event stream to the UI at most ``max_rate`` times per second.
+
+    A producer (the thread reading ``backend.events(..., follow=True)``) calls :meth:`push`
+    for every event; a flusher thread calls ``render(snapshot)`` when something changed and
+    at least ``1 / max_rate`` seconds have passed since the previous render. Every progress
+    point reaches exactly one snapshot's ``new_points``, so nothing is dropped from the chart.
+    Render errors are kept in :attr:`error` (never printed: this runs off the main thread).
+    """
+
+    def __init__(
+        self,
+        render: Callable[[Snapshot], None],
+        *,
+        max_rate: float = 10.0,
+        state: JobState | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.render = render
+        self.interval = 1.0 / max_rate
+        self.state = state or JobState()
+        self.renders = 0
+        self.error: BaseException | None = None
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._dirty = False
+        self._closed = False
+        self._last = -math.inf
+        self._thread = threading.Thread(target=self._run, name="playground-coalescer", daemon=True)
+        self._thread.start()
+
+    def push(self, event: Event) -> None:
+        self.state.apply(event)
+        with self._cond:
+            if not self._dirty:
+                self._dirty = True
+                self._cond.notify()
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Flush what is left and stop the flusher thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._dirty and not self._closed:
+                    self._cond.wait()
+                if not self._dirty:
+                    return
+            wait = self._last + self.interval - self._clock()
+            if wait > 0:
+                time.sleep(wait)
+            with self._cond:
+                self._dirty = False
+            snapshot = self.state.snapshot()
+            self._last = self._clock()
+            try:
+                self.render(snapshot)
+            except Exception as exc:  # shown by the widget, never printed from this thread
+                self.error = exc
+            self.renders += 1
+
+
+def follow_job(
+    events: Iterable[Event],
+    coalescer: Coalescer,
+    *,
+    stop: threading.Event | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
+) -> None:
+    """Pump ``events`` into ``coalescer`` until the stream ends (or ``stop`` is set), then flush."""
+    try:
+        for event in events:
+            coalescer.push(event)
+            if stop is not None and stop.is_set():
+                break
+    except Exception as exc:  # a dropped stream is shown, not raised in a thread
+        if on_error:
+            on_error(exc)
+    finally:
+        coalescer.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reattach
+
+
+def replay(events: Iterable[Event], state: JobState | None = None) -> JobState:
+    """Fold a whole (finite) event history into a :class:`JobState`."""
+    state = state or JobState()
+    for event in events:
+        state.apply(event)
+    return state
+
+
+def attachable_jobs(jobs: Iterable[Job]) -> list[Job]:
+    """Jobs in the order a person wants them after a reload: running first, then newest first."""
+    return sorted(jobs, key=lambda j: (j.done, -j.created_at))
+
+
+def latest_running(jobs: Iterable[Job], blueprint_id: str | None = None) -> Job | None:
+    """The newest job that is still running (optionally of one blueprint)."""
+    for job in attachable_jobs(jobs):
+        if not job.done and (blueprint_id is None or job.blueprint_id == blueprint_id):
+            return job
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Form model
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One form control derived from a blueprint parameter."""
+
+    name: str
+    kind: str  # int | float | bool | choice
+    default: Any
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[Any, ...] = ()
+    log_scale: bool = False
+    help: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name.replace("_", " ")
+
+    @property
+    def control(self) -> str:
+        """The widget kind: IntSlider, IntText (bounded, wide ranges), FloatLogSlider, FloatSlider..."""
+        if self.kind == "bool":
+            return "Checkbox"
+        if self.kind == "choice":
+            return "Dropdown"
+        if self.kind == "int":
+            assert self.min is not None and self.max is not None
+            return "IntSlider" if self.max - self.min <= 10_000 else "BoundedIntText"
+        if self.log_scale and self.min and self.min > 0:
+            return "FloatLogSlider"
+        return "FloatSlider"
+
+
+@dataclass
+class FormResult:
+    params: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class FormModel:
+    """The launch form's model: fields from the schema, validation by the engine."""
+
+    def __init__(self, blueprint: Blueprint) -> None:
+        self.blueprint = blueprint
+        self.fields = [
+            FieldSpec(
+                name=name,
+                kind=spec.type,
+                default=spec.coerce(name, spec.default),
+                min=spec.min,
+                max=spec.max,
+                choices=tuple(spec.choices or ()),
+                log_scale=spec.log_scale,
+                help=spec.help,
+            )
+            for name, spec in blueprint.parameters.items()
+        ]
+
+    def defaults(self) -> dict[str, Any]:
+        return {f.name: f.default for f in self.fields}
+
+    def validate(self, values: Mapping[str, Any]) -> FormResult:
+        """Validate every field on its own (so each error sits next to its field), then together."""
+        result = FormResult()
+        for name, value in values.items():
+            try:
+                self.blueprint.resolve_params({name: clean_number(value)})
+            except ParameterError as exc:
+                result.errors[exc.field or name] = str(exc)
+        if result.ok:
+            try:
+                result.params = self.blueprint.resolve_params({k: clean_number(v) for k, v in values.items()})
+            except ParameterError as exc:
+                result.errors[exc.field or "form"] = str(exc)
+        return result
+
+
+def clean_number(value: Any) -> Any:
+    """Round slider floats (10**x) to 4 significant digits so 0.003 stays 0.003."""
+    if isinstance(value, float) and math.isfinite(value) and value != 0:
+        return float(f"{value:.4g}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a blueprint can run
+
+
+@lru_cache(maxsize=1)
+def local_gpu_count() -> int:
+    """GPUs on this machine, from NVML (no torch import); 0 when there is no driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+
+
+def blueprint_notes(blueprint: Blueprint, backend: str = "local", gpus: int | None = None) -> list[str]:
+    """Why ``blueprint`` cannot run as it is on ``backend`` here (empty: it can)."""
+    notes: list[str] = []
+    if backend == "local":
+        have = local_gpu_count() if gpus is None else gpus
+        need = blueprint.resources.gpus_per_node
+        if need > have:
+            notes.append(
+                f"needs {need} GPU{'s' if need > 1 else ''} and this machine has "
+                f"{have or 'none'}: use the kubernetes backend, or try tiny-llama-cpu"
+            )
+    if blueprint.model.gated and not os.environ.get("HF_TOKEN"):
+        notes.append("gated model on the Hugging Face hub: set HF_TOKEN in the environment")
+    elif blueprint.model.source.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE") == "1":
+        notes.append("downloads from the Hugging Face hub, which is offline here (HF_HUB_OFFLINE=1)")
+    return notes
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "–"
+    seconds = int(round(seconds))
+    minutes, sec = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{sec:02d}" if hours else f"{minutes}:{sec:02d}"
+
+
+def format_rate(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value >= 1000:
+        return f"{value / 1000:.1f}k"
+    return f"{value:.0f}"
+
+
+def error_text(exc: BaseException) -> str:
+    """One line for a person: the engine's message for UserError, the type and message otherwise."""
+    if isinstance(exc, UserError):
+        return str(exc)
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -168,7 +168,7 @@ if headless:
         q = result["quality"]
         assert q["passed"], f"quality bar not met: {q['metric']} = {q['value']} (threshold {q['threshold']})"
     assert result["passed"], result["error"]
-    print({"job": result["job_id"], "quality": result["quality"], "chat": result["chat"]})
+    print({k: result[k] for k in ("job_id", "phase", "quality", "chat_exact_match", "timings")})
 """,
             ),
         ]

@@ -9,6 +9,7 @@ Secrets come from the environment only (``HF_TOKEN``) and are never written out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -28,6 +29,10 @@ RESULT_FILE = "result.json"
 
 def _say(message: str) -> None:
     print(message, flush=True)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 def standin_arch(blueprint: Blueprint) -> str:
@@ -135,7 +140,8 @@ def run_blueprint(
         "error": None,
     }
     timings = result["timings"]
-    workdir = Path(tempfile.mkdtemp(prefix="playground-standins-")) if STANDIN in (model_source, dataset_source) else None
+    needs_standins = STANDIN in (model_source, dataset_source)
+    workdir = Path(tempfile.mkdtemp(prefix="playground-standins-")) if needs_standins else None
     job_id: str | None = None
     try:
         if workdir is not None:
@@ -207,7 +213,7 @@ def run_blueprint(
                 row[f"{kind}_seconds"] = round(seconds, 3)
                 row[f"{kind}_correct"] = answer_matches(text, example.expected)
             result["chat"].append(row)
-            say(f"{example.prompt!r}: fine-tuned {row['fine-tuned']!r} · base {row['base']!r}")
+            say(f"{example.prompt!r}: fine-tuned {_short(row['fine-tuned'])} · base {_short(row['base'])}")
         timings["chat_seconds"] = round(time.monotonic() - t, 3)
         scored = [r["fine-tuned_correct"] for r in result["chat"] if r["fine-tuned_correct"] is not None]
         result["chat_exact_match"] = (sum(scored) / len(scored)) if scored else None
@@ -224,10 +230,8 @@ def run_blueprint(
         raise
     finally:
         if job_id is not None:
-            try:
+            with contextlib.suppress(Exception):  # nothing was serving
                 be.unserve(job_id)
-            except Exception:
-                pass  # nothing was serving
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
         timings["total_seconds"] = round(time.time() - t0, 3)

@@ -12,6 +12,8 @@ Complete/Failed; InferenceService → Ready with a URL proxied to a local model 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import contextlib
 import copy
 import json
 import random
@@ -34,7 +36,7 @@ import kmock
 import yaml
 from kmock._internal.k8s import KubernetesError
 
-from playground.events import EVENT_PREFIX, Progress, parse_line
+from playground.events import EVENT_PREFIX, JobPhase, Metric, Phase, Progress, format_event_line, parse_line
 
 CLUSTER_SCOPED = {"clustertrainingruntimes", "clusterservingruntimes", "namespaces", "nodes"}
 KINDS = {
@@ -62,7 +64,7 @@ def now_iso(ts: float | None = None) -> str:
 
 def nano_iso(ts: float) -> str:
     whole = int(ts)
-    nanos = int(round((ts - whole) * 1e9))
+    nanos = round((ts - whole) * 1e9)
     if nanos >= 1_000_000_000:
         whole, nanos = whole + 1, nanos - 1_000_000_000
     return datetime.fromtimestamp(whole, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{nanos:09d}Z"
@@ -158,28 +160,41 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     faults: list[Fault] = attrs.field(factory=list)
     pod_logs: dict[tuple[str, str], dict[str, Any]] = attrs.field(factory=dict)
     hooks: list[Callable[[str, str, dict[str, Any]], None]] = attrs.field(factory=list)
+    # plural -> check(obj) returning [(field, message)]: the API server's schema validation (422)
+    validators: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = attrs.field(factory=dict)
     counts: Counter = attrs.field(factory=Counter)
     drop_watch_after: int | None = None  # cut every watch stream after N events (network drop)
     drop_log_after: int | None = None  # cut every log stream after N lines
     proxies: dict[tuple[str, str], tuple[str, str]] = attrs.field(factory=dict)  # isvc -> (url, model)
-    _changed: asyncio.Condition | None = attrs.field(default=None)
+    change_rvs: list[int] = attrs.field(factory=list)
+    _pulse: asyncio.Event | None = attrs.field(default=None)
+    _log_pulse: asyncio.Event | None = attrs.field(default=None)
     _session: aiohttp.ClientSession | None = attrs.field(default=None)
     generation: int = 0  # bumped by drop_all(): open streams close at once
     dropped: int = 0
 
-    @property
-    def changed(self) -> asyncio.Condition:
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        return self._changed
+    def pulse(self, logs: bool = False) -> asyncio.Event:
+        """The event the next change sets (objects, or pod logs): waiters take it before looking."""
+        if logs:
+            if self._log_pulse is None:
+                self._log_pulse = asyncio.Event()
+            return self._log_pulse
+        if self._pulse is None:
+            self._pulse = asyncio.Event()
+        return self._pulse
 
     # -- state ---------------------------------------------------------------------------------
     async def notify(self) -> None:
-        async with self.changed:
-            self.changed.notify_all()
+        old, self._pulse = self.pulse(), asyncio.Event()
+        old.set()
+
+    async def notify_logs(self) -> None:
+        old, self._log_pulse = self.pulse(logs=True), asyncio.Event()
+        old.set()
 
     def _record(self, plural: str, etype: str, obj: dict[str, Any]) -> None:
         self.changes.append((self.rv, plural, etype, copy.deepcopy(obj)))
+        self.change_rvs.append(self.rv)
         for hook in list(self.hooks):
             hook(etype, plural, obj)
 
@@ -247,6 +262,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         """Forget the change history (as etcd compaction does): older resourceVersions get 410 Gone."""
         self.compacted = self.rv
         self.changes.clear()
+        self.change_rvs.clear()
 
     def items(self, plural: str, ns: str | None = None) -> list[dict[str, Any]]:
         return [o for (p, n, _), o in self.store.items() if p == plural and (ns is None or n == ns)]
@@ -267,6 +283,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         path = request.url.path
         if path.startswith("/serving/"):
             return await self._proxy(request)
+        if path == "/debug/counts":  # for the benchmark (not counted itself)
+            return aiohttp.web.json_response(
+                {"|".join(k) if isinstance(k, tuple) else k: v for k, v in self.counts.items()}
+            )
         res = request.resource
         if res is None or res.plural is None:
             return await super()._handle(request)
@@ -276,18 +296,18 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         sub = request.subresource
         kind = (
             "watch"
-            if params.get("watch") in ("true", "1")
+            if str(params.get("watch", "")).lower() in ("true", "1")
             else ("log" if sub == "log" else ("get" if request.name else "list"))
         )
         self.counts[(method, plural, kind if method == "GET" else method.lower())] += 1
         self.counts["total"] += 1
         for fault in self.faults:
-            if fault.method == method and fault.plural == plural and fault.times != 0:
-                if fault.name is None or fault.name == request.name:
-                    fault.times -= 1
-                    raise KubernetesError(
-                        status=fault.status, reason=fault.reason, message=fault.message, details=fault.details
-                    )
+            hit = fault.method in (method, "*") and fault.plural in (plural, "*") and fault.times != 0
+            if hit and (fault.name is None or fault.name == request.name):
+                fault.times -= 1
+                raise KubernetesError(
+                    status=fault.status, reason=fault.reason, message=fault.message, details=fault.details
+                )
         ns = request.namespace
         if plural in CLUSTER_SCOPED:
             ns = None
@@ -298,9 +318,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if method == "GET" and request.name:
             obj = self.store.get((plural, ns, request.name))
             if obj is None:
-                raise KubernetesError(
-                    status=404, reason="NotFound", message=f'{plural} "{request.name}" not found'
-                )
+                raise KubernetesError(status=404, reason="NotFound", message=f'{plural} "{request.name}" not found')
             return aiohttp.web.json_response(obj)
         if method == "GET":
             items = self._select(plural, ns, params)
@@ -313,6 +331,18 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 }
             )
         if method == "POST":
+            check = self.validators.get(plural)
+            problems = check(request.data or {}) if check else []
+            if problems:
+                name = ((request.data or {}).get("metadata") or {}).get("name", "")
+                causes = [{"reason": "FieldValueInvalid", "field": f, "message": msg} for f, msg in problems]
+                text = "; ".join(f"{f}: {msg}" for f, msg in problems)
+                raise KubernetesError(
+                    status=422,
+                    reason="Invalid",
+                    message=f'{KINDS.get(plural, plural)} "{name}" is invalid: {text}',
+                    details={"name": name, "kind": KINDS.get(plural, plural), "causes": causes},
+                )
             obj = self.create(plural, ns, request.data or {})
             await self.notify()
             return aiohttp.web.json_response(obj, status=201)
@@ -322,6 +352,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 data = {"status": data.get("status")}
             obj = self.patch(plural, ns, request.name, data)
             await self.notify()
+            await self.notify_logs()  # a cancel may have ended pod logs
             return aiohttp.web.json_response(obj)
         if method == "DELETE" and request.name:
             obj = self.delete(plural, ns, request.name)
@@ -379,7 +410,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                     await send({"type": "ERROR", "object": gone})
                     return resp
             while time.monotonic() < deadline:
-                pending = [c for c in self.changes if c[0] > cursor]
+                pulse = self.pulse()
+                pending = self.changes[bisect.bisect_right(self.change_rvs, cursor) :]
                 for rv, p, etype, obj in pending:
                     cursor = rv
                     if self._matches(plural, ns, params, p, obj) and not await send({"type": etype, "object": obj}):
@@ -387,13 +419,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 if generation != self.generation:
                     request._raw_request.transport.close()
                     return resp
-                async with self.changed:
-                    try:
-                        await asyncio.wait_for(self.changed.wait(), timeout=max(0.01, deadline - time.monotonic()))
-                    except TimeoutError:
-                        pass
-            if params.get("allowWatchBookmarks") == "true":
-                await send({"type": "BOOKMARK", "object": {"kind": KINDS.get(plural), "metadata": {"resourceVersion": str(cursor)}}})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(pulse.wait(), timeout=max(0.01, deadline - time.monotonic()))
+            if str(params.get("allowWatchBookmarks", "")).lower() == "true":
+                await send(
+                    {
+                        "type": "BOOKMARK",
+                        "object": {"kind": KINDS.get(plural), "metadata": {"resourceVersion": str(cursor)}},
+                    }
+                )
             await resp.write_eof()
         except (ConnectionResetError, RuntimeError, aiohttp.ClientConnectionResetError):
             pass
@@ -410,11 +444,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             raise KubernetesError(
                 status=400,
                 reason="BadRequest",
-                message=f'container "{request.params.get("container", "")}" in pod "{name}" is waiting to start: {waiting}',
+                message=f'container "{request.params.get("container", "")}" in pod "{name}" is waiting to start: '
+                + waiting,
             )
         params = request.params
-        follow = params.get("follow") == "true"
-        stamps = params.get("timestamps") == "true"
+        follow = str(params.get("follow", "")).lower() == "true"
+        stamps = str(params.get("timestamps", "")).lower() == "true"
         since = float(params["sinceSeconds"]) if "sinceSeconds" in params else None
         tail = int(params["tailLines"]) if "tailLines" in params else None
         entry = self.pod_logs.setdefault((ns, name), {"lines": [], "done": False})
@@ -430,12 +465,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             return ((nano_iso(ts) + " " if stamps else "") + text + "\n").encode()
 
         if not follow:
-            return aiohttp.web.Response(body=b"".join(render(*item) for item in lines[start:]), content_type="text/plain")
+            return aiohttp.web.Response(
+                body=b"".join(render(*item) for item in lines[start:]), content_type="text/plain"
+            )
         resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
         await resp.prepare(request._raw_request)
         generation, sent, index = self.generation, 0, start
         try:
             while True:
+                pulse = self.pulse(logs=True)
                 while index < len(lines):
                     await resp.write(render(*lines[index]))
                     index += 1
@@ -446,11 +484,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                         return resp
                 if entry["done"] or generation != self.generation:
                     break
-                async with self.changed:
-                    try:
-                        await asyncio.wait_for(self.changed.wait(), timeout=1.0)
-                    except TimeoutError:
-                        pass
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(pulse.wait(), timeout=1.0)
             if generation != self.generation:
                 request._raw_request.transport.close()
                 return resp
@@ -541,6 +576,10 @@ class TrainerSimulator:
                 task = self.tasks.pop(key, None)
                 if task:
                     task.cancel()
+                for pod in self.emu.items("pods", meta.get("namespace")):  # JobSet removes a suspended job's pods
+                    if pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == meta["name"]:
+                        self.emu.end_log(meta["namespace"], pod["metadata"]["name"])
+                        self.emu.delete("pods", meta["namespace"], pod["metadata"]["name"])
         elif plural == "inferenceservices" and etype == "ADDED":
             self._spawn(key, self._run_isvc(meta["namespace"], meta["name"]))
         elif plural == "inferenceservices" and etype == "DELETED":
@@ -549,10 +588,8 @@ class TrainerSimulator:
                 self.loop.run_in_executor(None, self._stop_server, meta["name"])
 
     def _stop_server(self, name: str) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already gone
             self.servers.stop(name)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
 
     def _spawn(self, key: str, coro: Any) -> None:
         async def guarded() -> None:
@@ -610,7 +647,9 @@ class TrainerSimulator:
             status.setdefault("startTime", now_iso())
         await self._patch("pods", ns, pod, {"status": status})
 
-    async def _run_pod(self, ns: str, job: dict[str, Any], rjob: str, container: str, lines: list[str], sc: Scenario) -> int:
+    async def _run_pod(
+        self, ns: str, job: dict[str, Any], rjob: str, container: str, lines: list[str], sc: Scenario
+    ) -> int:
         pod = self.emu.create("pods", ns, pod_manifest(job, rjob, container))
         name = pod["metadata"]["name"]
         await self.emu.notify()
@@ -626,12 +665,15 @@ class TrainerSimulator:
             if isinstance(event, Progress) and rjob == "node":
                 await self._trainer_status(ns, job_name, event)
             if i % 20 == 0 or sc.line_delay:
-                await self.emu.notify()
+                await self.emu.notify_logs()
             if sc.line_delay:
                 await asyncio.sleep(sc.line_delay)
         code = sc.exit_code if rjob == "node" else 0
         self.emu.end_log(ns, name)
-        term = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "finishedAt": now_iso()}}
+        await self.emu.notify_logs()
+        term = {
+            "terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "finishedAt": now_iso()}
+        }
         await self._pod_state(ns, name, "Succeeded" if code == 0 else "Failed", term)
         return code
 
@@ -660,10 +702,13 @@ class TrainerSimulator:
             await self._patch("trainjobs", ns, name, {"spec": {"suspend": True}})
             await self._condition(ns, name, "Suspended", "True", "Suspended", "TrainJob is suspended")
             if sc.hold_queue:
-                msg = "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor gpu, 1 more needed"
+                msg = "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu"
+                msg += " in flavor gpu, 1 more needed"
                 await self._event(ns, "Workload", workload, "Pending", msg)
                 await self.admitted.setdefault(queue, asyncio.Event()).wait()
-            await self._event(ns, "Workload", workload, "QuotaReserved", f"Quota reserved in ClusterQueue cluster-{queue}")
+            await self._event(
+                ns, "Workload", workload, "QuotaReserved", f"Quota reserved in ClusterQueue cluster-{queue}"
+            )
             await self._event(ns, "Workload", workload, "Admitted", f"Admitted by ClusterQueue cluster-{queue}")
             await self._patch("trainjobs", ns, name, {"spec": {"suspend": False}})
             await self._condition(ns, name, "Suspended", "False", "Resumed", "TrainJob is resumed")
@@ -702,7 +747,9 @@ class TrainerSimulator:
         match = re.fullmatch(r"pvc://[^/]+/output/(.+)", uri)
         local = self.output_dir / match.group(1) if match and self.output_dir else None
         if local is None or not local.is_dir() or self.servers is None:
-            conds = [{"type": "Ready", "status": "False", "reason": "ModelLoadFailed", "message": f"{uri}: no such model"}]
+            conds = [
+                {"type": "Ready", "status": "False", "reason": "ModelLoadFailed", "message": f"{uri}: no such model"}
+            ]
             await self._patch("inferenceservices", ns, name, {"status": {"conditions": conds}})
             return
         kind = isvc["metadata"].get("labels", {}).get("blueprint-playground.dev/kind", "fine-tuned")
@@ -772,6 +819,7 @@ class Cluster:
         async def run() -> Any:
             result = fn()
             await self.emu.notify()
+            await self.emu.notify_logs()
             return result
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
@@ -800,10 +848,12 @@ class Cluster:
     def drop_streams(self) -> None:
         """Cut every open watch and log stream (as a load balancer restart would)."""
 
-        def bump() -> None:
+        async def bump() -> None:
             self.emu.generation += 1
+            await self.emu.notify_logs()
 
-        self.call(bump)
+        asyncio.run_coroutine_threadsafe(bump(), self.loop).result(30)
+        self.call(lambda: None)
 
     def install_runtimes(self, *paths: Path) -> list[str]:
         names = []
@@ -829,6 +879,42 @@ class Cluster:
         return path
 
 
+def synthetic_trainer_log(steps: int = 20, *, fail: bool = False) -> list[str]:
+    """A short trainer log in the trainer's line protocol (for runs that are not about parsing)."""
+    lines = [format_event_line(Phase(JobPhase.INITIALIZING, "loading the model")), "tokenizer: 30 tokens"]
+    lines.append(format_event_line(Phase(JobPhase.TRAINING, "")))
+    for step in range(5, steps + 1, 5):
+        lines.append(
+            format_event_line(Progress(step=step, total_steps=steps, loss=3.0 / step, eta_seconds=steps - step))
+        )
+    if fail:
+        lines += ["Traceback (most recent call last):", "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+        lines.append(format_event_line(Phase(JobPhase.FAILED, "RuntimeError: CUDA out of memory")))
+        return lines
+    lines.append(format_event_line(Metric("eval_exact_match", 0.97)))
+    lines.append(format_event_line(Phase(JobPhase.SAVING, "")))
+    return lines
+
+
+def serve_main(argv: list[str] | None = None) -> None:
+    """Run the emulator + simulator standalone (the benchmark's cluster): prints its URL, runs until stdin closes."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--line-delay", type=float, default=1.0)
+    parser.add_argument(
+        "--runtime", default=str(Path(__file__).resolve().parents[1] / "deploy/runtimes/playground-torch.yaml")
+    )
+    args = parser.parse_args(argv)
+    with Cluster() as cluster:
+        cluster.install_runtimes(Path(args.runtime))
+        cluster.sim.scenario = Scenario(node_log=synthetic_trainer_log(args.steps), line_delay=args.line_delay)
+        print(cluster.url, flush=True)
+        sys.stdin.read()
+
+
 def trainer_log(lines: list[str], *, step_limit: int | None = None) -> list[str]:
     """Trainer output to replay; ``step_limit`` keeps the progress lines up to that step."""
     out = []
@@ -841,3 +927,51 @@ def trainer_log(lines: list[str], *, step_limit: int | None = None) -> list[str]
 
 
 __all__ = ["EVENT_PREFIX", "Cluster", "ClusterEmulator", "Fault", "Scenario", "TrainerSimulator", "trainer_log"]
+
+if __name__ == "__main__":
+    serve_main()
+
+
+def crd_schema(crd_file: Path, version: str) -> dict[str, Any]:
+    crd = yaml.load(crd_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    for v in crd["spec"]["versions"]:
+        if v["name"] == version:
+            return v["schema"]["openAPIV3Schema"]
+    raise KeyError(f"{crd_file.name}: no version {version}")
+
+
+def _unknown_fields(schema: dict[str, Any], data: Any, path: str) -> list[tuple[str, str]]:
+    """Fields a structural schema would prune (the API server's strict field validation rejects them)."""
+    out: list[tuple[str, str]] = []
+    if isinstance(data, dict) and schema.get("type") == "object":
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, value in data.items():
+            sub = (props or {}).get(key)
+            if sub is not None:
+                out += _unknown_fields(sub, value, f"{path}.{key}" if path else key)
+            elif isinstance(extra, dict):
+                out += _unknown_fields(extra, value, f"{path}.{key}")
+            elif props is not None and not schema.get("x-kubernetes-preserve-unknown-fields") and extra is not True:
+                out.append((f"{path}.{key}" if path else key, "unknown field"))
+    elif isinstance(data, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(data):
+            out += _unknown_fields(schema["items"], item, f"{path}[{i}]")
+    return out
+
+
+def crd_validator(crd_file: Path, version: str) -> Callable[[dict[str, Any]], list[tuple[str, str]]]:
+    """Check an object against a CRD's openAPIV3Schema (jsonschema) and for unknown fields."""
+    import jsonschema
+
+    schema = crd_schema(crd_file, version)
+    validator = jsonschema.Draft7Validator(schema)
+
+    def check(obj: dict[str, Any]) -> list[tuple[str, str]]:
+        problems = [
+            (".".join(str(p) for p in err.absolute_path) or "(root)", err.message)
+            for err in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
+        ]
+        return problems + _unknown_fields(schema, obj, "")
+
+    return check

@@ -33,6 +33,16 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
+@pytest.fixture
+def home(isolated_home: Path):
+    """A fresh PLAYGROUND_HOME; jobs a failing test leaves running are cancelled afterwards."""
+    yield isolated_home
+    backend = LocalBackend(home=isolated_home, cancel_grace=2)
+    for job in backend.list():
+        if not job.done:
+            backend.cancel(job.id)
+
+
 def no_jobs(home: Path) -> bool:
     return not (home / "jobs").exists() or not any((home / "jobs").iterdir())
 
@@ -152,7 +162,7 @@ def test_dry_run_prints_the_plan_and_starts_nothing(capsys, isolated_home):
 
 # -- train --follow, jobs, logs, cancel, delete ---------------------------------------------------
 @pytest.mark.slow
-def test_train_follow_prints_progress_and_final_metrics(capsys, isolated_home):
+def test_train_follow_prints_progress_and_final_metrics(capsys, home):
     code, out, err = run(
         capsys, "train", "tiny-llama-cpu", "--set", "max_steps=12", "--set", "log_every=2", "--set",
         "num_eval_examples=10", "--follow",
@@ -167,7 +177,7 @@ def test_train_follow_prints_progress_and_final_metrics(capsys, isolated_home):
     assert all("loss " in b and "tok/s" in b and "ETA " in b for b in bars), bars
     assert any(line.startswith(f"job {job_id} Succeeded in ") for line in lines)
     assert any(line.strip().startswith("eval_exact_match = ") for line in lines)
-    assert f"  model: {isolated_home}/jobs/{job_id}/output/model" in lines
+    assert f"  model: {home}/jobs/{job_id}/output/model" in lines
 
     # jobs / logs / cancel / delete on the finished job
     code, out, _ = run(capsys, "jobs", "--json")
@@ -183,13 +193,13 @@ def test_train_follow_prints_progress_and_final_metrics(capsys, isolated_home):
     code, out, _ = run(capsys, "cancel", job_id)
     assert code == 0 and out.strip() == f"job {job_id} Succeeded"
     code, out, _ = run(capsys, "delete", job_id)
-    assert code == 0 and not (isolated_home / "jobs" / job_id).exists()
+    assert code == 0 and not (home / "jobs" / job_id).exists()
     code, _, err = run(capsys, "logs", job_id)
     assert_one_line_error(code, err, f"unknown job {job_id!r}")
 
 
 @pytest.mark.slow
-def test_crashing_trainer_fails_with_the_error_line_json_follow(capsys, isolated_home, tmp_path):
+def test_crashing_trainer_fails_with_the_error_line_json_follow(capsys, home, tmp_path):
     """A GPU blueprint with a local stand-in runs on CPU; a broken stand-in crashes the real trainer."""
     stand_in = tmp_path / "broken-model"
     stand_in.mkdir()

@@ -21,11 +21,22 @@ from playground.api import make_request
 from playground.backends.local import LocalBackend
 from playground.backends.local.backend import new_job_id
 from playground.backends.local.state import process_alive
+from playground.errors import JobNotFound, UserError
 from playground.events import JobPhase, Log, Metric, Phase, Progress
 
 pytestmark = pytest.mark.slow
 
 FAST = {"num_eval_examples": 10, "checkpoint_every": 0}
+
+
+@pytest.fixture
+def home(isolated_home: Path):
+    """A fresh PLAYGROUND_HOME; jobs a failing test leaves running are cancelled afterwards."""
+    yield isolated_home
+    backend = LocalBackend(home=isolated_home, cancel_grace=2)
+    for job in backend.list():
+        if not job.done:
+            backend.cancel(job.id)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
@@ -98,8 +109,8 @@ def test_tiny_llama_reaches_the_bar_through_the_local_backend(trained_tiny_job, 
     assert status["exit_code"] == 0 and status["finished_at"] >= status["started_at"] >= status["created_at"]
 
 
-def test_cancel_stops_the_trainer_and_ends_cancelled(isolated_home: Path):
-    backend = LocalBackend(home=isolated_home, cancel_grace=5)
+def test_cancel_stops_the_trainer_and_ends_cancelled(home: Path):
+    backend = LocalBackend(home=home, cancel_grace=5)
     job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000, "log_every": 1, **FAST}))
     wait_for_progress(backend, job.id)
     status = status_of(backend, job.id)
@@ -111,13 +122,19 @@ def test_cancel_stops_the_trainer_and_ends_cancelled(isolated_home: Path):
     assert job.model_dir is None and job.finished_at
     assert not process_alive(trainer), "the trainer survived cancel"
     assert not process_alive(supervisor)
-    events = list(LocalBackend(home=isolated_home).events(job.id, follow=True))  # ends: the job is terminal
+    events = list(LocalBackend(home=home).events(job.id, follow=True))  # ends: the job is terminal
     assert isinstance(events[-1], Phase) and events[-1].phase == JobPhase.CANCELLED
     assert backend.cancel(job.id).phase == JobPhase.CANCELLED  # cancelling a finished job changes nothing
+    with pytest.raises(UserError, match=r"is Cancelled; it can be served once it has Succeeded"):
+        backend.serve(job.id)
+    backend.delete(job.id)
+    assert not (home / "jobs" / job.id).exists()
+    with pytest.raises(JobNotFound):
+        backend.get(job.id)
 
 
-def test_kill_9_of_the_trainer_fails_the_job_and_keeps_its_log_tail(isolated_home: Path):
-    backend = LocalBackend(home=isolated_home)
+def test_kill_9_of_the_trainer_fails_the_job_and_keeps_its_log_tail(home: Path):
+    backend = LocalBackend(home=home)
     job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000, "log_every": 1, **FAST}))
     wait_for_progress(backend, job.id)
     trainer = status_of(backend, job.id)["trainer_pid"]
@@ -131,18 +148,18 @@ def test_kill_9_of_the_trainer_fails_the_job_and_keeps_its_log_tail(isolated_hom
     assert status_of(backend, job.id)["signal"] == "SIGKILL"
 
 
-def test_job_outlives_the_submitting_process_and_a_fresh_backend_follows_it(isolated_home: Path):
+def test_job_outlives_the_submitting_process_and_a_fresh_backend_follows_it(home: Path):
     """The console script submits and exits; this process attaches mid-run and sees it all."""
     exe = shutil.which("playground")
     assert exe, "the `playground` console script is not installed (pip install -e .)"
-    env = {**os.environ, "PLAYGROUND_HOME": str(isolated_home)}
+    env = {**os.environ, "PLAYGROUND_HOME": str(home)}
     sets = ["--set", "max_steps=80", "--set", "log_every=2", "--set", "num_eval_examples=10"]
     done = subprocess.run([exe, "train", "tiny-llama-cpu", *sets], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
     assert job_id.startswith("tiny-llama-cpu-") and "\n" not in job_id
 
-    backend = LocalBackend(home=isolated_home)  # a new instance in another process than the submitter
+    backend = LocalBackend(home=home)  # a new instance in another process than the submitter
     wait_for_progress(backend, job_id)
     assert not backend.get(job_id).done  # attaching to a running job
     events = list(backend.events(job_id, follow=True))
@@ -155,13 +172,13 @@ def test_job_outlives_the_submitting_process_and_a_fresh_backend_follows_it(isol
     assert job.phase == JobPhase.SUCCEEDED and Path(job.model_dir, "config.json").is_file()
 
 
-def test_a_dead_supervisor_is_reconciled_to_failed(isolated_home: Path):
-    backend = LocalBackend(home=isolated_home)
+def test_a_dead_supervisor_is_reconciled_to_failed(home: Path):
+    backend = LocalBackend(home=home)
     job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000, "log_every": 1, **FAST}))
     wait_for_progress(backend, job.id)
     status = status_of(backend, job.id)
     os.kill(status["supervisor_pid"], signal.SIGKILL)
-    job = wait_for(lambda: (j := LocalBackend(home=isolated_home).get(job.id)).done and j, 30, "reconcile")
+    job = wait_for(lambda: (j := LocalBackend(home=home).get(job.id)).done and j, 30, "reconcile")
     assert job.phase == JobPhase.FAILED and job.message == "supervisor exited unexpectedly"
     assert job.log_tail and job.model_dir is None
     wait_for(lambda: not process_alive(status["trainer_pid"]), 10, "the orphaned trainer to be stopped")

@@ -61,7 +61,8 @@ def served(trained_tiny_job, backend):
 
 
 def _ask(endpoint, prompt: str, **kw) -> str:
-    return chat(endpoint, [{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS, **kw)
+    kw.setdefault("max_tokens", MAX_TOKENS)
+    return chat(endpoint, [{"role": "user", "content": prompt}], **kw)
 
 
 def _score(endpoint, pairs) -> tuple[float, list[str]]:
@@ -144,7 +145,22 @@ def test_completions_models_and_the_official_openai_client(served, trained_tiny_
         (json.dumps({"messages": [{"role": "user", "content": "a" * 500}]}).encode(), 400, "context window is 64"),
         (json.dumps({"messages": [{"role": "user", "content": "a" * (2 << 20)}]}).encode(), 413, "at most"),
     ],
-    ids=lambda v: v if isinstance(v, int) else None,
+    ids=[
+        "not-json",
+        "array",
+        "empty",
+        "messages-str",
+        "no-messages",
+        "no-role",
+        "content-int",
+        "max-tokens-0",
+        "max-tokens-str",
+        "temperature-9",
+        "unknown-field",
+        "unknown-model",
+        "prompt-over-context",
+        "body-over-1MiB",
+    ],
 )
 def test_bad_requests_get_4xx_with_the_reason_and_the_server_keeps_serving(served, body, status, needle):
     fine = served["fine-tuned"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import html
+import itertools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -130,7 +132,7 @@ def test_coalescer_caps_updates_and_keeps_every_point() -> None:
     per_second = len(renders) / elapsed
     assert len(renders) <= 10 * elapsed + 2, f"{len(renders)} renders in {elapsed:.2f}s"
     assert len(renders) >= 5, "updates keep flowing while events arrive"
-    gaps = [b[0] - a[0] for a, b in zip(renders, renders[1:], strict=False)]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(renders)]
     assert min(gaps) >= 0.095, f"updates closer than 1/10 s: {min(gaps):.3f}s"
     assert coalescer.error is None and not coalescer.alive
     print(f"renders/s={per_second:.1f} points={len(received)}")
@@ -144,7 +146,12 @@ class ScriptedBackend(Backend):
     def __init__(self, events: list[Event], rate: float) -> None:
         self.script, self.rate = events, rate
         self.job = Job(
-            id="job-1", blueprint_id="tiny-llama-cpu", backend="scripted", phase=JobPhase.PENDING, params={}, created_at=0
+            id="job-1",
+            blueprint_id="tiny-llama-cpu",
+            backend="scripted",
+            phase=JobPhase.PENDING,
+            params={},
+            created_at=0.0,
         )
 
     def events(self, job_id: str, follow: bool = False) -> Iterator[Event]:
@@ -215,7 +222,11 @@ def test_attachable_order() -> None:
     def job(i: str, phase: JobPhase, created: float) -> Job:
         return Job(id=i, blueprint_id="b", backend="local", phase=phase, params={}, created_at=created)
 
-    jobs = [job("old-done", JobPhase.SUCCEEDED, 1), job("running", JobPhase.TRAINING, 2), job("new-done", JobPhase.FAILED, 3)]
+    jobs = [
+        job("old-done", JobPhase.SUCCEEDED, 1),
+        job("running", JobPhase.TRAINING, 2),
+        job("new-done", JobPhase.FAILED, 3),
+    ]
     assert [j.id for j in attachable_jobs(jobs)] == ["running", "new-done", "old-done"]
     assert latest_running(jobs).id == "running"
     assert latest_running(jobs, blueprint_id="other") is None
@@ -263,15 +274,16 @@ def test_reattach_to_a_running_job_gets_history_then_live(isolated_home: Path) -
     from playground.backends.local import LocalBackend
 
     first = LocalBackend(home=isolated_home)
-    job = first.submit(make_request("tiny-llama-cpu", {"max_steps": 40, "log_every": 2, "checkpoint_every": 0}))
+    quick = {"max_steps": 20, "log_every": 2, "checkpoint_every": 0, "num_eval_examples": 10}
+    job = first.submit(make_request("tiny-llama-cpu", quick))
     try:
         for event in first.events(job.id, follow=True):  # wait for a few points, then "reload the page"
-            if isinstance(event, Progress) and event.step >= 10:
+            if isinstance(event, Progress) and event.step >= 6:
                 break
         monitor = JobMonitor(LocalBackend(home=isolated_home), job.id)
         assert monitor.wait(240), "followed to the end"
         steps = list(monitor.chart.data[0].x)
-        assert steps == list(range(2, 41, 2)), steps
+        assert steps == list(range(2, 21, 2)), steps
         assert monitor.final_job is not None and monitor.final_job.phase == JobPhase.SUCCEEDED
     finally:
         first.delete(job.id)
@@ -308,3 +320,53 @@ def test_threads_never_print(capfd: pytest.CaptureFixture[str]) -> None:
     out, err = capfd.readouterr()
     assert "stream dropped" not in out + err
     assert threading.active_count() < 50
+
+
+# -- `playground app` and binder -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["app", "--backend", "nope"], "--backend 'nope': allowed: local, kubernetes"),
+        (["app", "--blueprint", "nope"], "unknown blueprint 'nope'; known:"),
+        (["app", "--port", "0"], "--port 0: allowed: 1 to 65535"),
+    ],
+)
+def test_app_command_bad_input_is_one_line_exit_2(argv: list[str], needle: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "playground.cli", *argv], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("playground: error: ") and needle in lines[0], out.stderr
+
+
+def test_app_command_uses_safe_voila_settings() -> None:
+    from playground.cli import build_parser
+    from playground.commands.app import APP_NOTEBOOK, notebooks_dir, voila_command
+
+    args = build_parser().parse_args(["app"])
+    assert (args.ip, args.port, args.no_browser) == ("127.0.0.1", 8866, False)  # localhost by default
+    nb = notebooks_dir() / APP_NOTEBOOK
+    assert nb == REPO / "notebooks" / APP_NOTEBOOK
+    command = voila_command(nb, port=1234, ip=args.ip, open_browser=False)
+    for flag in (
+        "--strip_sources=True",
+        "--show_tracebacks=False",
+        "--Voila.ip=127.0.0.1",
+        "--port=1234",
+        "--no-browser",
+    ):
+        assert flag in command
+    assert any(a.startswith("--MappingKernelManager.cull_idle_timeout=") for a in command)
+
+
+def test_binder_runs_the_app_on_cpu_torch() -> None:
+    binder = REPO / "binder"
+    requirements = (binder / "requirements.txt").read_text()
+    assert "download.pytorch.org/whl/cpu" in requirements and "torch==2.13.0+cpu" in requirements
+    start = (binder / "start").read_text()
+    assert "PLAYGROUND_BACKEND=local" in start and "PLAYGROUND_BLUEPRINT=tiny-llama-cpu" in start
+    assert 'exec "$@"' in start
+    post = (binder / "postBuild").read_text()
+    assert "pip install" in post and "show_tracebacks = False" in post and "strip_sources = True" in post
+    assert os.access(binder / "postBuild", os.X_OK) and os.access(binder / "start", os.X_OK)

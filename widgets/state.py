@@ -17,7 +17,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from playground.blueprints import Blueprint
@@ -306,19 +305,11 @@ def clean_number(value: Any) -> Any:
 # Where a blueprint can run
 
 
-@lru_cache(maxsize=1)
 def local_gpu_count() -> int:
-    """GPUs on this machine, from NVML (no torch import); 0 when there is no driver."""
-    try:
-        import pynvml
+    """GPUs on this machine, found by the local backend without importing torch."""
+    from playground.backends.local.gpus import detect_gpus
 
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
+    return detect_gpus()
 
 
 def blueprint_notes(blueprint: Blueprint, backend: str = "local", gpus: int | None = None) -> list[str]:
@@ -342,7 +333,7 @@ def blueprint_notes(blueprint: Blueprint, backend: str = "local", gpus: int | No
 def format_eta(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return "–"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     minutes, sec = divmod(seconds, 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{sec:02d}" if hours else f"{minutes}:{sec:02d}"

@@ -38,7 +38,7 @@ def voila_command(
     port: int,
     ip: str,
     open_browser: bool,
-    cull_idle_seconds: int = 1800,
+    cull_idle_seconds: int = 600,
 ) -> list[str]:
     """The Voila command line: sources stripped, no tracebacks to visitors, idle kernels culled."""
     command = [

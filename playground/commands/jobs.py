@@ -126,7 +126,8 @@ def summarize(job, out: IO[str]) -> None:
     line = f"job {job.id} {job.phase}{took}" + (f": {job.message}" if job.message else "")
     out.write(line + "\n")
     for name, value in sorted(job.metrics.items()):
-        out.write(f"  {name} = {value:.4g}\n")
+        if name.startswith(("eval_", "train_")):
+            out.write(f"  {name} = {value:.4g}\n")
     if job.phase == JobPhase.SUCCEEDED:
         if job.model_dir:
             out.write(f"  model: {job.model_dir}\n")
@@ -246,7 +247,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         p = job.progress
         progress = f"{p.step}/{p.total_steps} ({p.fraction * 100:.0f}%)" if p else "-"
         loss = f"{p.loss:.4f}" if p and p.loss is not None else "-"
-        metrics = " ".join(f"{k}={v:.3g}" for k, v in sorted(job.metrics.items())[:3]) or "-"
+        evals = sorted((k, v) for k, v in job.metrics.items() if k.startswith("eval_"))
+        metrics = " ".join(f"{k}={v:.3g}" for k, v in evals[:3]) or "-"
         rows.append([job.id, job.blueprint_id, str(job.phase), progress, loss, metrics, _age(job.created_at)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -63,6 +63,7 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 
 def cmd_e2e(args: argparse.Namespace) -> int:
     import os
+    import signal
 
     from playground.backends import BACKENDS
     from playground.e2e.profiles import get_profile
@@ -89,5 +90,13 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         keep_home=args.keep_home,
         live=not args.quiet,
     )
-    report = run_e2e(notebooks, options)
+    previous = signal.signal(signal.SIGTERM, _sigterm)  # CI cancellation: stop kernels and jobs, then exit
+    try:
+        report = run_e2e(notebooks, options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0 if report.ok else 1
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

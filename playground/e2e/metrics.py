@@ -3,6 +3,7 @@ memory (NVML via ``pynvml`` from nvidia-ml-py, only when a GPU is present), samp
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -120,10 +121,8 @@ class Sampler:
             self._sample(nvml, handles)  # a short run still gets one point
         finally:
             if nvml is not None:
-                try:
+                with contextlib.suppress(Exception):
                     nvml.nvmlShutdown()
-                except Exception:
-                    pass
 
     def _sample(self, nvml: Any, handles: list[Any]) -> None:
         self._cpu.append(psutil.cpu_percent(None))

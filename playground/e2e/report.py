@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from playground.e2e.scrub import Scrubber
 
 if TYPE_CHECKING:
-    from playground.e2e.runner import NotebookRun, RunReport
+    from playground.e2e.runner import RunReport
 
 METRICS_SCHEMA = "playground-e2e-metrics/v1"
 
@@ -203,9 +203,7 @@ def write_all(run: RunReport, *, scrubber: Scrubber) -> dict[str, Path]:
     tree = junit_xml(run)
     xml_text = ET.tostring(tree.getroot(), encoding="unicode", xml_declaration=True)
     paths["junit"].write_text(scrubber.text(xml_text) + "\n", encoding="utf-8")
-    paths["metrics"].write_text(
-        scrubber.text(json.dumps(metrics(run), indent=2, default=str)) + "\n", encoding="utf-8"
-    )
+    paths["metrics"].write_text(scrubber.text(json.dumps(metrics(run), indent=2, default=str)) + "\n", encoding="utf-8")
     summary = scrubber.text(summary_markdown(run))
     paths["summary"].write_text(summary, encoding="utf-8")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

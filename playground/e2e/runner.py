@@ -10,6 +10,7 @@ Per notebook it leaves ``<out>/<name>/``: the executed notebook, the notebook's 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -186,9 +187,7 @@ def notebook_blueprint(notebook: Path, declared: dict[str, dict[str, Any]]) -> s
     return notebook.stem if notebook.stem in load_catalog() else None
 
 
-def plan_parameters(
-    notebook: Path, options: RunOptions
-) -> tuple[str | None, dict[str, Any], list[str]]:
+def plan_parameters(notebook: Path, options: RunOptions) -> tuple[str | None, dict[str, Any], list[str]]:
     """(blueprint id, parameters to pass, profile parameters the notebook does not declare)."""
     declared = inspect_parameters(notebook)
     blueprint_id = notebook_blueprint(notebook, declared)
@@ -239,7 +238,7 @@ def run_e2e(notebooks: Sequence[Path], options: RunOptions) -> RunReport:
     def emit(line: str) -> None:
         if options.live:
             with lock:
-                log.write(line + "\n")
+                log.write(scrubber.text(line) + "\n")
                 log.flush()
 
     emit(
@@ -385,6 +384,14 @@ def run_notebook(
             descendants = _descendants(proc.pid)
             _cleanup_jobs(home / "playground-home", params.get("backend", options.backend), emit, name)
             _kill_tree(proc, descendants)
+        except BaseException:  # Ctrl-C, or SIGTERM when CI cancels the run: leave nothing running
+            descendants = _descendants(proc.pid)
+            _cleanup_jobs(home / "playground-home", params.get("backend", options.backend), emit, name, quiet=True)
+            _kill_tree(proc, descendants)
+            sampler.stop()
+            if not options.keep_home:
+                shutil.rmtree(home, ignore_errors=True)
+            raise
         finally:
             reader.join(timeout=10)
             if proc.poll() is None:
@@ -392,9 +399,16 @@ def run_notebook(
     run.resources = sampler.stop()
     run.wall_seconds = time.monotonic() - t0
     run.returncode = proc.returncode
-    run.log_tail = tail[-40:]
+    cell_timed_out = any("CellTimeoutError" in line for line in tail)
+    run.log_tail = clean_log_tail(tail)[-40:]
     run.result = _read_json(run.result_path)
     run.status, run.message = _verdict(run, timed_out, options.effective_run_timeout)
+    if cell_timed_out and not timed_out:
+        run.status = TIMEOUT
+        run.message = (
+            f"cell timeout: a cell ran longer than {options.effective_cell_timeout}s (--timeout-cell); "
+            "papermill interrupted the kernel"
+        )
     run.job = diagnostics.find_job(run, home / "playground-home", default_backend=options.backend)
     run.timings = job_timings(run.job, run.result)
     if not run.passed:
@@ -433,6 +447,23 @@ def _verdict(run: NotebookRun, timed_out: bool, run_timeout: int) -> tuple[str, 
             else ""
         )
     return PASSED, ""
+
+
+def clean_log_tail(lines: list[str]) -> list[str]:
+    """Drop papermill's own Python traceback (its CLI frames) and keep the notebook's error after it."""
+    out: list[str] = []
+    skipping = False
+    for line in lines:
+        if line.startswith("Traceback (most recent call last):"):
+            skipping = True
+            start = len(out)
+            out.append(line)
+            continue
+        if skipping and ("papermill.exceptions." in line or "nbclient.exceptions." in line):
+            del out[start:]
+            skipping = False
+        out.append(line)
+    return out
 
 
 def result_passed(result: dict[str, Any]) -> bool | None:
@@ -479,30 +510,20 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 def _kill_tree(proc: subprocess.Popen, descendants: list[psutil.Process]) -> None:
     """SIGTERM papermill's process group and every descendant (the kernel, a trainer it spawned), then SIGKILL."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass
     for child in descendants:
-        try:
+        with contextlib.suppress(psutil.Error):
             child.terminate()
-        except psutil.Error:
-            pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
     _gone, alive = psutil.wait_procs(descendants, timeout=5)
     for child in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             child.kill()
-        except psutil.Error:
-            pass
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         proc.wait(timeout=10)
 
 

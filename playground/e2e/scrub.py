@@ -70,8 +70,10 @@ class Scrubber:
         for value in values:
             if len(value) < MIN_SECRET_LENGTH:
                 continue
-            forms.add(value)
-            forms.add(json.dumps(value)[1:-1])  # as it appears inside a JSON string (notebooks, result.json)
+            # as printed, inside a JSON string (notebooks, result.json), as repr() shows it, and both
+            for form in (value, repr(value)[1:-1]):
+                forms.add(form)
+                forms.add(json.dumps(form)[1:-1])
         self._forms = sorted(forms, key=len, reverse=True)
         self._bytes = [f.encode() for f in self._forms]
 

@@ -36,7 +36,7 @@ from playground.backends.kubernetes.status import (
 from playground.backends.kubernetes.watch import LogFollower, ResourceWatcher, WatchStats
 from playground.blueprints import Blueprint, get_blueprint, load_catalog
 from playground.errors import BackendError, JobNotFound, UserError
-from playground.events import Event, JobPhase, Phase
+from playground.events import EVENT_PREFIX, Event, JobPhase, Phase
 from playground.types import Endpoint, Job, TrainRequest
 
 TRAINJOBS = "trainjobs.trainer.kubeflow.org"
@@ -126,7 +126,9 @@ class KubernetesBackend(Backend):
         from kubernetes import client, config
 
         cfg = client.Configuration()
-        in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not self.kubeconfig
+        in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not (
+            self.kubeconfig or os.environ.get("KUBECONFIG")
+        )
         path = self._kubeconfig_path()
         if not in_cluster:
             if not path or not os.path.exists(path):
@@ -303,8 +305,9 @@ class KubernetesBackend(Backend):
         progress, metrics = trainer_progress(obj)
         log_tail = list(tail or [])
         message = reason
-        if phase == JobPhase.FAILED and log_tail:
-            message = f"{reason}; last log line: {log_tail[-1]}"
+        plain = [line for line in log_tail if EVENT_PREFIX not in line]
+        if phase == JobPhase.FAILED and plain:
+            message = f"{reason}; last log line: {plain[-1]}"
         try:
             params = json.loads(ann.get(m.ANN_PARAMS, "{}"))
         except ValueError:
@@ -377,7 +380,7 @@ class KubernetesBackend(Backend):
         obj = self._get_trainjob(job_id)  # JobNotFound before anything starts
         created = _ts((obj.get("metadata") or {}).get("creationTimestamp"))
         yield Phase(JobPhase.PENDING, "TrainJob created", time=created or time.time())
-        state = StreamState(job_id, rank=0, phase=JobPhase.PENDING)
+        state = StreamState(job_id, job=obj, rank=0, phase=JobPhase.PENDING)
         if not follow:
             yield from self._history(job_id, state)
             return
@@ -394,7 +397,6 @@ class KubernetesBackend(Backend):
                 yield from state.on_event(ev)
         except Exception:  # events are advisory (RBAC may hide them)
             pass
-        yield from state.on_job("MODIFIED", state.job)
         for pod in sorted(pods, key=step_name):
             if not started(pod):
                 continue
@@ -415,6 +417,7 @@ class KubernetesBackend(Backend):
                 item = sink.get()
                 if item[0] == "log":
                     yield from state.on_log(item[1], item[2])
+        yield from state.on_job("MODIFIED", state.job)  # after the logs: their progress is the finer one
         end = state.terminal()
         if end:
             yield Phase(end[0], self._final_reason(end, state))
@@ -423,7 +426,7 @@ class KubernetesBackend(Backend):
     def _final_reason(end: tuple[JobPhase, str], state: StreamState) -> str:
         phase, reason = end
         if phase == JobPhase.FAILED:
-            tail = state.failing_tail(3)
+            tail = [line for line in state.failing_tail(10) if EVENT_PREFIX not in line][-3:]
             if tail:
                 return f"{reason}; last log lines: {' | '.join(tail)}"
         return reason

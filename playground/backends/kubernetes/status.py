@@ -199,6 +199,21 @@ class StreamState:
         self.rank, self.phase = RANK[phase], phase
         return [Phase(phase, reason)]
 
+    def _progressed(self) -> list[Event]:
+        """Phases the pods show the job went through (a step that already ran), oldest first."""
+        out: list[Event] = []
+        pods = list(self.pods.values())
+        inits = sorted(step_name(p) for p in pods if not step_name(p).startswith("node-") and started(p))
+        nodes = [p for p in pods if step_name(p).startswith("node-") and started(p)]
+        if inits:
+            out += self._phase(JobPhase.INITIALIZING, f"{', '.join(inits)} ran")
+        if nodes:
+            if self.refine:
+                out += self._phase(JobPhase.INITIALIZING, "node-0 running: the trainer is loading")
+            else:
+                out += self._phase(JobPhase.TRAINING, "node-0 running")
+        return out
+
     def _once(self, key: tuple[Any, ...], event: Event) -> list[Event]:
         if key in self.seen:
             return []
@@ -227,11 +242,14 @@ class StreamState:
                 text = cond.get("message") or ""
                 out += self._once(key, ClusterEvent("TrainJob", cond.get("reason") or ctype, text))
         phase, reason = cluster_phase(obj, list(self.pods.values()), refine=self.refine)
+        if not phase.terminal and RANK[phase] > 0:
+            out += self._progressed()
         out += self._phase(phase, reason)
         progress, metrics = trainer_progress(obj)
         ts = (obj.get("status") or {}).get("trainerStatus") or {}
         marker = (ts.get("progressPercentage"), ts.get("lastUpdatedTime"))
-        if progress is not None and not self.log_progress and marker != self.last_trainer_status:
+        # The playground trainer's own log lines are the finer source; trainerStatus drives the rest.
+        if progress is not None and not self.refine and not self.log_progress and marker != self.last_trainer_status:
             self.last_trainer_status = marker
             out += self._phase(JobPhase.TRAINING, "training (trainerStatus)")
             self.latest = progress
@@ -253,6 +271,7 @@ class StreamState:
         if problem:
             out += self._once(("pod", name, *problem), ClusterEvent("Pod", problem[0], f"{name}: {problem[1]}"))
         if self.job is not None:
+            out += self._progressed()
             phase, reason = cluster_phase(self.job, list(self.pods.values()), refine=self.refine)
             out += self._phase(phase, reason)
         return out

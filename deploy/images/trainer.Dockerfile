@@ -1,0 +1,26 @@
+# The Blueprint Playground trainer image: `python -m playground.train` on a CUDA PyTorch base.
+# Build from the repository root:
+#   docker build -f deploy/images/trainer.Dockerfile -t ghcr.io/blueprint-playground/trainer:0.1.0 .
+# The ClusterTrainingRuntime deploy/runtimes/playground-torch.yaml runs it as the TrainJob's node.
+FROM pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HUB_DISABLE_PROGRESS_BARS=1 \
+    HF_HOME=/workspace/.cache/huggingface
+
+WORKDIR /opt/playground
+# Dependencies first (cached layer), then the package itself; torch comes from the base image.
+COPY pyproject.toml README.md ./
+COPY playground ./playground
+COPY widgets ./widgets
+RUN pip install . && python -c "import playground.train, torch; print('torch', torch.__version__)"
+
+# Non-root, writable workspace (the runtime mounts the job's PVC here).
+RUN useradd --create-home --uid 1000 trainer && mkdir -p /workspace && chown trainer:trainer /workspace
+USER 1000
+WORKDIR /workspace
+
+ENTRYPOINT ["python", "-m", "playground.train"]
+CMD ["--help"]

@@ -1,0 +1,148 @@
+"""Tiny local stand-ins for the hub blueprints' models and data (no network needed).
+
+``build_standin("llama" | "qwen2", out_dir)`` writes a plain Hugging Face model directory of the
+same architecture as Llama 3.2 / Qwen2.5 (tied embeddings, grouped-query attention), random
+weights, with a byte-level BPE tokenizer trained locally by the ``tokenizers`` library and the
+family's chat format (Llama 3 headers or ChatML). ``write_alpaca_rows(path, n)`` writes Alpaca-
+format rows. Tests, the notebooks and the e2e smoke profile run the hub blueprints' code on them:
+
+    python -m playground.train --blueprint llama-3.2-1b-lora-alpaca --set max_steps=3 \\
+        --model-source "$(python -c 'from playground.train.standins import build_standin; print(build_standin("llama", "/tmp/s"))')" \\
+        --dataset-source rows.jsonl --output out
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+LLAMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {
+        "special": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        "bos": "<|begin_of_text|>",
+        "eos": "<|eot_id|>",
+        "pad": None,  # like Llama 3.2: no pad token (the trainer uses EOS)
+        "template": LLAMA_TEMPLATE,
+    },
+    "qwen2": {
+        "special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "bos": None,
+        "eos": "<|im_end|>",
+        "pad": "<|endoftext|>",
+        "template": CHATML_TEMPLATE,
+    },
+}
+
+_WORDS = "kube flow serve train model token graph node pod queue cloud data batch layer".split()
+
+
+def alpaca_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` deterministic Alpaca-format rows (instruction, input, output) with short answers."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            a, b = rng.randint(0, 50), rng.randint(0, 50)
+            rows.append({"instruction": f"Add {a} and {b}.", "input": "", "output": str(a + b)})
+        elif kind == 1:
+            word = rng.choice(_WORDS)
+            rows.append({"instruction": "Reverse the word.", "input": word, "output": word[::-1]})
+        else:
+            words = rng.sample(_WORDS, 3)
+            rows.append(
+                {"instruction": "List these words in alphabetical order.", "input": ", ".join(words),
+                 "output": ", ".join(sorted(words))}
+            )  # fmt: skip
+    return rows
+
+
+def write_alpaca_rows(path: str | Path, n: int, seed: int = 0) -> Path:
+    """Write ``n`` Alpaca rows as JSON lines to ``path``; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in alpaca_rows(n, seed)))
+    return path
+
+
+def build_tokenizer(arch: Literal["llama", "qwen2"], *, chat_template: bool = True, vocab_size: int = 512) -> Any:
+    """A byte-level BPE tokenizer trained here on Alpaca-like text, with the family's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    family = _FAMILIES[arch]
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=family["special"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [" ".join(row.values()) for row in alpaca_rows(300, seed=1)] + ["user assistant system\n\n"]
+    raw.train_from_iterator(corpus, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        bos_token=family["bos"],
+        eos_token=family["eos"],
+        pad_token=family["pad"],
+        clean_up_tokenization_spaces=False,
+        model_max_length=2048,
+    )
+    if chat_template:
+        tokenizer.chat_template = family["template"]
+    return tokenizer
+
+
+def build_standin(
+    arch: Literal["llama", "qwen2"], out_dir: str | Path, *, chat_template: bool = True, seed: int = 0
+) -> Path:
+    """Write a tiny random-weight model of ``arch`` with its tokenizer to ``out_dir``; returns it."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    from playground.train.tokenizer import save_tokenizer
+
+    if arch not in _FAMILIES:
+        raise ValueError(f"arch {arch!r}: allowed: {', '.join(_FAMILIES)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(arch, chat_template=chat_template)
+    common = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,  # grouped-query attention, as in the real models
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": True,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = LlamaConfig(**common, rope_theta=500000.0) if arch == "llama" else Qwen2Config(**common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(out), safe_serialization=True)
+    save_tokenizer(tokenizer, out)
+    return out

@@ -1,0 +1,364 @@
+"""``playground e2e``: the papermill runner over the real per-blueprint notebooks (smoke profile), plus
+notebooks written here that hang, fail with a real failed job, and print a canary secret. The CLI runs
+as a real subprocess, twice in total (module fixture); the tests read what it left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+import yaml
+from nbformat.v4 import new_code_cell, new_notebook
+
+from playground.e2e.runner import default_notebooks
+from playground.e2e.scrub import Scrubber, looks_like_secret_name
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = REPO / ".github" / "workflows"
+EXPECTED_NOTEBOOKS = {"tiny-llama-cpu", "llama-3.2-1b-lora-alpaca", "qwen2.5-1.5b-lora-alpaca"}
+HUB_NOTEBOOKS = EXPECTED_NOTEBOOKS - {"tiny-llama-cpu"}
+CANARY = "e2e-canary-7d1f0c9a4b2e"
+QUOTED_CANARY = 'quoted"canary\\e2e-55aa'  # JSON and repr() escape it: those forms must go too
+HF_CANARY = "hf_" + "Zq8" * 12  # shaped like a Hugging Face token
+HANG_TIMEOUT = 45
+
+pytestmark = pytest.mark.slow
+
+
+def _write_notebook(path: Path, body: str) -> Path:
+    params = new_code_cell(
+        'backend = "local"\nheadless = False\nassert_quality = True\nout_dir = "."',
+        metadata={"tags": ["parameters"]},
+    )
+    nb = new_notebook(
+        cells=[params, new_code_cell(body)],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+    nbformat.write(nb, path)
+    return path
+
+
+CANARY_BODY = """
+import json, os, pathlib
+secrets = [os.environ["E2E_CANARY_TOKEN"], os.environ["E2E_QUOTED_SECRET"], os.environ["HF_TOKEN"]]
+for s in secrets:
+    print("leaking", s)
+print({"repr": secrets})
+pathlib.Path(out_dir, "leak.txt").write_text("\\n".join(secrets))
+pathlib.Path(out_dir, "result.json").write_text(json.dumps({"passed": True, "secrets": secrets}))
+"""
+
+HANG_BODY = """
+import os, pathlib, time
+pathlib.Path(out_dir, "kernel.pid").write_text(str(os.getpid()))
+print("about to hang", flush=True)
+time.sleep(3600)
+"""
+
+# A real job that fails: tiny-llama-cpu pointed at a directory with no model in it.
+FAILJOB_BODY = """
+import tempfile
+from playground.headless import run_blueprint
+empty = tempfile.mkdtemp(prefix="not-a-model-")
+result = run_blueprint("tiny-llama-cpu", {"max_steps": 5}, backend=backend, model_source=empty, out_dir=out_dir)
+"""
+
+
+def _cli(args: list[str], env: dict[str, str], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "playground.cli", "e2e", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory: pytest.TempPathFactory, artifacts_dir: Path) -> dict:
+    """Run the CLI once over the real notebooks (+ canary), and once over a hanging and a failing one."""
+    root = tmp_path_factory.mktemp("e2e")
+    toys = root / "toys"
+    toys.mkdir()
+    canary_nb = _write_notebook(toys / "canary-secret.ipynb", CANARY_BODY)
+    hang_nb = _write_notebook(toys / "hanging.ipynb", HANG_BODY)
+    fail_nb = _write_notebook(toys / "failing-job.ipynb", FAILJOB_BODY)
+    step_summary = root / "step-summary.md"
+    step_summary.write_text("# earlier step\n")
+    env = {
+        **os.environ,
+        "E2E_CANARY_TOKEN": CANARY,
+        "E2E_QUOTED_SECRET": QUOTED_CANARY,
+        "HF_TOKEN": HF_CANARY,
+        "GITHUB_STEP_SUMMARY": str(step_summary),
+        "HF_HUB_OFFLINE": "1",
+    }
+    real = default_notebooks()
+    out_a, out_b = root / "smoke", root / "broken"
+    # the broken run mostly sleeps: run it beside the smoke run
+    broken = _cli(
+        ["--out", str(out_b), "--timeout", str(HANG_TIMEOUT), str(hang_nb), str(fail_nb)],
+        {k: v for k, v in env.items() if k != "GITHUB_STEP_SUMMARY"},
+    )
+    smoke = _cli(["--profile", "smoke", "--out", str(out_a), *map(str, real), str(canary_nb)], env)
+    a_out, a_err = smoke.communicate(timeout=1500)
+    b_out, b_err = broken.communicate(timeout=300)
+    for out in (out_a, out_b):
+        shutil.copytree(out, artifacts_dir / "e2e" / out.name, dirs_exist_ok=True)
+    return {
+        "real": real,
+        "smoke": {"rc": smoke.returncode, "out": out_a, "stdout": a_out, "stderr": a_err},
+        "broken": {"rc": broken.returncode, "out": out_b, "stdout": b_out, "stderr": b_err},
+        "step_summary": step_summary,
+        "root": root,
+    }
+
+
+def _metrics(run: dict) -> dict:
+    return json.loads((run["out"] / "metrics.json").read_text())
+
+
+def _by_name(run: dict) -> dict[str, dict]:
+    return {nb["name"]: nb for nb in _metrics(run)["notebooks"]}
+
+
+def test_default_notebooks_are_the_per_blueprint_ones() -> None:
+    names = {p.stem for p in default_notebooks()}
+    assert names == EXPECTED_NOTEBOOKS, "playground.ipynb is excluded; one notebook per blueprint"
+
+
+def test_smoke_profile_passes_every_real_notebook(e2e: dict) -> None:
+    run = e2e["smoke"]
+    assert run["rc"] == 0, run["stderr"][-4000:]
+    for nb in e2e["real"]:
+        folder = run["out"] / nb.stem
+        result = json.loads((folder / "result.json").read_text())
+        assert result["passed"] is True and result["phase"] == "Succeeded", result.get("error")
+        assert result["blueprint"] == nb.stem and result["backend"] == "local"
+        assert result["chat"], "the headless path chats with the served models"
+        executed = nbformat.read(folder / nb.name, as_version=4)
+        params = executed.metadata.papermill.parameters
+        assert params["headless"] is True and params["out_dir"] == str(folder.resolve())
+        assert (folder / "papermill.log").stat().st_size > 0
+        assert not (folder / "diagnostics.md").exists()
+        if nb.stem in HUB_NOTEBOOKS:
+            assert params["model_source"] == "standin" and params["dataset_source"] == "standin"
+            assert params["max_steps"] == 3 and params["assert_quality"] is False
+            assert result["params"]["max_steps"] == 3
+        else:  # tiny-llama-cpu: full defaults, quality bar asserted and met
+            assert "max_steps" not in params and params["assert_quality"] is True
+            assert result["quality"]["asserted"] and result["quality"]["passed"]
+            assert result["quality"]["value"] >= 0.9
+
+
+def test_live_log_output(e2e: dict) -> None:
+    err = e2e["smoke"]["stderr"]
+    assert "[tiny-llama-cpu] Executing Cell" in err  # papermill --log-output, streamed with a prefix
+    assert "[tiny-llama-cpu] step " in err  # the notebook's own progress lines, live
+
+
+def test_junit_xml(e2e: dict) -> None:
+    smoke = ET.parse(e2e["smoke"]["out"] / "junit.xml").getroot()
+    suite = smoke.find("testsuite")
+    assert suite is not None and suite.get("name") == "playground-e2e.smoke"
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert set(cases) == EXPECTED_NOTEBOOKS | {"canary-secret"}
+    assert suite.get("tests") == "4" and suite.get("failures") == "0"
+    assert all(c.find("failure") is None and float(c.get("time")) > 0 for c in cases.values())
+
+    broken = ET.parse(e2e["broken"]["out"] / "junit.xml").getroot().find("testsuite")
+    assert broken.get("tests") == "2" and broken.get("failures") == "2"
+    failures = {c.get("name"): c.find("failure") for c in broken.findall("testcase")}
+    assert failures["hanging"].get("type") == "timeout"
+    assert f"after {HANG_TIMEOUT}s" in failures["hanging"].get("message")
+    assert failures["failing-job"].get("type") == "failed"
+    assert "ended Failed" in failures["failing-job"].get("message")
+    assert "diagnostics:" in failures["failing-job"].text
+
+
+def test_metrics_json(e2e: dict) -> None:
+    metrics = _metrics(e2e["smoke"])
+    assert metrics["schema"] == "playground-e2e-metrics/v1" and metrics["profile"] == "smoke"
+    assert metrics["wall_seconds"] > 0
+    assert metrics["totals"]["passed"] == 4 and metrics["totals"]["failed"] == 0
+    assert metrics["gpu"]["present"] is False  # no GPU here: NVML figures are absent, not zero
+    assert metrics["resources"]["cpu_avg_percent"] is not None
+    by_name = _by_name(e2e["smoke"])
+    for name in EXPECTED_NOTEBOOKS:
+        nb = by_name[name]
+        assert nb["status"] == "passed" and nb["wall_seconds"] > 0
+        assert nb["train_seconds"] is not None and 0 < nb["train_seconds"] < nb["wall_seconds"]
+        assert nb["queue_wait_seconds"] is not None and nb["queue_wait_seconds"] >= 0
+        assert nb["job_id"] and nb["job_id"] == nb["result"]["job_id"]
+        assert nb["cpu_avg_percent"] is not None and nb["samples"] >= 1
+        assert nb["gpu_util_avg_percent"] is None and nb["gpu_memory_peak_bytes"] is None
+    assert metrics["totals"]["train_seconds"] >= by_name["tiny-llama-cpu"]["train_seconds"]
+
+
+def test_summary_markdown_and_step_summary(e2e: dict) -> None:
+    summary = (e2e["smoke"]["out"] / "summary.md").read_text()
+    assert summary.startswith("## Blueprint e2e (smoke): 4/4 notebooks passed")
+    for name in EXPECTED_NOTEBOOKS:
+        assert f"| `{name}` | `{name}` | ✅ passed |" in summary
+    step = e2e["step_summary"].read_text()
+    assert step.startswith("# earlier step\n") and summary in step  # appended, not overwritten
+
+    broken = (e2e["broken"]["out"] / "summary.md").read_text()
+    assert "0/2 notebooks passed — FAILED" in broken and "### Failures" in broken
+
+
+def test_hanging_notebook_is_killed_and_reported(e2e: dict) -> None:
+    run = e2e["broken"]
+    assert run["rc"] == 1
+    nb = _by_name(run)["hanging"]
+    assert nb["status"] == "timeout" and "kernel killed" in nb["message"]
+    assert HANG_TIMEOUT <= nb["wall_seconds"] < HANG_TIMEOUT + 30
+    pid = int((run["out"] / "hanging" / "kernel.pid").read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    executed = (run["out"] / "hanging" / "hanging.ipynb").read_text()
+    assert "about to hang" in executed  # saved as cells ran, so the partial notebook is an artifact
+    assert (run["out"] / "hanging" / "diagnostics.md").exists()
+    # the run went on after the timeout
+    assert _by_name(run)["failing-job"]["status"] == "failed"
+
+
+def test_failing_notebook_diagnostics(e2e: dict) -> None:
+    folder = e2e["broken"]["out"] / "failing-job"
+    diag = json.loads((folder / "diagnostics.json").read_text())
+    assert diag["status"] == "failed" and diag["backend"] == "local"
+    assert diag["job"]["phase"] == "Failed" and diag["job"]["id"]
+    assert any(p["phase"] == "Failed" for p in diag["phases"])
+    assert diag["failing_step"] == "trainer"
+    assert any("not a model directory" in line for line in diag["failing_step_logs"])
+    assert diag["failing_cell"]["ename"] == "RuntimeError"
+    md = (folder / "diagnostics.md").read_text()
+    assert "phase **Failed**" in md and "## Logs: trainer" in md
+    result = json.loads((folder / "result.json").read_text())
+    assert result["passed"] is False and result["job_id"] == diag["job"]["id"]
+
+
+def _forms(secret: str) -> list[bytes]:
+    forms = {secret, json.dumps(secret)[1:-1], repr(secret)[1:-1], json.dumps(repr(secret)[1:-1])[1:-1]}
+    return [f.encode() for f in forms]
+
+
+def test_canary_secret_absent_from_every_artifact(e2e: dict) -> None:
+    leak = e2e["smoke"]["out"] / "canary-secret"
+    assert _by_name(e2e["smoke"])["canary-secret"]["status"] == "passed"
+    assert "leaking ***" in (leak / "papermill.log").read_text()  # it was printed, then scrubbed
+    files = [p for p in e2e["root"].rglob("*") if p.is_file() and "toys" not in p.parts]
+    assert len(files) > 20
+    blobs = [(p, p.read_bytes()) for p in files]
+    blobs += [(Path(f"<{k} {s}>"), e2e[k][s].encode()) for k in ("smoke", "broken") for s in ("stdout", "stderr")]
+    for secret in (CANARY, QUOTED_CANARY, HF_CANARY):
+        for form in _forms(secret):
+            leaked = [str(p) for p, data in blobs if form in data]
+            assert not leaked, f"secret form {form!r} found in {leaked}"
+
+
+def test_scrubber_forms_and_secret_names() -> None:
+    scrub = Scrubber([QUOTED_CANARY])
+    assert scrub.text(json.dumps({"v": QUOTED_CANARY})) == '{"v": "***"}'
+    assert scrub.text(repr(QUOTED_CANARY)) == "'***'"
+    assert Scrubber([]).text("token hf_abcdefghijklmnopqrstuvwxyz0123 end") == "token *** end"
+    assert looks_like_secret_name("HF_TOKEN") and looks_like_secret_name("openai_api_key")
+    assert looks_like_secret_name("AWS_SECRET_ACCESS_KEY") and looks_like_secret_name("db-password")
+    assert not looks_like_secret_name("TOKENIZERS_PARALLELISM") and not looks_like_secret_name("max_steps")
+
+
+def test_secret_looking_parameter_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "playground.cli", "e2e", "--out", str(out), "-p", "hf_token=abc123456"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'hf_token' looks like a secret" in lines[0] and "environment" in lines[0]
+    assert not out.exists(), "nothing started"
+
+
+def test_gpu_profile_needs_a_gpu(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "playground.cli", "e2e", "--profile", "gpu", "--out", str(tmp_path / "o")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if proc.returncode == 2 and "needs an NVIDIA GPU" in proc.stderr:
+        assert "--profile smoke" in proc.stderr and not (tmp_path / "o").exists()
+    else:
+        pytest.skip("this machine has a GPU: the refusal does not apply")
+
+
+# ------------------------------------------------------------------------------------- workflows
+
+
+def _workflow(name: str) -> dict:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as True
+    return data
+
+
+@pytest.mark.parametrize("tool", ["zizmor", "check-jsonschema"])
+def test_workflows_lint_clean(tool: str) -> None:
+    exe = shutil.which(tool)
+    assert exe, f"{tool} is in the test extra"
+    files = sorted(str(p) for p in WORKFLOWS.glob("*.yaml"))
+    assert {Path(f).name for f in files} >= {"ci.yaml", "gpu-e2e.yaml"}
+    if tool == "zizmor":
+        cmd = [exe, "--offline", "--no-progress", *files]
+    else:
+        cmd = [exe, "--builtin-schema", "vendor.github-workflows", *files]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if tool == "zizmor":
+        assert "No findings to report" in proc.stdout
+
+
+def test_gpu_workflow_is_label_gated_and_fork_safe() -> None:
+    wf = _workflow("gpu-e2e.yaml")
+    assert wf["on"] == {"pull_request": {"types": ["labeled", "synchronize"]}}
+    assert "pull_request_target" not in wf["on"]
+    assert wf["permissions"] == {}
+    gpu = wf["jobs"]["gpu-e2e"]
+    assert "github.event.action == 'labeled'" in gpu["if"] and "ok-to-test-gpu-runner" in gpu["if"]
+    assert gpu["permissions"] == {"contents": "read"}
+    assert gpu["runs-on"] == "arc-gpu-runners" and gpu["timeout-minutes"] > 0
+    assert gpu["concurrency"]["cancel-in-progress"] is False
+    checkout = next(s for s in gpu["steps"] if str(s.get("uses", "")).startswith("actions/checkout@"))
+    assert checkout["with"] == {"ref": "${{ github.event.pull_request.head.sha }}", "persist-credentials": False}
+    run_step = next(s for s in gpu["steps"] if "playground e2e" in s.get("run", ""))
+    assert "--profile gpu" in run_step["run"] and "${{" not in run_step["run"]
+    assert run_step["env"]["HF_TOKEN"] == "${{ secrets.HF_TOKEN }}"
+    upload = next(s for s in gpu["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
+    assert upload["if"] == "always()"
+    unlabel = wf["jobs"]["remove-approval"]
+    assert "synchronize" in unlabel["if"] and unlabel["permissions"] == {"pull-requests": "write"}
+    assert all("uses" not in s for s in unlabel["steps"]), "runs no PR code: no checkout"
+    for job in (_workflow("gpu-e2e.yaml")["jobs"] | _workflow("ci.yaml")["jobs"]).values():
+        for step in job["steps"]:
+            if "uses" in step:
+                ref = step["uses"].split("@", 1)[1]
+                assert len(ref) == 40 and all(c in "0123456789abcdef" for c in ref), step["uses"]
+
+
+def test_ci_workflow_runs_the_readme_test_command() -> None:
+    wf = _workflow("ci.yaml")
+    steps = wf["jobs"]["test"]["steps"]
+    assert any(s.get("run") == "bash scripts/test.sh" for s in steps)
+    assert wf["permissions"] == {"contents": "read"}

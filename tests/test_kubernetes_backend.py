@@ -1,0 +1,434 @@
+"""The Kubernetes backend over real HTTP: the real ``kubernetes`` client and ``kubeflow`` SDK against
+kmock's KubernetesEmulator (extended in ``_k8s_sim``) driven by a controller simulator that replays the
+real trainer output of the ``trained_tiny_job`` fixture and serves its model directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from _k8s_sim import Cluster, Scenario, crd_validator, synthetic_trainer_log
+
+from playground.api import make_request
+from playground.backends.kubernetes import KubernetesBackend
+from playground.backends.kubernetes import manifests as m
+from playground.errors import BackendError, JobNotFound, UserError
+from playground.events import ClusterEvent, JobPhase, Log, Metric, Phase, Progress, parse_line
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+NS = "ml"
+
+
+synthetic_log = synthetic_trainer_log
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with Cluster(namespace=NS) as c:
+        c.install_runtimes(REPO / "deploy" / "runtimes" / "playground-torch.yaml")
+        if (SHARED / "runtimes").is_dir():
+            c.install_runtimes(*sorted((SHARED / "runtimes").glob("trainer-*.yaml")))
+        if (SHARED / "crds").is_dir():  # the API server's schema validation, from the real CRDs
+            crds = SHARED / "crds"
+            checks = {
+                "trainjobs": crd_validator(crds / "trainer.kubeflow.org_trainjobs.yaml", "v1alpha1"),
+                "inferenceservices": crd_validator(crds / "serving.kserve.io_inferenceservices.yaml", "v1beta1"),
+            }
+            c.call(lambda: c.emu.validators.update(checks))
+        yield c
+
+
+@pytest.fixture
+def k8s(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KubernetesBackend:
+    """A backend on the emulator through a kubeconfig file; the simulator reset to a short clean run."""
+    monkeypatch.delenv("PLAYGROUND_KUEUE_QUEUE", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    cluster.clear_faults()
+
+    def reset() -> None:
+        cluster.emu.drop_watch_after = None
+        cluster.emu.drop_log_after = None
+        cluster.sim.scenario = Scenario(node_log=synthetic_log(), line_delay=0.002)
+        cluster.sim.scenarios.clear()
+
+    cluster.call(reset)
+    kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
+    return KubernetesBackend(kubeconfig=str(kubeconfig), drain_timeout=5, serve_timeout=60)
+
+
+@pytest.fixture(scope="module")
+def real_log(trained_tiny_job, session_home: Path) -> list[str]:
+    """The trainer's real output for tiny-llama-cpu (what a TrainJob's node-0 pod would print)."""
+    from playground.backends.local import LocalBackend
+
+    return (LocalBackend(home=session_home).job_dir(trained_tiny_job.id) / "train.log").read_text().splitlines()
+
+
+def split(events: list) -> dict[str, list]:
+    out: dict[str, list] = {"phase": [], "progress": [], "metric": [], "log": [], "cluster": []}
+    for e in events:
+        key = {Phase: "phase", Progress: "progress", Metric: "metric", Log: "log", ClusterEvent: "cluster"}[type(e)]
+        out[key].append(e)
+    return out
+
+
+def strip_time(events: list) -> list:
+    return [dataclasses.replace(e, time=0.0) for e in events]
+
+
+# -- the full path -----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_log, session_home, tmp_path):
+    from playground.backends.local import LocalBackend
+    from playground.blueprints import get_blueprint
+    from playground.serving.client import chat
+    from playground.serving.local import LocalServers
+
+    servers = LocalServers(tmp_path / "kserve-home")
+    cluster.sim.output_dir = LocalBackend(home=session_home).job_dir(trained_tiny_job.id) / "output"
+    cluster.sim.servers = servers
+    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.001)
+    request = make_request("tiny-llama-cpu", labels={"owner": "alice@example.com", "session": "booth-7"})
+    try:
+        job = k8s.submit(request)
+        assert job.backend == "kubernetes" and job.blueprint_id == "tiny-llama-cpu"
+
+        # What was created is what --dry-run renders (same SDK builder), with our labels.
+        created = cluster.get("trainjobs", job.id)
+        rendered = m.build_trainjob(k8s._plan(request, name=job.id), m.sdk_backend(NS))
+        assert created["spec"] == rendered["spec"]
+        labels = created["metadata"]["labels"]
+        assert labels[m.LABEL_BLUEPRINT] == "tiny-llama-cpu" and labels[m.LABEL_PREFIX + "session"] == "booth-7"
+        assert labels[m.LABEL_PREFIX + "owner"] == "alice-example.com"
+        assert created["spec"]["activeDeadlineSeconds"] == 1800
+        assert created["spec"]["trainer"]["command"] == ["python", "-m", "playground.train"]
+        assert "--output" in created["spec"]["trainer"]["args"]
+
+        events = list(k8s.events(job.id, follow=True))
+        parts = split(events)
+        phases = [e.phase for e in parts["phase"]]
+        assert phases == [
+            JobPhase.PENDING,
+            JobPhase.INITIALIZING,
+            JobPhase.TRAINING,
+            JobPhase.SAVING,
+            JobPhase.SUCCEEDED,
+        ], phases
+        # Progress comes from the replayed trainer log, point for point.
+        expected = [e for e in map(parse_line, real_log) if isinstance(e, Progress)]
+        assert strip_time(parts["progress"]) == strip_time(expected)
+        assert parts["progress"][-1].step == trained_tiny_job.params["max_steps"]
+        assert {m_.name for m_ in parts["metric"]} >= {"eval_exact_match"}
+        reasons = {e.reason for e in parts["cluster"]}
+        assert {"Scheduled", "Started", "JobsCompleted"} <= reasons
+        assert all(e.source == "node-0" for e in parts["log"])
+
+        done = k8s.get(job.id)
+        assert done.phase == JobPhase.SUCCEEDED and done.progress is not None
+        assert done.model_dir == f"pvc://workspace-{job.id}/output/model"
+        assert job.id in [j.id for j in k8s.list()]
+
+        # Serve the fine-tuned and the base model (side by side) and chat through KServe's routes.
+        endpoint = k8s.serve(job.id)
+        assert endpoint.url.endswith("/openai/v1") and endpoint.backend == "kubernetes"
+        isvc = cluster.get("inferenceservices", endpoint.name)
+        assert isvc["spec"]["predictor"]["model"]["storageUri"] == done.model_dir
+        base = k8s.serve(job.id, base=True)
+        assert base.kind == "base"
+        blueprint = get_blueprint("tiny-llama-cpu")
+        tokens = blueprint.serving.max_new_tokens
+        correct = 0
+        for example in blueprint.examples:
+            answer = str(chat(endpoint, example.prompt, max_tokens=tokens)).strip()
+            correct += answer == example.expected
+        assert correct >= 3, f"only {correct}/4 correct"
+        assert isinstance(chat(base, "reverse: kube", max_tokens=tokens), str)
+        assert {e.name for e in k8s.endpoints()} == {endpoint.name, base.name}
+
+        k8s.unserve(base.url)
+        assert [e.name for e in k8s.endpoints()] == [endpoint.name]
+        k8s.delete(job.id)  # the job and its InferenceServices
+        assert cluster.get("trainjobs", job.id) is None
+        assert cluster.items("inferenceservices") == []
+        with pytest.raises(JobNotFound):
+            k8s.get(job.id)
+    finally:
+        deadline = time.time() + 20
+        while servers.list() and time.time() < deadline:
+            time.sleep(0.2)
+        servers.stop_all()
+
+
+def test_history_replays_the_finished_job(cluster, k8s):
+    job = k8s.submit(make_request("tiny-llama-cpu"))
+    live = list(k8s.events(job.id, follow=True))
+    again = list(k8s.events(job.id))  # a reloaded page: the whole history, no follow
+    assert strip_time(split(again)["progress"]) == strip_time(split(live)["progress"])
+    assert [e.phase for e in split(again)["phase"]][-1] == JobPhase.SUCCEEDED
+    assert [e.line for e in split(again)["log"]] == [e.line for e in split(live)["log"]]
+
+
+# -- resume after dropped connections ----------------------------------------------------------
+def _follow_collect(k8s: KubernetesBackend, job_id: str) -> list:
+    return list(k8s.events(job_id, follow=True))
+
+
+def test_dropped_streams_resume_without_loss_or_repeats(cluster, k8s, real_log):
+    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.001)
+    baseline = split(_follow_collect(k8s, k8s.submit(make_request("tiny-llama-cpu")).id))
+
+    def flaky() -> None:
+        cluster.emu.drop_watch_after = 2  # every watch connection is cut after 2 events
+        cluster.emu.drop_log_after = 9  # every log stream after 9 lines
+
+    cluster.call(flaky)
+    dropped_before = cluster.emu.dropped
+    flaky_backend = KubernetesBackend(kubeconfig=k8s.kubeconfig, drain_timeout=5)
+    got = split(_follow_collect(flaky_backend, flaky_backend.submit(make_request("tiny-llama-cpu")).id))
+    assert cluster.emu.dropped - dropped_before >= 10
+    assert flaky_backend.stats.reconnects >= 10
+    assert strip_time(got["progress"]) == strip_time(baseline["progress"])
+    assert [e.line for e in got["log"]] == [e.line for e in baseline["log"]]
+    assert [e.phase for e in got["phase"]] == [e.phase for e in baseline["phase"]]
+    assert sorted(e.reason for e in got["cluster"]) == sorted(e.reason for e in baseline["cluster"])
+    assert [(x.name, x.value) for x in got["metric"]] == [(x.name, x.value) for x in baseline["metric"]]
+
+
+def test_expired_resource_version_relists_and_emits_only_changes(cluster, k8s):
+    cluster.sim.scenario = Scenario(node_log=synthetic_log(60), line_delay=0.05)
+    job = k8s.submit(make_request("tiny-llama-cpu"))
+    events: list = []
+    seen_training = threading.Event()
+
+    def consume() -> None:
+        for event in k8s.events(job.id, follow=True):
+            events.append(event)
+            if isinstance(event, Progress):
+                seen_training.set()
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    assert seen_training.wait(30)
+    cluster.put("configmaps", {"metadata": {"name": "unrelated-change"}})  # the store moves on...
+    cluster.compact()  # ...and forgets its history: resuming from an older resourceVersion gets 410 Gone
+    cluster.drop_streams()
+    thread.join(60)
+    assert not thread.is_alive()
+    parts = split(events)
+    assert k8s.stats.relists >= 1
+    assert [p.step for p in parts["progress"]] == list(range(5, 61, 5))
+    assert [e.phase for e in parts["phase"]][-1] == JobPhase.SUCCEEDED
+    keys = [(e.kind, e.reason, e.message) for e in parts["cluster"]]
+    assert len(keys) == len(set(keys)), keys
+
+
+# -- cluster states ----------------------------------------------------------------------------
+def test_failed_job_names_step_reason_and_last_lines(cluster, k8s):
+    cluster.sim.scenario = Scenario(node_log=synthetic_log(fail=True), exit_code=1, line_delay=0.002)
+    job = k8s.submit(make_request("tiny-llama-cpu"))
+    events = list(k8s.events(job.id, follow=True))
+    final = events[-1]
+    assert isinstance(final, Phase) and final.phase == JobPhase.FAILED
+    assert "node-0 failed (Error, exit code 1)" in final.reason
+    assert "CUDA out of memory" in final.reason
+    failed = k8s.get(job.id)
+    assert failed.phase == JobPhase.FAILED
+    assert failed.message.startswith("node-0 failed (Error, exit code 1)") and "\n" not in failed.message
+    assert any("CUDA out of memory" in line for line in failed.log_tail)
+
+
+def test_kueue_queue_label_admission_and_unschedulable(cluster, k8s, monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_KUEUE_QUEUE", "gpu-queue")
+    backend = KubernetesBackend(kubeconfig=k8s.kubeconfig, drain_timeout=5)
+    cluster.sim.scenario = Scenario(node_log=synthetic_log(), hold_queue=True, unschedulable_for=0.3)
+    job = backend.submit(make_request("tiny-llama-cpu"))
+    assert cluster.get("trainjobs", job.id)["metadata"]["labels"][m.QUEUE_LABEL] == "gpu-queue"
+    events: list = []
+    queued = threading.Event()
+
+    def consume() -> None:
+        for event in backend.events(job.id, follow=True):
+            events.append(event)
+            if isinstance(event, ClusterEvent) and event.kind == "Queue" and event.reason == "Pending":
+                queued.set()
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    assert queued.wait(30)
+    pending = backend.get(job.id)
+    assert pending.phase == JobPhase.PENDING and "gpu-queue" in pending.message
+    cluster.sim.admit("gpu-queue")
+    thread.join(60)
+    reasons = [e.reason for e in events if isinstance(e, ClusterEvent)]
+    assert "insufficient unused quota" in next(e.message for e in events if getattr(e, "reason", "") == "Pending")
+    assert reasons.index("Pending") < reasons.index("Admitted") < reasons.index("FailedScheduling")
+    assert any(isinstance(e, ClusterEvent) and e.reason == "Unschedulable" for e in events)
+    assert events[-1].phase == JobPhase.SUCCEEDED
+
+
+def test_cancel_then_ttl_cleanup(cluster, k8s):
+    cluster.sim.scenario = Scenario(node_log=synthetic_log(400), line_delay=0.05)
+    job = k8s.submit(make_request("tiny-llama-cpu"))
+    for event in k8s.events(job.id, follow=True):
+        if isinstance(event, Progress):
+            break
+    cancelled = k8s.cancel(job.id)
+    assert cancelled.phase == JobPhase.CANCELLED
+    assert list(k8s.events(job.id, follow=True))[-1].phase == JobPhase.CANCELLED
+    assert cluster.get("trainjobs", job.id)["spec"]["suspend"] is True
+
+    cluster.sim.scenario = Scenario(node_log=synthetic_log(), line_delay=0.001)
+    ttl = KubernetesBackend(kubeconfig=k8s.kubeconfig, ttl_seconds_after_finished=0, drain_timeout=5)
+    short = ttl.submit(make_request("tiny-llama-cpu"))
+    assert list(ttl.events(short.id, follow=True))[-1].phase == JobPhase.SUCCEEDED
+    assert short.id not in [j.id for j in ttl.list()]  # expired: deleted on the next listing
+    assert cluster.get("trainjobs", short.id) is None
+
+
+@pytest.mark.skipif(not (SHARED / "runtimes").is_dir(), reason="../shared/runtimes (torchtune runtimes) absent")
+def test_builtin_torchtune_initializers_and_secret_token(cluster, k8s, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_do_not_leak_me")
+    cluster.sim.scenarios["qwen2.5-1.5b-lora-alpaca"] = Scenario(node_log=["tune: step 1 loss 1.9"], line_delay=0.001)
+    request = make_request("qwen2.5-1.5b-lora-alpaca", {"max_steps": 20, "lora_rank": 16})
+    job = k8s.submit(request)
+    created = cluster.get("trainjobs", job.id)
+    assert "hf_do_not_leak_me" not in yaml.safe_dump(created)
+    spec = created["spec"]
+    assert spec["runtimeRef"] == {"name": "torchtune-qwen2.5-1.5b", "kind": "ClusterTrainingRuntime"}
+    assert spec["initializer"]["model"]["storageUri"] == "hf://Qwen/Qwen2.5-1.5B-Instruct"
+    assert {"max_steps_per_epoch=20", "model.lora_rank=16"} <= set(spec["trainer"]["args"])
+    patches = yaml.safe_dump(spec["runtimePatches"])
+    assert "secretKeyRef" in patches and "ACCESS_TOKEN" in patches
+    events = list(k8s.events(job.id, follow=True))
+    sources = {e.source for e in events if isinstance(e, Log)}
+    assert {"dataset-initializer", "model-initializer", "node-0"} <= sources
+    phases = [e.phase for e in events if isinstance(e, Phase)]
+    assert phases == [JobPhase.PENDING, JobPhase.INITIALIZING, JobPhase.TRAINING, JobPhase.SUCCEEDED]
+    assert k8s.get(job.id).model_dir == f"pvc://initializer-{job.id}/output/epoch_0"
+
+
+# -- errors: one line each ---------------------------------------------------------------------
+def test_no_kubeconfig_and_unreachable(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(BackendError, match=r"no kubeconfig found at .*absent.* --kubeconfig"):
+        KubernetesBackend().submit(make_request("tiny-llama-cpu"))
+    with Cluster() as dead:
+        kubeconfig = dead.kubeconfig(tmp_path / "kc")
+        url = dead.url
+    backend = KubernetesBackend(kubeconfig=str(kubeconfig))
+    with pytest.raises(BackendError, match=rf"cannot reach the Kubernetes API at {url}: Connection refused"):
+        backend.list()
+    with pytest.raises(BackendError, match="context"):
+        KubernetesBackend(kubeconfig=str(kubeconfig), context="nope").list()
+
+
+def test_unauthorized_and_forbidden_name_the_verb_and_resource(cluster, k8s):
+    cluster.fault(method="*", plural="*", status=401, reason="Unauthorized", message="Unauthorized")
+    with pytest.raises(BackendError, match=r"rejected the credentials \(401 Unauthorized\)"):
+        k8s.list()
+    cluster.clear_faults()
+    message = (
+        'trainjobs.trainer.kubeflow.org is forbidden: User "system:serviceaccount:ml:viewer" cannot create '
+        'resource "trainjobs" in API group "trainer.kubeflow.org" in the namespace "ml"'
+    )
+    cluster.fault(method="POST", plural="trainjobs", status=403, reason="Forbidden", message=message)
+    with pytest.raises(BackendError) as err:
+        k8s.submit(make_request("tiny-llama-cpu"))
+    text = str(err.value)
+    assert "user 'system:serviceaccount:ml:viewer' cannot create trainjobs.trainer.kubeflow.org" in text
+    assert "namespace 'ml'" in text and "\n" not in text
+
+
+def test_runtime_not_installed_lists_installed(cluster, k8s):
+    saved = cluster.get("clustertrainingruntimes", "playground-torch")
+    cluster.call(lambda: cluster.emu.delete("clustertrainingruntimes", None, "playground-torch"))
+    before = len(cluster.items("trainjobs"))
+    try:
+        with pytest.raises(BackendError) as err:
+            k8s.submit(make_request("tiny-llama-cpu"))
+        installed = sorted(r["metadata"]["name"] for r in cluster.items("clustertrainingruntimes"))
+        assert "'playground-torch' (blueprint tiny-llama-cpu) is not installed" in str(err.value)
+        assert f"installed: {', '.join(installed) or 'none'}" in str(err.value)
+        assert err.value.field == "kubernetes.runtime"
+        assert len(cluster.items("trainjobs")) == before
+    finally:
+        saved["metadata"] = {"name": "playground-torch", "labels": saved["metadata"]["labels"]}
+        cluster.put("clustertrainingruntimes", saved)
+
+
+def test_invalid_spec_422_names_field_and_message(cluster, k8s):
+    causes = [
+        {
+            "reason": "FieldValueInvalid",
+            "field": "spec.trainer.numNodes",
+            "message": "Invalid value: 0: spec.trainer.numNodes in body should be greater than or equal to 1",
+        }
+    ]
+    cluster.fault(
+        method="POST",
+        plural="trainjobs",
+        status=422,
+        reason="Invalid",
+        message='TrainJob.trainer.kubeflow.org "x" is invalid',
+        details={"causes": causes},
+    )
+    with pytest.raises(BackendError) as err:
+        k8s.submit(make_request("tiny-llama-cpu"))
+    assert "field spec.trainer.numNodes: Invalid value: 0" in str(err.value) and err.value.field == (
+        "spec.trainer.numNodes"
+    )
+
+
+def test_name_clash_409_and_serve_timeout(cluster, k8s):
+    job = k8s.submit(make_request("tiny-llama-cpu"))
+    list(k8s.events(job.id, follow=True))
+    foreign = {"metadata": {"name": f"{job.id}-ft"}, "spec": {"predictor": {"model": {"storageUri": "s3://x/y"}}}}
+    cluster.put("inferenceservices", foreign)
+    with pytest.raises(BackendError, match=rf"inferenceservices.serving.kserve.io '{job.id}-ft' already exists"):
+        k8s.serve(job.id)
+    cluster.call(lambda: cluster.emu.delete("inferenceservices", NS, f"{job.id}-ft"))
+    cluster.sim.output_dir = None  # KServe cannot load the model: never Ready
+    slow = KubernetesBackend(kubeconfig=k8s.kubeconfig, serve_timeout=2)
+    with pytest.raises(BackendError, match=r"not Ready after 2s: .*ModelLoadFailed"):
+        slow.serve(job.id)
+    k8s.delete(job.id)
+
+
+def test_unknown_job_and_unserve(k8s):
+    with pytest.raises(JobNotFound, match="no TrainJob 'nope' in namespace 'ml'"):
+        k8s.get("nope")
+    with pytest.raises(JobNotFound):
+        next(iter(k8s.events("nope", follow=True)))
+    with pytest.raises(UserError, match="no InferenceService matches"):
+        k8s.unserve("nope")
+
+
+# -- no cluster: --dry-run ---------------------------------------------------------------------
+def test_cli_dry_run_prints_yaml_without_a_cluster(tmp_path, monkeypatch, capsys):
+    from playground.cli import main
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value")
+    code = main(["train", "tiny-llama-cpu", "--backend", "kubernetes", "--namespace", "team-a", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0
+    trainjob = yaml.safe_load(out)
+    assert trainjob["kind"] == "TrainJob" and trainjob["metadata"]["namespace"] == "team-a"
+    assert "hf_secret_value" not in out
+    name = trainjob["metadata"]["name"]
+    assert main(["serve", name, "--backend", "kubernetes", "--dry-run"]) == 0
+    isvc = yaml.safe_load(capsys.readouterr().out)
+    assert isvc["kind"] == "InferenceService"
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == f"pvc://workspace-{name}/output/model"
+    assert main(["serve", name, "--backend", "kubernetes", "--dry-run", "--base"]) == 0
+    base = yaml.safe_load(capsys.readouterr().out)
+    assert base["spec"]["predictor"]["model"]["storageUri"].endswith("/output/base-model")
+    assert main(["train", "tiny-llama-cpu", "--backend", "kubernetes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("playground: error: no kubeconfig found") and "\n" not in err

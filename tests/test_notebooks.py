@@ -1,0 +1,212 @@
+"""The notebooks: in sync with the catalog, committed without outputs, and executed headlessly by papermill."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from playground.blueprints import load_catalog
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+CANARY = "hf_canary_token_must_never_appear_0123456789"
+
+STANDIN_PARAMS = {
+    "model_source": "standin",
+    "dataset_source": "standin",
+    "max_steps": 3,
+    "batch_size": 2,
+    "max_seq_length": 64,
+    "log_every": 1,
+    "checkpoint_every": 0,
+    "assert_quality": False,
+}
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("notebooks_generate", NOTEBOOKS / "_generate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _blueprint_notebooks() -> list[str]:
+    return sorted(load_catalog())
+
+
+def test_committed_notebooks_equal_the_generated_ones() -> None:
+    generated = _generator().generate()
+    assert set(generated) == {"playground.ipynb", *(f"{b}.ipynb" for b in _blueprint_notebooks())}
+    for name, text in generated.items():
+        path = NOTEBOOKS / name
+        assert path.is_file(), f"{name} is not committed (run: python notebooks/_generate.py)"
+        assert path.read_text() == text, f"{name} is stale (run: python notebooks/_generate.py)"
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_are_committed_without_outputs(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name}: cell {cell.get('id')} has outputs"
+            assert cell.execution_count is None, f"{path.name}: cell {cell.get('id')} has an execution count"
+
+
+@pytest.mark.parametrize("blueprint_id", _blueprint_notebooks())
+def test_parameters_cell_comes_first_and_holds_no_secrets(blueprint_id: str) -> None:
+    nb = nbformat.read(NOTEBOOKS / f"{blueprint_id}.ipynb", as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.metadata.get("tags") == ["parameters"]
+    names = {line.split("=")[0].strip() for line in first.source.splitlines() if "=" in line and line[0] != "#"}
+    blueprint = load_catalog()[blueprint_id]
+    expected = {"backend", "headless", "model_source", "dataset_source", "assert_quality", "out_dir"}
+    assert names == expected | set(blueprint.parameters)
+    assert "token" not in first.source.lower().replace("hf_token) come from", "")
+
+
+def _run_papermill(name: str, params: dict, workdir: Path, env: dict[str, str]) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    params_file = workdir / "params.yaml"
+    params_file.write_text(yaml.safe_dump({**params, "out_dir": str(workdir)}))
+    log = open(workdir / "papermill.log", "w")  # noqa: SIM115 - closed by the fixture
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "papermill",
+            str(NOTEBOOKS / name),
+            str(workdir / "executed.ipynb"),
+            "-f",
+            str(params_file),
+            "--cwd",
+            str(workdir),
+            "--execution-timeout",
+            "900",
+            "-k",
+            "python3",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every blueprint notebook executed headlessly, in parallel (tiny: full defaults; hub: stand-ins)."""
+    root = tmp_path_factory.mktemp("papermill")
+    env = {
+        **os.environ,
+        "PLAYGROUND_HOME": str(root / "home"),
+        "HF_TOKEN": CANARY,  # a secret in the environment must never reach an output
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    procs: dict[str, tuple[subprocess.Popen, Path, float]] = {}
+    for blueprint_id in _blueprint_notebooks():
+        blueprint = load_catalog()[blueprint_id]
+        params = {"headless": True}
+        if blueprint.model.source.startswith("hf://"):
+            params.update(STANDIN_PARAMS)
+        workdir = root / blueprint_id
+        procs[blueprint_id] = (_run_papermill(f"{blueprint_id}.ipynb", params, workdir, env), workdir, time.monotonic())
+    for proc, workdir, started in procs.values():
+        try:
+            proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        (workdir / "seconds").write_text(f"{time.monotonic() - started:.1f}")
+        (workdir / "rc").write_text(str(proc.returncode))
+    return {bid: workdir for bid, (_, workdir, _) in procs.items()}
+
+
+def _result(executed: dict[str, Path], blueprint_id: str) -> dict:
+    workdir = executed[blueprint_id]
+    log = (workdir / "papermill.log").read_text()[-3000:]
+    assert (workdir / "rc").read_text() == "0", f"papermill failed for {blueprint_id}:\n{log}"
+    result_file = workdir / "result.json"
+    assert result_file.is_file(), f"no result.json:\n{log}"
+    return json.loads(result_file.read_text())
+
+
+def _no_secret_anywhere(workdir: Path) -> None:
+    for path in workdir.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".ipynb", ".log", ".yaml"):
+            assert CANARY not in path.read_text(errors="replace"), f"HF_TOKEN leaked into {path.name}"
+
+
+def test_tiny_llama_notebook_headless_meets_the_bar(executed: dict[str, Path]) -> None:
+    result = _result(executed, "tiny-llama-cpu")
+    blueprint = load_catalog()["tiny-llama-cpu"]
+    assert result["passed"] is True and result["error"] is None
+    assert result["phase"] == "Succeeded"
+    assert result["params"] == blueprint.defaults()
+    quality = result["quality"]
+    assert quality["asserted"] is True and quality["passed"] is True
+    assert quality["value"] >= blueprint.quality.threshold == 0.9
+    assert result["progress_points"] == blueprint.defaults()["max_steps"] // blueprint.defaults()["log_every"]
+    # served both, chatted on every example: the fine-tuned model reverses words, the base one cannot
+    assert {e["kind"] for e in result["endpoints"]} == {"fine-tuned", "base"}
+    assert [row["prompt"] for row in result["chat"]] == [ex.prompt for ex in blueprint.examples]
+    assert sum(bool(row["fine-tuned_correct"]) for row in result["chat"]) >= len(blueprint.examples) - 1
+    assert not any(row["base_correct"] for row in result["chat"])
+    for key in ("follow_seconds", "serve_seconds", "chat_seconds", "total_seconds"):
+        assert result["timings"][key] > 0
+    assert result["train_seconds"] > 0
+    _no_secret_anywhere(executed["tiny-llama-cpu"])
+
+
+@pytest.mark.parametrize("blueprint_id", [b for b in _blueprint_notebooks() if b != "tiny-llama-cpu"])
+def test_hub_notebooks_headless_on_standins(executed: dict[str, Path], blueprint_id: str) -> None:
+    result = _result(executed, blueprint_id)
+    blueprint = load_catalog()[blueprint_id]
+    assert result["passed"] is True, result["error"]
+    assert result["phase"] == "Succeeded"
+    assert result["sources"] == {"model": "standin", "dataset": "standin"}
+    assert result["params"]["max_steps"] == 3
+    assert result["quality"]["asserted"] is False
+    assert result["quality"]["metric"] == blueprint.quality.metric
+    assert isinstance(result["metrics"].get("eval_loss"), float)
+    assert {e["kind"] for e in result["endpoints"]} == {"fine-tuned", "base"}
+    assert len(result["chat"]) == len(blueprint.examples)
+    assert all(isinstance(row["fine-tuned"], str) and isinstance(row["base"], str) for row in result["chat"])
+    _no_secret_anywhere(executed[blueprint_id])
+
+
+def test_servers_are_stopped_after_headless_runs(executed: dict[str, Path]) -> None:
+    from playground.backends.local import LocalBackend
+
+    home = next(iter(executed.values())).parent / "home"
+    assert (home / "jobs").is_dir()
+    assert LocalBackend(home=home).endpoints() == []
+
+
+def test_app_and_interactive_notebooks_execute(tmp_path: Path) -> None:
+    """The Voila app notebook and a blueprint notebook in interactive mode build their widgets."""
+    env = {
+        **os.environ,
+        "PLAYGROUND_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+    }
+    procs = [
+        _run_papermill("playground.ipynb", {}, tmp_path / "app", env),
+        _run_papermill("tiny-llama-cpu.ipynb", {"headless": False, "max_steps": 10}, tmp_path / "interactive", env),
+    ]
+    for proc, name in zip(procs, ("app", "interactive"), strict=True):
+        assert proc.wait(timeout=300) == 0, (tmp_path / name / "papermill.log").read_text()[-3000:]
+        nb = nbformat.read(tmp_path / name / "executed.ipynb", as_version=4)
+        outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+        assert not [o for o in outputs if o.get("output_type") == "error"]
+        assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs), name
+    assert not (tmp_path / "home" / "jobs").exists() or not list((tmp_path / "home" / "jobs").iterdir())

@@ -1,0 +1,167 @@
+"""The training entrypoint, run for real as a child process on the tiny CPU blueprint (few steps).
+
+The accuracy bar itself (≥ 0.9 exact match with the default settings) is asserted once, by the
+local-backend test that trains ``tiny-llama-cpu`` end to end; here we check the contract around it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from _train_helpers import describe, run_trainer
+
+from playground.events import EVENT_PREFIX, JobPhase, parse_line
+from playground.train.__main__ import main
+
+STEPS, CKPT, LOG = 40, 20, 5
+FEW = ["--set", f"max_steps={STEPS}", "--set", f"checkpoint_every={CKPT}", "--set", f"log_every={LOG}"]
+FEW += ["--set", "num_eval_examples=20"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("tiny") / "out"
+    run = run_trainer("--blueprint", "tiny-llama-cpu", *FEW, "--output", str(out))
+    assert run.returncode == 0, describe(run)
+    return run, out
+
+
+def test_output_layout_and_events(tiny_run) -> None:
+    run, out = tiny_run
+    assert run.phases == ["Initializing", "Training", "Saving", "Succeeded"]
+    # every event line parses back into a typed event; everything else is a readable log line
+    for line in run.stdout.splitlines():
+        assert (EVENT_PREFIX in line) == (type(parse_line(line)).__name__ != "Log"), line
+    steps = [p.step for p in run.progress]
+    assert steps == list(range(LOG, STEPS + 1, LOG))
+    last = run.progress[-1]
+    assert last.total_steps == STEPS and last.eta_seconds == 0
+    assert all(math.isfinite(p.loss) and p.tokens_per_second > 0 and p.learning_rate > 0 for p in run.progress)
+    assert run.progress[-1].loss < run.progress[0].loss  # it learns
+    assert set(run.metrics) == {"eval_loss", "eval_exact_match"}
+
+    for name in ("model", "base-model"):
+        files = {p.name for p in (out / name).iterdir()}
+        assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files, files
+        assert "generation_config.json" in files
+        assert not any(f.startswith("adapter_") for f in files)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{CKPT}", f"step-{STEPS}"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == STEPS and metrics["eval_loss"] == pytest.approx(run.metrics["eval_loss"])
+    assert not list(out.glob(".*tmp*"))  # no temporary leftovers
+
+
+def test_model_dir_loads_plain_and_stops_at_eos(tiny_run) -> None:
+    """The model dir is a plain HF dir: Auto classes, chat template, greedy generation ends at EOS."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, out = tiny_run
+    tokenizer = AutoTokenizer.from_pretrained(out / "model")
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    assert model.config.model_type == "llama"
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|end|>")
+    assert model.generation_config.do_sample is False
+    messages = [{"role": "user", "content": "reverse: kube"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == "<|user|>reverse: kube<|assistant|>"
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    new = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=30)[0, ids.shape[1] :]
+    assert len(new) < 30 and new[-1] == tokenizer.eos_token_id, tokenizer.decode(new)
+    config = json.loads((out / "model" / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == (out / "model" / "chat_template.jinja").read_text()
+
+
+def test_untrained_model_scores_near_zero(tiny_run) -> None:
+    """base-model/ (the initial weights) fails the held-out task, as a visitor sees in side-by-side chat."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from playground.blueprints import get_blueprint
+    from playground.train import data, evaluate
+
+    _, out = tiny_run
+    tokenizer = AutoTokenizer.from_pretrained(out / "base-model")
+    model = AutoModelForCausalLM.from_pretrained(out / "base-model")
+    blueprint = get_blueprint("tiny-llama-cpu")
+    _, held = data.synthetic_splits("reverse", blueprint.dataset.options, num_train=1, num_eval=100, seed=0)
+    prompts = data.tokenize(held, tokenizer, 64).prompt_ids
+    answers = evaluate.generate_answers(model, tokenizer, prompts, max_new_tokens=10, device="cpu")
+    assert evaluate.exact_match(answers, [s.answer for s in held]) <= 0.02
+
+
+def test_resume_continues_step_count_and_loss(tiny_run, tmp_path: Path) -> None:
+    """Drop the last checkpoint and the model, resume: steps continue after the checkpoint and the
+    loss matches the uninterrupted run's (same batches, same RNG), far below the untrained loss."""
+    first, out = tiny_run
+    resumed_out = tmp_path / "out"
+    shutil.copytree(out, resumed_out)
+    shutil.rmtree(resumed_out / "model")
+    shutil.rmtree(resumed_out / "checkpoints" / f"step-{STEPS}")
+    (resumed_out / "metrics.json").unlink()
+
+    run = run_trainer("--blueprint", "tiny-llama-cpu", *FEW, "--output", str(resumed_out), "--resume")
+    assert run.returncode == 0, describe(run)
+    assert [p.step for p in run.progress] == list(range(CKPT + LOG, STEPS + 1, LOG))
+    assert any(f"step-{CKPT}" in line for line in run.logs)
+    before = {p.step: p.loss for p in first.progress}
+    for p in run.progress:
+        assert p.loss == pytest.approx(before[p.step], rel=0.05, abs=0.02), (p.step, p.loss, before[p.step])
+    assert run.progress[0].loss < 0.8 * first.progress[0].loss
+    assert (resumed_out / "model" / "model.safetensors").exists()
+    assert json.loads((resumed_out / "metrics.json").read_text())["resumed_from_step"] == CKPT
+
+
+def test_crash_leaves_no_model_and_reports(tmp_path: Path) -> None:
+    """A corrupt checkpoint makes the run fail: Phase Failed with the reason, the error as the last
+    log line, a non-zero exit, and no model/ directory."""
+    out = tmp_path / "out"
+    (out / "checkpoints" / "step-5").mkdir(parents=True)
+    (out / "checkpoints" / "step-5" / "state.pt").write_bytes(b"not a checkpoint")
+    run = run_trainer("--blueprint", "tiny-llama-cpu", "--set", "max_steps=10", "--output", str(out), "--resume")
+    assert run.returncode == 1, describe(run)
+    assert run.phases[0] == "Initializing" and run.phases[-1] == "Failed"
+    failed = [e for e in run.events if getattr(e, "phase", None) == JobPhase.FAILED][0]
+    assert failed.reason
+    assert run.logs[-1].startswith("playground.train: error:") and failed.reason in run.logs[-1]
+    assert not (out / "model").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--blueprint", "nope"], ["'nope'", "tiny-llama-cpu"]),
+        (["--blueprint", "tiny-llama-cpu", "--set", "max_steps=0"], ["max_steps", "from 1 to 5000"]),
+        (["--blueprint", "tiny-llama-cpu", "--set", "max_steps=abc"], ["max_steps", "an integer"]),
+        (["--blueprint", "tiny-llama-cpu", "--set", "lora_rank=4"], ["lora_rank", "learning_rate"]),
+        (["--blueprint", "tiny-llama-cpu", "--set", "max_steps"], ["--set", "KEY=VALUE"]),
+        (["--blueprint", "tiny-llama-cpu", "--model-source", "ftp://x"], ["model source", "hf://"]),
+        (["--blueprint", "tiny-llama-cpu", "--dataset-source", "synthetic://nope"], ["nope", "reverse"]),
+        (["--blueprint", "llama-3.2-1b-lora-alpaca"], ["needs a GPU", "tiny-llama-cpu"]),
+    ],
+)
+def test_bad_input_one_line_exit_2_nothing_written(args, expected, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    if args[1] == "llama-3.2-1b-lora-alpaca":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+    assert main([*args, "--output", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("playground.train: error:"), lines
+    for text in expected:
+        assert text in lines[0]
+    assert not out.exists()
+
+
+def test_bad_input_exit_code_from_the_command_line(tmp_path: Path) -> None:
+    run = run_trainer("--blueprint", "tiny-llama-cpu", "--set", "batch_size=100000", "--output", str(tmp_path / "o"))
+    assert run.returncode == 2 and run.stdout == ""
+    assert "batch_size" in run.stderr and "from 1 to 512" in run.stderr
+    assert not (tmp_path / "o").exists()

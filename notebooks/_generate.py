@@ -91,6 +91,7 @@ def blueprint_notebook(blueprint: Blueprint) -> nbformat.NotebookNode:
         'model_source = None  # None: the blueprint\'s own; a local directory; or "standin"',
         'dataset_source = None  # None: the blueprint\'s own; a local .json/.jsonl; or "standin"',
         "assert_quality = True  # headless: fail unless the blueprint's quality bar is met",
+        "max_new_tokens = None  # headless chat answers' length (None: the blueprint's)",
         'out_dir = "."  # where result.json goes',
     ]
     param_dict = ",\n".join(f"    {name!r}: {name}" for name in params)
@@ -136,6 +137,7 @@ if headless:
         dataset_source=dataset_source,
         assert_quality=assert_quality,
         out_dir=out_dir,
+        max_new_tokens=max_new_tokens,
     )
 else:
     import tempfile

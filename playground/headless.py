@@ -68,7 +68,7 @@ def answer_matches(answer: str, expected: str | None) -> bool | None:
     return got == want or (len(got) > len(want) + 8 and want in got)
 
 
-def ask(endpoint: Any, prompt: str, blueprint: Blueprint) -> tuple[str, float]:
+def ask(endpoint: Any, prompt: str, blueprint: Blueprint, max_tokens: int | None = None) -> tuple[str, float]:
     """One streamed chat turn; returns the text and the seconds it took."""
     from playground.serving.client import chat
 
@@ -77,7 +77,7 @@ def ask(endpoint: Any, prompt: str, blueprint: Blueprint) -> tuple[str, float]:
         endpoint,
         [{"role": "user", "content": prompt}],
         stream=True,
-        max_tokens=blueprint.serving.max_new_tokens,
+        max_tokens=max_tokens or blueprint.serving.max_new_tokens,
         temperature=blueprint.serving.temperature,
     )
     text = "".join(chunks)
@@ -103,10 +103,12 @@ def run_blueprint(
     assert_quality: bool = True,
     out_dir: str | Path = ".",
     backend_options: Mapping[str, Any] | None = None,
+    max_new_tokens: int | None = None,
     say: Callable[[str], None] = _say,
 ) -> dict[str, Any]:
     """Run the whole path with no clicks; returns (and writes) the result.
 
+    ``max_new_tokens`` caps the chat answers (None: the blueprint's ``serving.max_new_tokens``).
     ``result["passed"]`` is True when the job succeeded, the servers answered and, with
     ``assert_quality``, the blueprint's quality bar was met. The caller asserts on it.
     """
@@ -208,7 +210,7 @@ def run_blueprint(
         for example in blueprint.examples:
             row: dict[str, Any] = {"prompt": example.prompt, "expected": example.expected}
             for kind, endpoint in endpoints.items():
-                text, seconds = ask(endpoint, example.prompt, blueprint)
+                text, seconds = ask(endpoint, example.prompt, blueprint, max_new_tokens)
                 row[kind] = text
                 row[f"{kind}_seconds"] = round(seconds, 3)
                 row[f"{kind}_correct"] = answer_matches(text, example.expected)

@@ -640,8 +640,18 @@ class TrainerSimulator:
         obj = self.emu.store.get(("pods", ns, pod))
         if obj is None:
             return
-        container = obj["spec"]["containers"][0]["name"]
-        status = {"phase": phase, "containerStatuses": [{"name": container, "state": state}], **extra}
+        spec = obj["spec"]["containers"][0]
+        running = "running" in state
+        cstatus = {
+            "name": spec["name"],
+            "image": spec.get("image", "sim"),
+            "imageID": "" if "waiting" in state else f"docker.io/{spec.get('image', 'sim')}@sha256:{'0' * 64}",
+            "ready": running,
+            "started": running,
+            "restartCount": 0,
+            "state": state,
+        }
+        status = {"phase": phase, "containerStatuses": [cstatus], **extra}
         if phase != "Pending":
             status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
             status.setdefault("startTime", now_iso())

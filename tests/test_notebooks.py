@@ -19,6 +19,8 @@ from playground.blueprints import load_catalog
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 CANARY = "hf_canary_token_must_never_appear_0123456789"
+RUN_TIMEOUT = 1200  # seconds per notebook; ~2 min on 2 free cores, much more on a loaded machine
+pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 120)  # the module fixture's setup counts against the first test
 
 STANDIN_PARAMS = {
     "model_source": "standin",
@@ -29,6 +31,7 @@ STANDIN_PARAMS = {
     "log_every": 1,
     "checkpoint_every": 0,
     "assert_quality": False,
+    "max_new_tokens": 8,
 }
 
 
@@ -70,7 +73,7 @@ def test_parameters_cell_comes_first_and_holds_no_secrets(blueprint_id: str) -> 
     assert first.metadata.get("tags") == ["parameters"]
     names = {line.split("=")[0].strip() for line in first.source.splitlines() if "=" in line and line[0] != "#"}
     blueprint = load_catalog()[blueprint_id]
-    expected = {"backend", "headless", "model_source", "dataset_source", "assert_quality", "out_dir"}
+    expected = {"backend", "headless", "model_source", "dataset_source", "assert_quality", "out_dir", "max_new_tokens"}
     assert names == expected | set(blueprint.parameters)
     assert "token" not in first.source.lower().replace("hf_token) come from", "")
 
@@ -92,7 +95,7 @@ def _run_papermill(name: str, params: dict, workdir: Path, env: dict[str, str]) 
             "--cwd",
             str(workdir),
             "--execution-timeout",
-            "900",
+            str(RUN_TIMEOUT),
             "-k",
             "python3",
         ],
@@ -120,14 +123,28 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             params.update(STANDIN_PARAMS)
         workdir = root / blueprint_id
         procs[blueprint_id] = (_run_papermill(f"{blueprint_id}.ipynb", params, workdir, env), workdir, time.monotonic())
-    for proc, workdir, started in procs.values():
-        try:
-            proc.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        (workdir / "seconds").write_text(f"{time.monotonic() - started:.1f}")
-        (workdir / "rc").write_text(str(proc.returncode))
+    try:
+        for proc, workdir, started in procs.values():
+            try:
+                proc.wait(timeout=max(1.0, started + RUN_TIMEOUT - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            (workdir / "seconds").write_text(f"{time.monotonic() - started:.1f}")
+            (workdir / "rc").write_text(str(proc.returncode))
+    finally:  # interrupted or timed out: leave no kernel, job or server behind
+        for proc, _, _ in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        from playground.backends.local import LocalBackend
+
+        backend = LocalBackend(home=root / "home")
+        for job in backend.list():
+            if not job.done:
+                backend.cancel(job.id)
+        for endpoint in backend.endpoints():
+            backend.unserve(endpoint.url)
     return {bid: workdir for bid, (_, workdir, _) in procs.items()}
 
 

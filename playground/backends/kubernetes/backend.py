@@ -91,6 +91,7 @@ class KubernetesBackend(Backend):
         self.stats = WatchStats()
         self._client: Any = None
         self._lock = threading.Lock()
+        self._sdk_lock = threading.Lock()
 
     # -- connection ------------------------------------------------------------------------------
     @property
@@ -171,6 +172,15 @@ class KubernetesBackend(Backend):
                 self.host = cfg.host
             return self._client
 
+    def _sdk(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call a TrainerClient method, then drop the thread pool its async requests start (4 threads)."""
+        client = self.client
+        with self._sdk_lock:
+            try:
+                return getattr(client, method)(*args, **kwargs)
+            finally:
+                client.backend.custom_api.api_client.close()
+
     @property
     def custom(self):
         return self.client.backend.custom_api
@@ -227,7 +237,7 @@ class KubernetesBackend(Backend):
 
         name = blueprint.kubernetes.runtime
         try:
-            return self.client.get_runtime(name)
+            return self._sdk("get_runtime", name)
         except Exception as exc:
             root = _root(exc)
             if not (isinstance(root, ApiException) and root.status == 404):
@@ -247,8 +257,12 @@ class KubernetesBackend(Backend):
         plan = self._plan(request, runtime=runtime)
         try:
             if blueprint.kubernetes.trainer == "playground":
-                self.client.train(
-                    runtime=plan.runtime, initializer=plan.initializer, trainer=plan.trainer, options=plan.options
+                self._sdk(
+                    "train",
+                    runtime=plan.runtime,
+                    initializer=plan.initializer,
+                    trainer=plan.trainer,
+                    options=plan.options,
                 )
             else:  # the TorchTune args the SDK has no field for (max steps, lr) ride on its spec
                 body = m.build_trainjob(plan, self.client.backend)
@@ -569,7 +583,7 @@ class KubernetesBackend(Backend):
         for isvc in self._isvcs(f"{m.LABEL_JOB}={job_id}"):
             self._delete_isvc(isvc["metadata"]["name"])
         try:
-            self.client.delete_job(job_id)
+            self._sdk("delete_job", job_id)
         except Exception as exc:
             raise self._error(exc, "delete", TRAINJOBS, job_id) from None
 

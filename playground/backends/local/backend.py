@@ -64,13 +64,21 @@ def _is_remote(source: str) -> bool:
     return "://" in source
 
 
+def _absolute(source: str | None) -> str | None:
+    """Local paths made absolute (the trainer runs in the job dir); URIs unchanged."""
+    if not source or _is_remote(source):
+        return source
+    return str(Path(source).expanduser().resolve())
+
+
 class LocalBackend(Backend):
     """Jobs as detached processes on this machine, state under ``home/jobs/`` (``$PLAYGROUND_HOME``)."""
 
     name = "local"
 
     def __init__(self, home: Path | str | None = None, *, cancel_grace: float = 10.0) -> None:
-        self.home = Path(home) if home is not None else playground_home()
+        # Absolute and symlink-free: the job dir is in the supervisor's command line and its cwd.
+        self.home = (Path(home) if home is not None else playground_home()).expanduser().resolve()
         self.cancel_grace = cancel_grace
 
     # -- paths --------------------------------------------------------------------------------
@@ -146,14 +154,15 @@ class LocalBackend(Backend):
         command = [*head, "--blueprint", str(blueprint_file), "--output", str(output)]
         for key, value in params.items():
             command += ["--set", f"{key}={_format_value(value)}"]
-        if request.overrides.model:
-            command += ["--model-source", request.overrides.model]
-        if request.overrides.dataset:
-            command += ["--dataset-source", request.overrides.dataset]
-        if blueprint.model.source.startswith("scratch://") and not request.overrides.model:
+        model, dataset = _absolute(request.overrides.model), _absolute(request.overrides.dataset)
+        if model:
+            command += ["--model-source", model]
+        if dataset:
+            command += ["--dataset-source", dataset]
+        if blueprint.model.source.startswith("scratch://") and not model:
             base_model = str(output / "base-model")
         else:
-            base_model = request.overrides.model or blueprint.model.source
+            base_model = model or blueprint.model.source
         package_root = str(Path(playground.__file__).resolve().parents[1])
         pythonpath = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
         return {
@@ -162,7 +171,7 @@ class LocalBackend(Backend):
             "blueprint_id": blueprint.id,
             "blueprint_file": str(blueprint_file),
             "params": params,
-            "overrides": {"model": request.overrides.model, "dataset": request.overrides.dataset},
+            "overrides": {"model": model, "dataset": dataset},
             "labels": dict(request.labels),
             "created_at": time.time(),
             "processes": nproc,
@@ -186,7 +195,16 @@ class LocalBackend(Backend):
                 continue
         else:  # pragma: no cover - 36**5 ids
             raise UserError(f"could not allocate a job id under {str(jobs_dir)!r}", field="state dir")
-        spec = self._spec(job_id, jobdir, request, blueprint, params, nproc)
+        try:
+            proc = self._start(jobdir, self._spec(job_id, jobdir, request, blueprint, params, nproc), blueprint)
+        except OSError as exc:  # disk full, fork failure: leave no half-made job behind
+            shutil.rmtree(jobdir, ignore_errors=True)
+            raise UserError(f"could not start job {job_id} in {str(jobdir)!r}: {exc}", field="state dir") from None
+        _LAUNCHED.append(proc)
+        return self.get(job_id)
+
+    def _start(self, jobdir: Path, spec: dict[str, Any], blueprint: Blueprint) -> subprocess.Popen:
+        """Write the job's state (spec.json last: until then it is no job) and start its supervisor."""
         import yaml
 
         (jobdir / "blueprint").mkdir()
@@ -210,9 +228,8 @@ class LocalBackend(Backend):
                 start_new_session=True,  # outlives the caller; not hit by the caller's Ctrl-C
                 close_fds=True,
             )
-        _LAUNCHED.append(proc)
         (jobdir / "supervisor.pid").write_text(str(proc.pid))
-        return self.get(job_id)
+        return proc
 
     def render_train(self, request: TrainRequest) -> str:
         """What ``submit`` would run for ``request``, as YAML (the local backend has no manifest)."""
@@ -241,13 +258,13 @@ class LocalBackend(Backend):
         if pid is None:
             if time.time() - float(status.get("created_at", 0)) < _STARTUP_GRACE:
                 return status
-        elif state.process_alive(pid, marker=str(jobdir)):
+        elif state.process_alive(pid, *state.supervisor_markers(jobdir)):
             return status
         status = state.read_json(jobdir / state.STATUS)  # it may have finished just now
         if JobPhase(status["phase"]).terminal:
             return status
         trainer = status.get("trainer_pid")
-        if trainer and state.process_alive(trainer, marker=str(jobdir / state.OUTPUT)):
+        if trainer and state.process_alive(trainer, *state.trainer_markers(jobdir)):
             state.kill_group(status.get("trainer_pgid") or trainer, signal.SIGKILL)
         tail = self._log_tail(jobdir)
         status.update(
@@ -370,12 +387,12 @@ class LocalBackend(Backend):
         def finished() -> bool:
             return JobPhase(self._status(jobdir)["phase"]).terminal
 
-        if pid and state.process_alive(pid, marker=str(jobdir)):
+        if pid and state.process_alive(pid, *state.supervisor_markers(jobdir)):
             os.kill(pid, signal.SIGTERM)
             state.wait_until(finished, timeout=self.cancel_grace + 15, interval=0.1)
         status = state.read_json(jobdir / state.STATUS)
         if not JobPhase(status["phase"]).terminal:  # the supervisor did not answer: do its job
-            if pid and state.process_alive(pid, marker=str(jobdir)):
+            if pid and state.process_alive(pid, *state.supervisor_markers(jobdir)):
                 os.kill(pid, signal.SIGKILL)
             state.kill_group(status.get("trainer_pgid"), signal.SIGKILL)
             status.update(
@@ -389,7 +406,7 @@ class LocalBackend(Backend):
 
             def supervisor_gone() -> bool:
                 _reap()
-                return not state.process_alive(pid, marker=str(jobdir))
+                return not state.process_alive(pid, *state.supervisor_markers(jobdir))
 
             state.wait_until(supervisor_gone, timeout=10)
         return self._job(jobdir)

@@ -81,10 +81,10 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def process_alive(pid: int | None, marker: str | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, where /proc tells, its command line contains ``marker``.
+def process_alive(pid: int | None, *markers: str) -> bool:
+    """Whether ``pid`` runs (not a zombie) and, where /proc tells, its command line contains every marker.
 
-    The marker guards against a recycled pid: a dead supervisor's pid taken by another process.
+    The markers guard against a recycled pid: a dead supervisor's pid taken by another process.
     """
     if not pid or pid <= 0:
         return False
@@ -93,7 +93,7 @@ def process_alive(pid: int | None, marker: str | None = None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return marker is None  # someone else's process: not ours when we expect a marker
+        return not markers  # someone else's process: not ours when we expect markers
     proc = Path(f"/proc/{pid}")
     if not proc.is_dir():  # no /proc (macOS): the signal check is all we have
         return True
@@ -101,12 +101,22 @@ def process_alive(pid: int | None, marker: str | None = None) -> bool:
         stat = (proc / "stat").read_text()
         if stat[stat.rfind(")") + 2 :].startswith(("Z", "X")):
             return False
-        if marker is not None:
+        if markers:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            return marker in cmdline
+            return all(marker in cmdline for marker in markers)
     except OSError:
         return False
     return True
+
+
+def supervisor_markers(jobdir: Path) -> tuple[str, str]:
+    """What a job's supervisor command line contains (whatever path spelling started it)."""
+    return SUPERVISOR_MODULE, jobdir.name
+
+
+def trainer_markers(jobdir: Path) -> tuple[str, str]:
+    """What a job's trainer command line contains (``python -m playground.train`` or torchrun)."""
+    return TRAINER_MODULE, f"{jobdir.name}{os.sep}{OUTPUT}"
 
 
 def kill_group(pgid: int | None, sig: int = signal.SIGKILL) -> bool:

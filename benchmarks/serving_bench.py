@@ -48,49 +48,43 @@ def train_tiny(home: Path):
     return backend.get(job.id)
 
 
-def in_process(model_dir: str, prompts: list[str], max_tokens: int, *, eos: bool) -> tuple[int, float]:
-    """(generated tokens, seconds) for model.generate on each prompt, one at a time."""
+def tokens_per_second(url: str, model: str, model_dir: str, prompts: list[str], max_tokens: int, *, eos: bool):
+    """(server tok/s, in-process tok/s): each prompt through the server then through ``model.generate``
+    in this process, alternating, so both sides see the same (shared, noisy) machine."""
+    import httpx
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    lm = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     kwargs = {"max_new_tokens": max_tokens, "do_sample": False}
-    if not eos:
-        kwargs.update(min_new_tokens=max_tokens)
-    inputs = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        for p in prompts
-    ]
-    with torch.no_grad():
-        model.generate(**inputs[0], **kwargs)  # warm-up, as the server is warm
-        tokens, started = 0, time.perf_counter()
-        for enc in inputs:
-            out = model.generate(**enc, **kwargs)
-            tokens += out.shape[1] - enc["input_ids"].shape[1]
-        return tokens, time.perf_counter() - started
-
-
-def through_server(url: str, model: str, prompts: list[str], max_tokens: int, *, eos: bool) -> tuple[int, float]:
-    import httpx
-
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0}
-    if not eos:
+    if not eos:  # a fixed length: decoding dominates
+        kwargs.update(min_new_tokens=max_tokens)
         body["generation_config"] = json.dumps({"min_new_tokens": max_tokens, "max_new_tokens": max_tokens})
-    with httpx.Client(timeout=300) as client:
-
-        def one(prompt: str) -> int:
-            r = client.post(url + "/chat/completions", json={**body, "messages": [{"role": "user", "content": prompt}]})
+    server = {"tokens": 0, "seconds": 0.0}
+    local = {"tokens": 0, "seconds": 0.0}
+    with httpx.Client(timeout=300) as client, torch.no_grad():
+        for i, prompt in enumerate([prompts[0], *prompts]):  # the first round warms both up
+            messages = [{"role": "user", "content": prompt}]
+            started = time.perf_counter()
+            r = client.post(url + "/chat/completions", json={**body, "messages": messages})
             r.raise_for_status()
-            return r.json()["usage"]["completion_tokens"]
-
-        one(prompts[0])  # warm-up
-        tokens, started = 0, time.perf_counter()
-        for prompt in prompts:
-            tokens += one(prompt)
-        return tokens, time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            if i:
+                server["tokens"] += r.json()["usage"]["completion_tokens"]
+                server["seconds"] += elapsed
+            enc = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+            )
+            started = time.perf_counter()
+            out = lm.generate(**enc, **kwargs)
+            elapsed = time.perf_counter() - started
+            if i:
+                local["tokens"] += out.shape[1] - enc["input_ids"].shape[1]
+                local["seconds"] += elapsed
+    assert server["tokens"] == local["tokens"], (server, local)  # same prompts, same greedy tokens
+    return server["tokens"] / server["seconds"], local["tokens"] / local["seconds"], server["tokens"] / len(prompts)
 
 
 def concurrent_latency(url: str, model: str, prompts: list[str], clients: int, per_client: int) -> dict[str, float]:
@@ -135,8 +129,14 @@ def main() -> int:
     parser.add_argument("--base-dir", help="base model directory (long-generation figure)")
     parser.add_argument("--prompts", type=int, default=40)
     parser.add_argument("--ready-runs", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads on both sides (0: torch's default)")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        os.environ["PLAYGROUND_SERVE_THREADS"] = str(args.threads)  # the servers inherit it
 
     from playground.serving.local import LocalServers
 
@@ -165,21 +165,14 @@ def main() -> int:
         figures["serve_to_ready_s_median"] = statistics.median(ready)
         figures["serve_to_ready_s_min"] = min(ready)
 
-        tok_s, t_s = through_server(ep.url, ep.model, prompts, 12, eos=True)
-        tok_p, t_p = in_process(model_dir, prompts, 12, eos=True)
-        figures.update(
-            short_server_tok_s=tok_s / t_s,
-            short_inprocess_tok_s=tok_p / t_p,
-            short_ratio=(tok_s / t_s) / (tok_p / t_p),
-            short_tokens_per_answer=tok_s / len(prompts),
-        )
+        srv, loc, per_answer = tokens_per_second(ep.url, ep.model, model_dir, prompts, 12, eos=True)
+        figures.update(short_server_tok_s=srv, short_inprocess_tok_s=loc, short_ratio=srv / loc)
+        figures["short_tokens_per_answer"] = per_answer
         if base_dir:
             base = servers.start(base_dir, name="base")
             n = max(10, len(prompts) // 4)
-            tok_s, t_s = through_server(base.url, base.model, prompts[:n], 40, eos=False)
-            tok_p, t_p = in_process(base_dir, prompts[:n], 40, eos=False)
-            figures.update(long_server_tok_s=tok_s / t_s, long_inprocess_tok_s=tok_p / t_p)
-            figures["long_ratio"] = figures["long_server_tok_s"] / figures["long_inprocess_tok_s"]
+            srv, loc, _ = tokens_per_second(base.url, base.model, base_dir, prompts[:n], 40, eos=False)
+            figures.update(long_server_tok_s=srv, long_inprocess_tok_s=loc, long_ratio=srv / loc)
         conc = concurrent_latency(ep.url, ep.model, prompts, clients=8, per_client=8)
         figures.update({f"c8_{k}": v for k, v in conc.items()})
         seq = concurrent_latency(ep.url, ep.model, prompts, clients=1, per_client=16)
@@ -187,7 +180,9 @@ def main() -> int:
     finally:
         servers.stop_all()
 
-    print(f"serving benchmark ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}); model {model_dir}")
+    threads = args.threads or "default"
+    print(f"serving benchmark ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, torch threads {threads})")
+    print(f"  model {model_dir}")
     for key, value in figures.items():
         print(f"  {key:28s} {value:10.3f}")
     if args.json:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from playground.events import Event, Log, Metric, Phase, Progress, parse_line
@@ -37,9 +42,9 @@ class TrainRun:
         return [e.line for e in self.events if isinstance(e, Log)]
 
 
-def run_trainer(*args: str, timeout: float = 300) -> TrainRun:
+def run_trainer(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> TrainRun:
     """Run the entrypoint in a child process (as every backend does) and parse stdout into events."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-m", "playground.train", *args],
@@ -56,3 +61,39 @@ def run_trainer(*args: str, timeout: float = 300) -> TrainRun:
 def describe(run: TrainRun) -> str:
     """Context for assertion messages."""
     return f"exit {run.returncode}\n--- stdout\n{run.stdout[-3000:]}\n--- stderr\n{run.stderr[-3000:]}"
+
+
+@contextmanager
+def trainer_status_server(token_file: Path) -> Iterator[tuple[dict[str, str], list[dict]]]:
+    """A local HTTP endpoint standing in for the Kubeflow Trainer controller's status URL.
+
+    Yields the env a TrainJob pod gets (``KUBEFLOW_TRAINER_SERVER_URL``/``..._TOKEN``) and the list
+    of received requests (``auth`` header and JSON ``body``), filled as the SDK posts.
+    """
+    received: list[dict] = []
+    token_file.write_text("test-token\n")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            received.append({"auth": self.headers.get("Authorization"), "body": json.loads(body)})
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    env = {
+        "KUBEFLOW_TRAINER_SERVER_URL": f"http://127.0.0.1:{server.server_address[1]}/status",
+        "KUBEFLOW_TRAINER_SERVER_TOKEN": str(token_file),
+    }
+    try:
+        yield env, received
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -130,12 +130,14 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.25):
 def test_app_in_headless_chromium(app_url: tuple[str, Path, Path], artifacts_dir: Path) -> None:
     from playwright.sync_api import sync_playwright
 
+    from playground.blueprints import get_blueprint
+
     url, _home, voila_log = app_url
     shots = artifacts_dir / "browser"
     shots.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        page = browser.new_page(viewport={"width": 1280, "height": 2600})
         try:
             # 1. the app renders; pick tiny-llama-cpu
             page.goto(url, timeout=180_000)
@@ -169,7 +171,8 @@ def test_app_in_headless_chromium(app_url: tuple[str, Path, Path], artifacts_dir
             # 4. training ends; the chart kept every point
             wait_until(lambda: "Succeeded" in page.inner_text(".pg-phase"), 1500, "Succeeded")
             total = points_label(page)
-            assert total >= 100  # 600 steps, a point every 5
+            defaults = get_blueprint("tiny-llama-cpu").defaults()
+            assert total == defaults["max_steps"] // defaults["log_every"]  # every progress point arrived
             wait_until(lambda: chart_points(page) == total, 30, "every point drawn")
             assert progress_width(page) == pytest.approx(100, abs=0.5)
             assert "eval_exact_match" in page.inner_text(".pg-metrics")
@@ -183,10 +186,11 @@ def test_app_in_headless_chromium(app_url: tuple[str, Path, Path], artifacts_dir
                 page.fill(".pg-prompt input", prompt)
                 page.click(".pg-send")
                 done = f".pg-answer-{{side}} .pg-turn:nth-child({i}) .pg-a[data-done='true']"
-                page.wait_for_selector(done.format(side="fine-tuned"), timeout=120_000)
-                page.wait_for_selector(done.format(side="base"), timeout=120_000)
-                fine = page.inner_text(done.format(side="fine-tuned")).strip()
-                base = page.inner_text(done.format(side="base")).strip()
+                # attached, not visible: an untrained model may answer with nothing at all
+                page.wait_for_selector(done.format(side="fine-tuned"), timeout=120_000, state="attached")
+                page.wait_for_selector(done.format(side="base"), timeout=120_000, state="attached")
+                fine = page.text_content(done.format(side="fine-tuned")).strip()
+                base = page.text_content(done.format(side="base")).strip()
                 assert base != answer, "the untrained base model should not know the task"
                 if fine == answer:
                     correct = (prompt, fine, base)

@@ -30,7 +30,8 @@ QUOTED_CANARY = 'quoted"canary\\e2e-55aa'  # JSON and repr() escape it: those fo
 HF_CANARY = "hf_" + "Zq8" * 12  # shaped like a Hugging Face token
 HANG_TIMEOUT = 45
 
-pytestmark = pytest.mark.slow
+# ~3 min on 2 idle cores (tiny-llama-cpu trains ~60 s); the limit leaves room for a loaded machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def _write_notebook(path: Path, body: str) -> Path:
@@ -111,8 +112,14 @@ def e2e(tmp_path_factory: pytest.TempPathFactory, artifacts_dir: Path) -> dict:
         {k: v for k, v in env.items() if k != "GITHUB_STEP_SUMMARY"},
     )
     smoke = _cli(["--profile", "smoke", "--out", str(out_a), *map(str, real), str(canary_nb)], env)
-    a_out, a_err = smoke.communicate(timeout=1500)
-    b_out, b_err = broken.communicate(timeout=300)
+    try:
+        a_out, a_err = smoke.communicate(timeout=2100)
+        b_out, b_err = broken.communicate(timeout=300)
+    finally:
+        for proc in (smoke, broken):  # SIGTERM: the runner stops its kernels and jobs before it exits
+            if proc.poll() is None:
+                proc.terminate()
+                proc.communicate(timeout=60)
     for out in (out_a, out_b):
         shutil.copytree(out, artifacts_dir / "e2e" / out.name, dirs_exist_ok=True)
     return {

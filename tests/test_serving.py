@@ -330,7 +330,7 @@ def test_truncated_weights_are_reported(trained_tiny_job, tmp_path):
         check_model_dir(model)
 
 
-def test_serving_a_job_that_has_not_finished_is_a_clear_error(backend, session_home):
+def test_a_running_job_serves_its_base_model_but_not_a_fine_tuned_one_and_delete_stops_it(backend, session_home):
     from playground.api import make_request
 
     job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000}))
@@ -339,10 +339,16 @@ def test_serving_a_job_that_has_not_finished_is_a_clear_error(backend, session_h
             backend.serve(job.id)
         result = _cli("serve", job.id, home=session_home)
         assert result.returncode == 2 and "once it has Succeeded" in result.stderr
+        deadline = time.monotonic() + 180
+        while not backend.get(job.id).base_model and time.monotonic() < deadline:
+            time.sleep(0.5)  # the trainer writes the untrained weights before its first step
+        base = backend.serve(job.id, base=True)  # compare against the base while the job trains
+        assert base.kind == "base" and chat(base, "reverse: kube", max_tokens=MAX_TOKENS) != "ebuk"
+        port = int(base.url.rsplit(":", 1)[1].split("/")[0])
     finally:
-        backend.cancel(job.id)
-        backend.delete(job.id)
+        backend.delete(job.id)  # cancels the job and stops its servers
     assert not any(e.job_id == job.id for e in backend.endpoints())
+    assert not port_in_use(port)
 
 
 def test_unserve_by_job_id_stops_both_servers(served, backend, trained_tiny_job):

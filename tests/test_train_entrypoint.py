@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _train_helpers import describe, run_trainer
+from _train_helpers import describe, run_trainer, trainer_status_server
 
 from playground.events import EVENT_PREFIX, JobPhase, parse_line
 from playground.train.__main__ import main
@@ -23,9 +23,17 @@ FEW += ["--set", "num_eval_examples=20"]
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory):
+def status_posts(tmp_path_factory: pytest.TempPathFactory):
+    """The TrainJob status requests of the ``tiny_run`` (filled while it runs)."""
+    with trainer_status_server(tmp_path_factory.mktemp("sa") / "token") as (env, received):
+        yield env, received
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, status_posts):
+    """One short run, as inside a TrainJob pod (the status URL points at a local test endpoint)."""
     out = tmp_path_factory.mktemp("tiny") / "out"
-    run = run_trainer("--blueprint", "tiny-llama-cpu", *FEW, "--output", str(out))
+    run = run_trainer("--blueprint", "tiny-llama-cpu", *FEW, "--output", str(out), env=status_posts[0])
     assert run.returncode == 0, describe(run)
     return run, out
 
@@ -53,6 +61,19 @@ def test_output_layout_and_events(tiny_run) -> None:
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == STEPS and metrics["eval_loss"] == pytest.approx(run.metrics["eval_loss"])
     assert not list(out.glob(".*tmp*"))  # no temporary leftovers
+
+
+def test_trainjob_status_updates(tiny_run, status_posts) -> None:
+    """kubeflow's update_trainjob_status reached the controller URL: throttled, authenticated, and
+    the last update says 100% with the eval metrics."""
+    run, _ = tiny_run
+    received = status_posts[1]
+    assert received and all(r["auth"] == "Bearer test-token" for r in received)
+    assert len(received) <= len(run.progress) + 1  # throttled, never more than one per event
+    last = received[-1]["body"]["trainerStatus"]
+    assert last["progressPercentage"] == 100 and last["estimatedRemainingSeconds"] == 0
+    names = {m["name"] for m in last["metrics"]}
+    assert {"eval_loss", "eval_exact_match"} <= names
 
 
 def test_model_dir_loads_plain_and_stops_at_eos(tiny_run) -> None:
@@ -124,7 +145,7 @@ def test_crash_leaves_no_model_and_reports(tmp_path: Path) -> None:
     run = run_trainer("--blueprint", "tiny-llama-cpu", "--set", "max_steps=10", "--output", str(out), "--resume")
     assert run.returncode == 1, describe(run)
     assert run.phases[0] == "Initializing" and run.phases[-1] == "Failed"
-    failed = [e for e in run.events if getattr(e, "phase", None) == JobPhase.FAILED][0]
+    failed = next(e for e in run.events if getattr(e, "phase", None) == JobPhase.FAILED)
     assert failed.reason
     assert run.logs[-1].startswith("playground.train: error:") and failed.reason in run.logs[-1]
     assert not (out / "model").exists()
@@ -165,3 +186,11 @@ def test_bad_input_exit_code_from_the_command_line(tmp_path: Path) -> None:
     assert run.returncode == 2 and run.stdout == ""
     assert "batch_size" in run.stderr and "from 1 to 512" in run.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_unwritable_output_is_bad_input(tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["--blueprint", "tiny-llama-cpu", "--output", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "output directory" in err and "not writable" in err

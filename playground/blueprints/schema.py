@@ -219,7 +219,8 @@ class Blueprint(_Strict):
             raise ValueError(f"unknown parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN_PARAMETERS))}")
         unknown = sorted(set(self.training) - set(KNOWN_PARAMETERS))
         if unknown:
-            raise ValueError(f"unknown training setting(s) {', '.join(unknown)}; known: {', '.join(sorted(KNOWN_PARAMETERS))}")
+            known = ", ".join(sorted(KNOWN_PARAMETERS))
+            raise ValueError(f"unknown training setting(s) {', '.join(unknown)}; known: {known}")
         for name, spec in self.parameters.items():
             try:
                 spec.coerce(name, spec.default)

@@ -142,11 +142,11 @@ class LocalServers:
         )
 
     def list(self) -> list[Endpoint]:
-        """The running servers (records of dead processes are dropped)."""
-        return [self._endpoint(r) for r in self._records()]
+        """The servers that are up and answering (records of dead processes are dropped)."""
+        return [self._endpoint(r) for r in self._records() if r.get("ready", True)]
 
     def records(self) -> list[dict[str, Any]]:
-        """The running servers' full records (pid, port, log path, model dir...)."""
+        """Every server's full record (pid, port, log path, model dir, ready...), starting ones included."""
         return self._records()
 
     # -- start -------------------------------------------------------------------------------
@@ -202,6 +202,7 @@ class LocalServers:
                 "kind": kind,
                 "log": str(log_path),
                 "started_at": time.time(),
+                "ready": False,
             }
             self._write(record)
             try:
@@ -213,6 +214,8 @@ class LocalServers:
                 self._kill(proc.pid)
                 self._forget(record)
                 raise
+            record["ready"] = True
+            self._write(record)
             return self._endpoint(record)
         raise UserError(f"could not find a free port for the model server after {_PORT_RETRIES} tries")
 

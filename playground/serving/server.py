@@ -292,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=os.environ.get("PLAYGROUND_SERVE_DEVICE", "auto"))
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=int(os.environ.get("PLAYGROUND_SERVE_THREADS", "0")),
+        help="torch CPU threads (default: env PLAYGROUND_SERVE_THREADS, else torch's default)",
+    )
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -305,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"error: cannot listen on {args.host}:{args.port}: address already in use ({exc})", file=sys.stderr)
         return 3
+    if args.threads > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
     log.info("loading %s", args.model)
     started = time.monotonic()
     try:

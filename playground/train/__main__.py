@@ -108,7 +108,7 @@ def _quiet_libraries() -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
-    except Exception:  # noqa: BLE001 - cosmetic only
+    except Exception:  # cosmetic only
         pass
 
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         from playground.train.recipe import run
 
         run(spec, reporter)
-    except BaseException as exc:  # noqa: BLE001 - every failure ends as Phase Failed + exit code
+    except BaseException as exc:  # every failure ends as Phase Failed + an exit code
         if isinstance(exc, SystemExit) and not exc.code:
             raise
         reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__

@@ -81,7 +81,9 @@ class Dist:
 
 def init_distributed() -> Dist:
     """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; a plain ``python -m`` run is rank 0 of 1."""
-    dist = Dist(int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+    dist = Dist(
+        int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    )
     if dist.world_size > 1:
         import torch
         import torch.distributed
@@ -206,7 +208,10 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
     decay = [p for p in trainable if p.ndim >= 2]
     no_decay = [p for p in trainable if p.ndim < 2]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": float(spec.setting("weight_decay"))}, {"params": no_decay, "weight_decay": 0}],
+        [
+            {"params": decay, "weight_decay": float(spec.setting("weight_decay"))},
+            {"params": no_decay, "weight_decay": 0},
+        ],
         lr=float(spec.setting("learning_rate")),
         betas=(0.9, 0.95),
         fused=cuda or None,

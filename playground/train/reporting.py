@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from playground.events import JobPhase, Log, Metric, Phase, Progress, format_event_line
+from playground.events import JobPhase, Metric, Phase, Progress, format_event_line
 
 TRAINJOB_ENV = "KUBEFLOW_TRAINER_SERVER_URL"  # set by the Trainer controller inside a TrainJob
 

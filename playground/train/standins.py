@@ -6,9 +6,9 @@ weights, with a byte-level BPE tokenizer trained locally by the ``tokenizers`` l
 family's chat format (Llama 3 headers or ChatML). ``write_alpaca_rows(path, n)`` writes Alpaca-
 format rows. Tests, the notebooks and the e2e smoke profile run the hub blueprints' code on them:
 
+    build_standin("llama", "/tmp/s"); write_alpaca_rows("/tmp/rows.jsonl", 24)
     python -m playground.train --blueprint llama-3.2-1b-lora-alpaca --set max_steps=3 \\
-        --model-source "$(python -c 'from playground.train.standins import build_standin; print(build_standin("llama", "/tmp/s"))')" \\
-        --dataset-source rows.jsonl --output out
+        --model-source /tmp/s --dataset-source /tmp/rows.jsonl --output out
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import Any, Literal
 LLAMA_TEMPLATE = (
     "{{ bos_token }}"
     "{% for message in messages %}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}"
+    "{{ message['content'] | trim + '<|eot_id|>' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
 )
@@ -48,7 +49,7 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     },
 }
 
-_WORDS = "kube flow serve train model token graph node pod queue cloud data batch layer".split()
+_WORDS = ["kube", "flow", "serve", "train", "model", "token", "graph", "node", "pod", "queue", "cloud", "data", "batch"]
 
 
 def alpaca_rows(n: int, seed: int = 0) -> list[dict[str, str]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from playground.backends.local import LocalBackend, detect_gpus
+from playground.blueprints import get_blueprint
 from playground.cli import main
 from playground.commands.jobs import ProgressPrinter
 from playground.events import JobPhase, Phase, Progress
@@ -71,7 +72,8 @@ def test_blueprints_show_human_and_json(capsys, isolated_home):
     assert code == 0
     assert "quality bar: eval_exact_match >= 0.9" in out
     max_steps = next(line for line in out.splitlines() if line.strip().startswith("max_steps"))
-    assert "600" in max_steps and "int 1 to 5000" in max_steps
+    default = get_blueprint("tiny-llama-cpu").parameters["max_steps"]
+    assert f"int    {default.default} " in max_steps and f"int 1 to {default.max:g}" in max_steps
     assert "'reverse: kube' -> 'ebuk'" in out
 
     code, out, _ = run(capsys, "blueprints", "show", "qwen2.5-1.5b-lora-alpaca", "--json")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -134,12 +135,14 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
         assert job.id in [j.id for j in k8s.list()]
 
         # Serve the fine-tuned and the base model (side by side) and chat through KServe's routes.
-        endpoint = k8s.serve(job.id)
+        with ThreadPoolExecutor(2) as pool:  # both InferenceServices come up at once, as in a cluster
+            fine_tuned = pool.submit(k8s.serve, job.id)
+            base = pool.submit(k8s.serve, job.id, base=True).result()
+            endpoint = fine_tuned.result()
         assert endpoint.url.endswith("/openai/v1") and endpoint.backend == "kubernetes"
         isvc = cluster.get("inferenceservices", endpoint.name)
         assert isvc["spec"]["predictor"]["model"]["storageUri"] == done.model_dir
-        base = k8s.serve(job.id, base=True)
-        assert base.kind == "base"
+        assert base.kind == "base" and base.name == f"{job.id}-base"
         blueprint = get_blueprint("tiny-llama-cpu")
         tokens = blueprint.serving.max_new_tokens
         correct = 0

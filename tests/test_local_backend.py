@@ -27,6 +27,9 @@ from playground.events import JobPhase, Log, Metric, Phase, Progress
 pytestmark = pytest.mark.slow
 
 FAST = {"num_eval_examples": 10, "checkpoint_every": 0}
+# Still running when a test acts on it after its first step, yet cheap to start: the trainer builds
+# max_steps x batch_size synthetic rows up front, so thousands of steps would cost minutes of setup.
+LONG = {"max_steps": 400, "log_every": 1, **FAST}
 
 
 @pytest.fixture
@@ -53,7 +56,7 @@ def status_of(backend: LocalBackend, job_id: str) -> dict:
     return json.loads((backend.job_dir(job_id) / "status.json").read_text())
 
 
-def wait_for_progress(backend: LocalBackend, job_id: str, timeout: float = 180) -> None:
+def wait_for_progress(backend: LocalBackend, job_id: str, timeout: float = 420) -> None:
     def training() -> bool:
         job = backend.get(job_id)
         assert not job.done, f"job ended early: {job.phase} {job.message} {job.log_tail[-5:]}"
@@ -111,7 +114,7 @@ def test_tiny_llama_reaches_the_bar_through_the_local_backend(trained_tiny_job, 
 
 def test_cancel_stops_the_trainer_and_ends_cancelled(home: Path):
     backend = LocalBackend(home=home, cancel_grace=5)
-    job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000, "log_every": 1, **FAST}))
+    job = backend.submit(make_request("tiny-llama-cpu", LONG))
     wait_for_progress(backend, job.id)
     status = status_of(backend, job.id)
     trainer, supervisor = status["trainer_pid"], status["supervisor_pid"]
@@ -135,7 +138,7 @@ def test_cancel_stops_the_trainer_and_ends_cancelled(home: Path):
 
 def test_kill_9_of_the_trainer_fails_the_job_and_keeps_its_log_tail(home: Path):
     backend = LocalBackend(home=home)
-    job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000, "log_every": 1, **FAST}))
+    job = backend.submit(make_request("tiny-llama-cpu", LONG))
     wait_for_progress(backend, job.id)
     trainer = status_of(backend, job.id)["trainer_pid"]
     os.kill(trainer, signal.SIGKILL)
@@ -174,7 +177,7 @@ def test_job_outlives_the_submitting_process_and_a_fresh_backend_follows_it(home
 
 def test_a_dead_supervisor_is_reconciled_to_failed(home: Path):
     backend = LocalBackend(home=home)
-    job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000, "log_every": 1, **FAST}))
+    job = backend.submit(make_request("tiny-llama-cpu", LONG))
     wait_for_progress(backend, job.id)
     status = status_of(backend, job.id)
     os.kill(status["supervisor_pid"], signal.SIGKILL)

@@ -75,6 +75,12 @@ def _score(answers: list[str], pairs: list[tuple[str, str]]) -> float:
 
 
 @pytest.fixture(scope="module")
+def context(trained_tiny_job) -> int:
+    """The served model's context window (positions), from its config.json."""
+    return json.loads((Path(trained_tiny_job.model_dir) / "config.json").read_text())["max_position_embeddings"]
+
+
+@pytest.fixture(scope="module")
 def fine_answers(served, held_out) -> list[str]:
     """The fine-tuned server's answers to every held-out prompt (asked once, non-streaming)."""
     return [_ask(served["fine-tuned"], p) for p, _ in held_out]
@@ -148,7 +154,7 @@ def test_completions_models_and_the_official_openai_client(served, trained_tiny_
         (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}).encode(), 400, "temperature"),
         (json.dumps({"messages": [{"role": "user", "content": "hi"}], "bogus": 1}).encode(), 422, "bogus"),
         (json.dumps({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}).encode(), 404, "nope"),
-        (json.dumps({"messages": [{"role": "user", "content": "a" * 500}]}).encode(), 400, "context window is 64"),
+        ("PROMPT_OVER_CONTEXT", 400, "context window is CONTEXT tokens"),
         (json.dumps({"messages": [{"role": "user", "content": "a" * (2 << 20)}]}).encode(), 413, "at most"),
     ],
     ids=[
@@ -168,8 +174,11 @@ def test_completions_models_and_the_official_openai_client(served, trained_tiny_
         "body-over-1MiB",
     ],
 )
-def test_bad_requests_get_4xx_with_the_reason_and_the_server_keeps_serving(served, body, status, needle):
+def test_bad_requests_get_4xx_with_the_reason_and_the_server_keeps_serving(served, context, body, status, needle):
     fine = served["fine-tuned"]
+    if body == "PROMPT_OVER_CONTEXT":
+        body = json.dumps({"messages": [{"role": "user", "content": "a" * (context + 10)}]}).encode()
+        needle = needle.replace("CONTEXT", str(context))
     response = httpx.post(
         fine.url + "/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=60
     )
@@ -178,12 +187,13 @@ def test_bad_requests_get_4xx_with_the_reason_and_the_server_keeps_serving(serve
     assert _ask(fine, "reverse: kube") == "ebuk"
 
 
-def test_client_raises_user_error_with_the_servers_message(served):
+def test_client_raises_user_error_with_the_servers_message(served, context):
     fine = served["fine-tuned"]
-    with pytest.raises(UserError, match=r"answered 400: prompt is \d+ tokens; this model's context window is 64"):
-        _ask(fine, "reverse: " + "x" * 200)
+    too_long = "reverse: " + "x" * context
+    with pytest.raises(UserError, match=rf"answered 400: prompt is \d+ tokens; this model's context window is {context}"):
+        _ask(fine, too_long)
     with pytest.raises(UserError, match=r"answered 400: .*prompt is"):
-        list(_ask(fine, "reverse: " + "x" * 200, stream=True))  # raised when the stream opens
+        list(_ask(fine, too_long, stream=True))  # raised when the stream opens
     with pytest.raises(UserError, match=r"answered 400: invalid request: messages\.0\.role"):
         chat(fine, [{"content": "no role"}])
     with pytest.raises(UserError, match="cannot reach"):
@@ -333,7 +343,8 @@ def test_truncated_weights_are_reported(trained_tiny_job, tmp_path):
 def test_a_running_job_serves_its_base_model_but_not_a_fine_tuned_one_and_delete_stops_it(backend, session_home):
     from playground.api import make_request
 
-    job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000}))
+    # batch_size 1: little data to generate, so the base weights are written within seconds
+    job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 5000, "batch_size": 1}))
     try:
         with pytest.raises(UserError, match=r"can be served once it has Succeeded"):
             backend.serve(job.id)

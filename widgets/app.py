@@ -19,7 +19,7 @@ from widgets.chat import ChatPanel, ServePanel
 from widgets.form import LaunchForm
 from widgets.gallery import BlueprintGallery
 from widgets.jobs import JobsList
-from widgets.monitor import JobMonitor
+from widgets.monitor import JobMonitor, loss_chart
 from widgets.state import error_text
 
 STYLE = """<style>
@@ -73,6 +73,7 @@ class App(ipw.VBox):
         self.chat: ChatPanel | None = None
         self.job: Job | None = None
 
+        self.chart = loss_chart()  # created now, while the page renders, and reused by every monitor
         self.gallery = BlueprintGallery(api.blueprints(), on_select=self.select, backend=self.backend_name)
         self.form_box = ipw.VBox([ipw.HTML("<i>pick a blueprint above</i>")])
         self.monitor_box = ipw.VBox([ipw.HTML("<i>launch a job, or open one from “Your jobs”</i>")])
@@ -149,7 +150,11 @@ class App(ipw.VBox):
             blueprint = get_blueprint(job.blueprint_id)
         except Exception:
             blueprint = None
-        self.monitor = JobMonitor(backend, job, blueprint=blueprint, on_done=lambda j: self._finished(backend, j))
+        if self.monitor is not None:
+            self.monitor.detach()
+        self.monitor = JobMonitor(
+            backend, job, blueprint=blueprint, chart=self.chart, on_done=lambda j: self._finished(backend, j)
+        )
         self.monitor_box.children = [self.monitor]
         self.serve_box.children = [ipw.HTML("<i>available when the job has succeeded</i>")]
         return self.monitor

@@ -68,6 +68,7 @@ class JobMonitor(ipw.VBox):
         on_done: Callable[[Job], None] | None = None,
         max_rate: float = 10.0,
         autostart: bool = True,
+        chart: go.FigureWidget | None = None,
     ) -> None:
         self.backend = backend
         self.job_id = job if isinstance(job, str) else job.id
@@ -90,7 +91,13 @@ class JobMonitor(ipw.VBox):
         self.progress.add_class("pg-progress")
         self.progress_text = ipw.HTML("waiting for the first progress point…").add_class("pg-progress-text")
         self.points = ipw.HTML("0 points").add_class("pg-points")
-        self.chart = loss_chart()
+        # A chart created while the page renders (the App's) is safest: a FigureWidget created later
+        # sends its traces right after opening its comm, and a busy browser may drop that first update.
+        self.chart = chart if chart is not None else loss_chart()
+        self._detached = False
+        with self.chart.batch_update():
+            for trace in self.chart.data:
+                trace.x, trace.y = [], []
         self.chart_box = ipw.Box([self.chart]).add_class("pg-chart")
         self.metrics = ipw.HTML("").add_class("pg-metrics")
         self.cluster = ipw.HTML("", layout=ipw.Layout(display="none")).add_class("pg-cluster-events")
@@ -127,6 +134,10 @@ class JobMonitor(ipw.VBox):
         self.coalescer = Coalescer(self._render, max_rate=self.max_rate)
         self._thread = threading.Thread(target=self._follow, name=f"follow-{self.job_id}", daemon=True)
         self._thread.start()
+
+    def detach(self) -> None:
+        """Stop drawing on the (shared) chart; the stream keeps being read until it ends."""
+        self._detached = True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the stream ended and the last update was applied."""
@@ -185,7 +196,7 @@ class JobMonitor(ipw.VBox):
             if point.tokens_per_second is not None:
                 self._rate_steps.append(point.step)
                 self._rates.append(point.tokens_per_second)
-        if snap.new_points:
+        if snap.new_points and not self._detached:
             with self.chart.batch_update():
                 self.chart.data[0].x = list(self._steps)
                 self.chart.data[0].y = list(self._losses)

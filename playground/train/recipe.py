@@ -18,6 +18,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,39 @@ def cpu_threads() -> int:
             cores = min(cores, max(1, math.floor(int(quota) / int(period))))
     override = os.environ.get("PLAYGROUND_TRAIN_THREADS")
     return int(override) if override else max(1, cores)
+
+
+class Clock:
+    """Training time, wall and process CPU, with eval and checkpoint pauses left out. CPU seconds
+    are the load-robust figure on a shared machine (what the step-rate benchmark compares)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self._wall_start, self._cpu_start = time.perf_counter(), time.process_time()
+
+    def lap(self) -> float:
+        """Close the current window (its time counts); returns its wall seconds."""
+        now_wall, now_cpu = time.perf_counter(), time.process_time()
+        elapsed = now_wall - self._wall_start
+        self.wall += elapsed
+        self.cpu += now_cpu - self._cpu_start
+        self._wall_start, self._cpu_start = now_wall, now_cpu
+        return elapsed
+
+    def wall_total(self) -> float:
+        return self.wall + time.perf_counter() - self._wall_start
+
+    def cpu_total(self) -> float:
+        return self.cpu + time.process_time() - self._cpu_start
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self._wall_start += time.perf_counter() - wall
+            self._cpu_start += time.process_time() - cpu
 
 
 def lr_lambda(warmup: int, total: int):
@@ -223,7 +257,7 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
     ckpt_root = output / "checkpoints"
     start_step = 0
     history: list[dict[str, Any]] = []
-    train_seconds = 0.0
+    clock = Clock()
     if spec.resume:
         latest = checkpoint.latest_checkpoint(ckpt_root)
         if latest is None:
@@ -232,7 +266,8 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
             state = checkpoint.load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler)
             start_step = int(state["step"])
             history = list(state["extra"].get("history", []))
-            train_seconds = float(state["extra"].get("train_seconds", 0.0))
+            clock.wall = float(state["extra"].get("train_seconds", 0.0))
+            clock.cpu = float(state["extra"].get("train_cpu_seconds", 0.0))
             reporter.log(f"resume: continuing from {latest.relative_to(output)} (step {start_step})")
 
     train_model = model
@@ -255,6 +290,7 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
     def run_eval(step: int) -> dict[str, float]:
         """Held-out metrics on rank 0, reported as Metric events and kept in the history."""
         results: dict[str, float] = {}
+        trained_seconds = clock.wall_total()  # before the eval's own time
         if dist.main:
             bare = unwrap(model)
             results["eval_loss"] = evaluate.eval_loss(
@@ -268,7 +304,7 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
                 results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in eval_set.samples])
             for name, value in results.items():
                 reporter.metric(name, value)
-            history.append({"step": step, "train_seconds": round(train_seconds, 3), **results})
+            history.append({"step": step, "train_seconds": round(trained_seconds, 3), **results})
         if dist.world_size > 1:
             torch.distributed.barrier()
         return results
@@ -278,7 +314,7 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
     train_model.train()
     window_loss = torch.zeros((), device=device)
     window_steps = window_tokens = 0
-    window_start = time.perf_counter()
+    clock.lap()  # training time starts now
     last_loss = math.nan
     for step in range(start_step + 1, max_steps + 1):
         for micro in range(accum):
@@ -300,8 +336,7 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
                 torch.distributed.all_reduce(window_loss)
                 window_loss /= dist.world_size
             last_loss = float(window_loss) / window_steps  # the only device sync of the window
-            elapsed = time.perf_counter() - window_start
-            train_seconds += elapsed
+            elapsed = clock.lap()
             tps = window_tokens * dist.world_size / elapsed if elapsed > 0 else None
             reporter.progress(
                 Progress(
@@ -320,28 +355,32 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
                 raise FloatingPointError(f"loss became {last_loss} at step {step}; try a lower learning_rate")
             window_loss.zero_()
             window_steps = window_tokens = 0
-            window_start = time.perf_counter()
         if eval_every and step % eval_every == 0 and step < max_steps:
-            paused = time.perf_counter()
-            run_eval(step)
-            window_start += time.perf_counter() - paused  # eval time is not training time
+            with clock.paused():  # eval time is not training time
+                run_eval(step)
         if checkpoint_every and step % checkpoint_every == 0:
-            paused = time.perf_counter()
-            if dist.main:
-                checkpoint.save_checkpoint(
-                    ckpt_root,
-                    step=step,
-                    model=model,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    data_position=dict(zip(("epoch", "batch"), batches.position(step * accum), strict=True)),
-                    extra={"history": history, "train_seconds": train_seconds, "loss": last_loss},
-                )
-            if dist.world_size > 1:
-                torch.distributed.barrier()
-            window_start += time.perf_counter() - paused
+            with clock.paused():
+                if dist.main:
+                    checkpoint.save_checkpoint(
+                        ckpt_root,
+                        step=step,
+                        model=model,
+                        optimizer=optimizer,
+                        scheduler=scheduler,
+                        data_position=dict(zip(("epoch", "batch"), batches.position(step * accum), strict=True)),
+                        extra={
+                            "history": history,
+                            "train_seconds": clock.wall_total(),
+                            "train_cpu_seconds": clock.cpu_total(),
+                            "loss": last_loss,
+                        },
+                    )
+                if dist.world_size > 1:
+                    torch.distributed.barrier()
 
     # --- final eval, save --------------------------------------------------------------------
+    clock.lap()
+    train_seconds, train_cpu_seconds = clock.wall, clock.cpu
     final = run_eval(max_steps)
     reporter.phase(JobPhase.SAVING)
     metrics: dict[str, Any] = {}
@@ -353,6 +392,7 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
             "train_loss": last_loss,
             "steps": max_steps,
             "train_seconds": round(train_seconds, 3),
+            "train_cpu_seconds": round(train_cpu_seconds, 3),
             "wall_seconds": round(time.perf_counter() - wall_start, 3),
             "num_train_examples": len(train_set),
             "num_eval_examples": len(eval_set),

@@ -23,23 +23,27 @@ def unwrap(model: Any) -> Any:
     return getattr(model, "_orig_mod", model)
 
 
-def merged_copy(model: Any) -> Any:
-    """A model ready to save: LoRA merged into the base weights (the training model is left as is)."""
+def merged(model: Any, *, in_place: bool = True) -> Any:
+    """A model ready to save: LoRA merged into the base weights. In place by default (the end of
+    training: no second copy of a 1B model in GPU memory); ``in_place=False`` merges a copy."""
     model = unwrap(model)
     if hasattr(model, "merge_and_unload"):  # peft
-        import copy
+        if not in_place:
+            import copy
 
-        return copy.deepcopy(model).merge_and_unload()
+            model = copy.deepcopy(model)
+        return model.merge_and_unload()
     return model
 
 
-def save_model_dir(model: Any, tokenizer: Any, target: Path, *, dtype: Any = None) -> Path:
-    """Write a servable directory at ``target`` atomically (replacing an older one)."""
+def save_model_dir(model: Any, tokenizer: Any, target: Path, *, dtype: Any = None, in_place: bool = True) -> Path:
+    """Write a servable directory at ``target`` atomically (replacing an older one). LoRA models
+    are merged (in place unless ``in_place=False``)."""
     target = Path(target)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    final_model = merged_copy(model)
+    final_model = merged(model, in_place=in_place)
     if dtype is not None and next(final_model.parameters()).dtype != dtype:
         final_model = final_model.to(dtype)
     final_model.save_pretrained(str(tmp), safe_serialization=True)

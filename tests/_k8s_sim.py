@@ -164,7 +164,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     validators: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = attrs.field(factory=dict)
     counts: Counter = attrs.field(factory=Counter)
     drop_watch_after: int | None = None  # cut every watch stream after N events (network drop)
-    drop_log_after: int | None = None  # cut every log stream after N lines
+    drop_log_after: int | None = None  # cut every log stream after N lines...
+    max_log_drops: int | None = None  # ...this many times in all (a resume re-reads the last second)
     proxies: dict[tuple[str, str], tuple[str, str]] = attrs.field(factory=dict)  # isvc -> (url, model)
     change_rvs: list[int] = attrs.field(factory=list)
     _pulse: asyncio.Event | None = attrs.field(default=None)
@@ -172,6 +173,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     _session: aiohttp.ClientSession | None = attrs.field(default=None)
     generation: int = 0  # bumped by drop_all(): open streams close at once
     dropped: int = 0
+    dropped_watches: int = 0
+    dropped_logs: int = 0
 
     def pulse(self, logs: bool = False) -> asyncio.Event:
         """The event the next change sets (objects, or pod logs): waiters take it before looking."""
@@ -392,6 +395,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             sent += 1
             if self.drop_watch_after is not None and sent >= self.drop_watch_after:
                 self.dropped += 1
+                self.dropped_watches += 1
                 request._raw_request.transport.close()  # an abrupt drop, not a clean end
                 return False
             return True
@@ -458,6 +462,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if since is not None:
             cutoff = time.time() - since
             start = next((i for i, (ts, _) in enumerate(lines) if ts >= cutoff), len(lines))
+        if "sinceTime" in params:  # RFC 3339, second precision (as the API server takes it)
+            cutoff = datetime.fromisoformat(params["sinceTime"].replace("Z", "+00:00")).timestamp()
+            start = next((i for i, (ts, _) in enumerate(lines) if ts >= cutoff), len(lines))
         if tail is not None:
             start = max(start, len(lines) - tail)
 
@@ -478,8 +485,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                     await resp.write(render(*lines[index]))
                     index += 1
                     sent += 1
-                    if self.drop_log_after is not None and sent >= self.drop_log_after:
+                    budget = self.max_log_drops is None or self.dropped_logs < self.max_log_drops
+                    if self.drop_log_after is not None and sent >= self.drop_log_after and budget:
                         self.dropped += 1
+                        self.dropped_logs += 1
                         request._raw_request.transport.close()
                         return resp
                 if entry["done"] or generation != self.generation:
@@ -816,13 +825,16 @@ class Cluster:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        def finish() -> None:
+        async def finish() -> None:
             for task in list(self.sim.tasks.values()):
                 task.cancel()
+            self.emu.generation += 1  # close the streams still open, or the server waits for them
+            await self.emu.notify()
+            await self.emu.notify_logs()
             if self._stop is not None and not self._stop.done():
                 self._stop.set_result(None)
 
-        self.loop.call_soon_threadsafe(finish)
+        asyncio.run_coroutine_threadsafe(finish(), self.loop)
         self.thread.join(30)
 
     def call(self, fn: Callable[[], Any]) -> Any:

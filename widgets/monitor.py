@@ -175,12 +175,12 @@ class JobMonitor(ipw.VBox):
         if self.coalescer.error is not None:
             self._stream_error(self.coalescer.error)
         self.cancel_button.disabled = True
-        self._done.set()
         if self.on_done and self.final_job is not None:
             try:
                 self.on_done(self.final_job)
             except Exception as exc:
                 self._stream_error(exc)
+        self._done.set()  # after on_done: whoever waits sees its effects (e.g. the serve panel)
 
     def _stream_error(self, exc: BaseException) -> None:
         self.error = error_text(exc)

@@ -40,7 +40,10 @@ def free_port(host: str = HOST) -> int:
 
 
 def port_in_use(port: int, host: str = HOST) -> bool:
+    """Whether a server could not listen on ``port`` now (SO_REUSEADDR, as uvicorn binds: closed
+    connections lingering in TIME_WAIT do not count, a listener does)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

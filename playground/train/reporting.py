@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from playground.events import JobPhase, Metric, Phase, Progress, format_event_line
 
 TRAINJOB_ENV = "KUBEFLOW_TRAINER_SERVER_URL"  # set by the Trainer controller inside a TrainJob
+THROTTLE_SECONDS = 5.0  # the SDK sends at most one update per 5 s
 
 
 class Reporter:
@@ -111,6 +112,7 @@ class _TrainJobStatus:
             return
         import time
 
+        last_sent = -THROTTLE_SECONDS
         while True:
             with self._cond:
                 while self._pending is None and not self._closed:
@@ -119,11 +121,9 @@ class _TrainJobStatus:
                     return
                 percent, eta, metrics, final = self._pending
                 self._pending = None
-            sent = update_trainjob_status(progress_percent=percent, estimated_remaining_seconds=eta, metrics=metrics)
-            if final and not sent:  # throttled: the last update must land
-                for _ in range(3):
-                    time.sleep(5.1)
-                    if update_trainjob_status(
-                        progress_percent=percent, estimated_remaining_seconds=eta, metrics=metrics
-                    ):
-                        break
+            for attempt in range(4 if final else 1):  # the last update must land despite the throttle
+                if attempt:
+                    time.sleep(max(0.1, THROTTLE_SECONDS + 0.1 - (time.monotonic() - last_sent)))
+                if update_trainjob_status(progress_percent=percent, estimated_remaining_seconds=eta, metrics=metrics):
+                    last_sent = time.monotonic()
+                    break

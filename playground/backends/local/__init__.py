@@ -1,6 +1,27 @@
-"""The local backend: jobs as detached processes on this machine (the embedded default)."""
+"""The local backend: jobs as detached processes on this machine (the embedded default).
 
-from playground.backends.local.backend import LocalBackend
-from playground.backends.local.gpus import detect_gpus, runnable_here
+Names load lazily, so the supervisor process (``python -m playground.backends.local.supervisor``)
+starts without importing the blueprint schema it does not need.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from playground.backends.local.backend import LocalBackend
+    from playground.backends.local.gpus import detect_gpus, runnable_here
 
 __all__ = ["LocalBackend", "detect_gpus", "runnable_here"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LocalBackend":
+        from playground.backends.local.backend import LocalBackend
+
+        return LocalBackend
+    if name in ("detect_gpus", "runnable_here"):
+        from playground.backends.local import gpus
+
+        return getattr(gpus, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

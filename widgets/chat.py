@@ -47,6 +47,8 @@ class Transcript:
                 mark = " <span class='pg-ok'>✓</span>" if turn.correct else " <span class='pg-bad'>✗</span>"
             cursor = "" if turn.done else "<span class='pg-cursor'>▍</span>"
             answer = html.escape(turn.answer) + cursor
+            if turn.done and not turn.answer.strip() and not turn.error:
+                answer = "<span class='pg-empty'>(no answer)</span>"
             if turn.error:
                 answer = f"<span class='pg-error-text'>{html.escape(turn.error)}</span>"
             parts.append(

@@ -164,8 +164,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     validators: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = attrs.field(factory=dict)
     counts: Counter = attrs.field(factory=Counter)
     drop_watch_after: int | None = None  # cut every watch stream after N events (network drop)
-    drop_log_after: int | None = None  # cut every log stream after N lines...
-    max_log_drops: int | None = None  # ...this many times in all (a resume re-reads the last second)
+    drop_log_every: float | None = None  # cut every log stream after this many seconds...
+    max_log_drops: int | None = None  # ...this many times in all
     proxies: dict[tuple[str, str], tuple[str, str]] = attrs.field(factory=dict)  # isvc -> (url, model)
     change_rvs: list[int] = attrs.field(factory=list)
     _pulse: asyncio.Event | None = attrs.field(default=None)
@@ -477,24 +477,24 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             )
         resp = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
         await resp.prepare(request._raw_request)
-        generation, sent, index = self.generation, 0, start
+        generation, index, opened = self.generation, start, time.monotonic()
         try:
             while True:
                 pulse = self.pulse(logs=True)
                 while index < len(lines):
                     await resp.write(render(*lines[index]))
                     index += 1
-                    sent += 1
-                    budget = self.max_log_drops is None or self.dropped_logs < self.max_log_drops
-                    if self.drop_log_after is not None and sent >= self.drop_log_after and budget:
-                        self.dropped += 1
-                        self.dropped_logs += 1
-                        request._raw_request.transport.close()
-                        return resp
+                budget = self.max_log_drops is None or self.dropped_logs < self.max_log_drops
+                if self.drop_log_every is not None and time.monotonic() - opened >= self.drop_log_every and budget:
+                    self.dropped += 1
+                    self.dropped_logs += 1
+                    request._raw_request.transport.close()  # a flaky network: the stream dies mid-way
+                    return resp
                 if entry["done"] or generation != self.generation:
                     break
+                wait = 1.0 if self.drop_log_every is None else max(0.01, self.drop_log_every)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(pulse.wait(), timeout=1.0)
+                    await asyncio.wait_for(pulse.wait(), timeout=wait)
             if generation != self.generation:
                 request._raw_request.transport.close()
                 return resp

@@ -53,7 +53,7 @@ def k8s(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ku
 
     def reset() -> None:
         cluster.emu.drop_watch_after = None
-        cluster.emu.drop_log_after = None
+        cluster.emu.drop_log_every = None
         cluster.emu.max_log_drops = None
         cluster.sim.scenario = Scenario(node_log=synthetic_log(), line_delay=0.002)
         cluster.sim.scenarios.clear()
@@ -188,15 +188,15 @@ def test_dropped_streams_resume_without_loss_or_repeats(cluster, k8s, real_log):
 
     def flaky() -> None:
         cluster.emu.drop_watch_after = 2  # every watch connection is cut after 2 events
-        cluster.emu.drop_log_after = 9  # log streams after 9 lines, 6 times
+        cluster.emu.drop_log_every = 0.1  # log streams after 0.1 s, 6 times at most
         cluster.emu.max_log_drops = cluster.emu.dropped_logs + 6
 
     cluster.call(flaky)
     watches, logs = cluster.emu.dropped_watches, cluster.emu.dropped_logs
     flaky_backend = KubernetesBackend(kubeconfig=k8s.kubeconfig, drain_timeout=5)
     got = split(_follow_collect(flaky_backend, flaky_backend.submit(make_request("tiny-llama-cpu")).id))
-    assert cluster.emu.dropped_watches - watches >= 2 and cluster.emu.dropped_logs - logs >= 3
-    assert flaky_backend.stats.reconnects >= 5
+    assert cluster.emu.dropped_watches - watches >= 2 and cluster.emu.dropped_logs - logs >= 2
+    assert flaky_backend.stats.reconnects >= 4
     assert strip_time(got["progress"]) == strip_time(baseline["progress"])
     assert [e.line for e in got["log"]] == [e.line for e in baseline["log"]]
     assert [e.phase for e in got["phase"]] == [e.phase for e in baseline["phase"]]

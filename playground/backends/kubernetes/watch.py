@@ -284,6 +284,7 @@ class LogFollower(threading.Thread):
             while not self.stop_event.is_set():
                 self._skip = self.at_last
                 clean = False
+                before = self.lines
                 try:
                     resp = self._open()
                     self._resp = resp
@@ -303,6 +304,8 @@ class LogFollower(threading.Thread):
                 except Exception as exc:
                     if self.stop_event.is_set():
                         return
+                    if self.lines > before:
+                        failures = 0  # it was making progress: a fresh drop, not a failing endpoint
                     if not _is_transient(exc) or failures >= 30:
                         self.sink(("log_error", self.source, exc))
                         return

@@ -2,9 +2,9 @@
 
     python benchmarks/train_step_rate.py [--blueprint tiny-llama-cpu] [--steps 200] [--repeats 3] [--hf-trainer]
 
-Each contender runs as a child process with the same thread settings, alternated (entrypoint, bare,
-[HF Trainer,] entrypoint, bare, ...) so drifting machine load hits all alike; the headline ratio is
-the median of the paired (same-repeat) ratios. Goal: entrypoint / bare ≥ 0.95.
+Each contender runs as a child process with the same thread settings, alternated, the order rotated
+every repeat, so drifting machine load hits all alike; the headline ratio is the median of the
+paired (same-repeat) ratios. Goal: entrypoint / bare ≥ 0.95.
 
 Two rates each: steps per wall second, and steps per CPU second of the process (the load-robust
 figure on a shared machine; the entrypoint reports both for its loop in metrics.json, eval and
@@ -177,11 +177,13 @@ def main() -> None:
     load_before = os.getloadavg()
     runs: dict[str, list[tuple[float, float]]] = {"entrypoint": [], "bare": [], "hf": []}
     with tempfile.TemporaryDirectory() as tmp:
+        contenders = ["entrypoint", "bare"] + (["hf"] if args.hf_trainer else [])
         for i in range(args.repeats):
-            runs["entrypoint"].append(entrypoint_rate(args.blueprint, args.steps, Path(tmp) / f"run{i}"))
-            runs["bare"].append(_child("bare", args.blueprint, args.steps))
-            if args.hf_trainer:
-                runs["hf"].append(_child("hf", args.blueprint, args.steps))
+            for name in contenders[i % len(contenders) :] + contenders[: i % len(contenders)]:
+                if name == "entrypoint":
+                    runs[name].append(entrypoint_rate(args.blueprint, args.steps, Path(tmp) / f"run{i}"))
+                else:
+                    runs[name].append(_child(name, args.blueprint, args.steps))
             print(
                 f"repeat {i + 1}: "
                 + ", ".join(f"{k} {v[-1][0]:.2f} steps/s ({v[-1][1]:.2f}/CPU-s)" for k, v in runs.items() if v),

@@ -267,14 +267,24 @@ class LocalBackend(Backend):
         if trainer and state.process_alive(trainer, *state.trainer_markers(jobdir)):
             state.kill_group(status.get("trainer_pgid") or trainer, signal.SIGKILL)
         tail = self._log_tail(jobdir)
+        supervisor_tail = self._supervisor_log_tail(jobdir)
+        tail = tail + [f"[supervisor] {line}" for line in supervisor_tail]
         status.update(
             phase=str(JobPhase.FAILED),
-            message="supervisor exited unexpectedly",
+            message="supervisor exited unexpectedly" + (f": {supervisor_tail[-1]}" if supervisor_tail else ""),
             finished_at=time.time(),
             log_tail=tail or status.get("log_tail", []),
         )
         state.write_json_atomic(jobdir / state.STATUS, status)
         return status
+
+    def _supervisor_log_tail(self, jobdir: Path, lines: int = 20) -> list[str]:
+        """The supervisor's own output (a crash of the supervisor itself shows only here)."""
+        try:
+            text = (jobdir / state.SUPERVISOR_LOG).read_text(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if line.strip()][-lines:]
 
     def _log_tail(self, jobdir: Path, lines: int = state.LOG_TAIL_LINES) -> list[str]:
         try:

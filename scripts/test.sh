@@ -18,4 +18,8 @@ python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ruff check .
 ruff format --check .
-python -m pytest -ra "$@"
+# A private base temp dir: other pytest sessions on the machine prune /tmp/pytest-of-$USER/pytest-N
+# dirs (keeping the newest 3), which would delete this run's session fixtures under it.
+basetemp="$(mktemp -d "${TMPDIR:-/tmp}/playground-tests.XXXXXX")"
+python -m pytest -ra --basetemp="$basetemp" "$@"
+rm -rf "$basetemp"

@@ -194,3 +194,20 @@ def test_unwritable_output_is_bad_input(tmp_path: Path, capsys) -> None:
     assert main(["--blueprint", "tiny-llama-cpu", "--output", str(blocker / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "output directory" in err and "not writable" in err
+
+
+def test_examples_with_no_answer_token_in_the_window_are_dropped_not_nan(capsys) -> None:
+    """A prompt as long as max_seq_length leaves no label to learn from (0/0 loss): drop it."""
+    from playground.train.data import Sample, tokenize
+    from playground.train.tokenizer import build_char_tokenizer, render
+
+    tokenizer = build_char_tokenizer()
+    short, long = Sample("reverse: abc", "cba"), Sample("reverse: " + "abcdef" * 8, "x")
+    window = len(render(tokenizer, [{"role": "user", "content": short.prompt}], add_generation_prompt=True))
+    window += 4  # room for the short example's answer, far too little for the long prompt
+    data = tokenize([short, long, short], tokenizer, max_seq_length=window)
+    assert len(data) == 2 and all(s is short for s in data.samples)
+    assert (data.labels != -100).sum(dim=1).min() > 0  # every kept row has answer tokens
+    assert "dropped 1 of 3 examples" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="max_seq_length=4"):
+        tokenize([long], tokenizer, max_seq_length=4)

@@ -201,6 +201,23 @@ def tokenize(samples: list[Sample], tokenizer: Any, max_seq_length: int) -> Toke
     ]
     prompts = tokenizer(prompt_texts, add_special_tokens=False)["input_ids"]
     fulls = tokenizer(full_texts, add_special_tokens=False)["input_ids"]
+    # An example whose prompt fills the whole window has no answer token to learn from: its loss
+    # would be 0/0 (NaN). Drop it, and fail clearly when nothing is left.
+    keep = [i for i, p in enumerate(prompts) if len(p) < max_seq_length]
+    if not keep:
+        raise ValueError(
+            f"max_seq_length={max_seq_length}: every prompt is at least that long, so no answer token "
+            "is left to train on; raise max_seq_length"
+        )
+    if len(keep) < len(samples):
+        print(
+            f"dropped {len(samples) - len(keep)} of {len(samples)} examples whose prompt is longer than "
+            f"max_seq_length={max_seq_length}",
+            flush=True,
+        )
+        samples = [samples[i] for i in keep]
+        prompts = [prompts[i] for i in keep]
+        fulls = [fulls[i] for i in keep]
     width = min(max_seq_length, max(len(f) for f in fulls))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)

@@ -37,7 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "weight_decay": 0.0,
     "seed": 0,
     "max_seq_length": 512,
-    "num_train_examples": None,  # None: all rows (synthetic: max_steps × global batch)
+    "num_train_examples": None,  # None: all rows (synthetic: max_steps × global batch, capped)
     "num_eval_examples": 200,
     "eval_every": 0,
     "checkpoint_every": 0,
@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
 }
 MAX_GRAD_NORM = 1.0
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak
+MAX_SYNTHETIC_ROWS = 50_000  # generated up front; longer runs cycle through them in epochs
 # Dense bf16 peak FLOP/s per device, for MFU (unknown devices: MFU not reported).
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
 
@@ -164,7 +165,7 @@ def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist) -> tuple[Any, Any]:
         train, held = data.synthetic_splits(
             spec.dataset_source.removeprefix("synthetic://"),
             ds.options,
-            num_train=int(num_train or spec.setting("max_steps") * global_batch),
+            num_train=int(num_train or min(spec.setting("max_steps") * global_batch, MAX_SYNTHETIC_ROWS)),
             num_eval=int(num_eval),
             seed=seed,
         )

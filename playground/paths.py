@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import platformdirs
@@ -22,9 +23,10 @@ def ensure_writable_dir(path: Path, *, what: str) -> Path:
     """Create ``path`` if needed and check it is writable; raise a one-line UserError if not."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        # A unique probe per call: threads of one process (serving base and fine-tuned at once)
+        # must not remove each other's probe.
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
     except OSError as exc:
         raise UserError(
             f"{what} {str(path)!r} is not writable ({exc.strerror or exc}); "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,31 @@ def test_event_lines_round_trip_and_plain_lines_are_logs():
     log = parse_line("hello world\n", source="node-0")
     assert isinstance(log, Log) and log.line == "hello world" and log.source == "node-0"
     assert isinstance(parse_line("@@playground {not json"), Log)
+
+
+def test_writable_dir_check_is_safe_from_many_threads_at_once(tmp_path: Path):
+    """Serving base and fine-tuned models at once checks the same state dir from two threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from playground.paths import ensure_writable_dir
+
+    target = tmp_path / "servers"
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so overlapping checks really interleave
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            results = list(pool.map(lambda _: ensure_writable_dir(target, what="server state directory"), range(2000)))
+    finally:
+        sys.setswitchinterval(switch)
+    assert results == [target] * 2000
+    assert list(target.iterdir()) == []  # no probe left behind
+
+
+def test_unwritable_dir_is_a_one_line_user_error(tmp_path: Path):
+    from playground.errors import UserError
+    from playground.paths import ensure_writable_dir
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    with pytest.raises(UserError, match=r"state dir .*file/sub.* is not writable"):
+        ensure_writable_dir(blocker / "sub", what="state dir")

@@ -20,9 +20,9 @@ import pytest
 from playground.api import make_request
 from playground.backends.local import LocalBackend
 from playground.backends.local.backend import new_job_id
-from playground.backends.local.state import process_alive
 from playground.errors import JobNotFound, UserError
 from playground.events import JobPhase, Log, Metric, Phase, Progress
+from playground.processes import process_alive
 
 pytestmark = pytest.mark.slow
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from playground.errors import UserError
 from playground.paths import ensure_writable_dir
+from playground.processes import process_alive
 from playground.types import Endpoint
 
 SERVER_MODULE = "playground.serving.server"
@@ -53,30 +54,12 @@ def port_in_use(port: int, host: str = HOST) -> bool:
 
 def pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie child of ours counts as gone, and is reaped)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # Linux: a zombie still answers kill(0)
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    return process_alive(pid)
 
 
 def _is_our_server(pid: int) -> bool:
     """Guard against pid reuse: on Linux the command line must be our server module."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return pid_alive(pid)  # no /proc (macOS): trust the pid
-    return SERVER_MODULE.encode() in cmdline and pid_alive(pid)
+    return process_alive(pid, SERVER_MODULE)
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:

@@ -31,6 +31,7 @@ from playground.blueprints import Blueprint, get_blueprint
 from playground.errors import JobNotFound, UserError
 from playground.events import Event, JobPhase, Phase, Progress, event_from_dict, parse_line
 from playground.paths import ensure_writable_dir, playground_home
+from playground.processes import process_alive
 from playground.types import Endpoint, Job, TrainRequest
 
 _JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -258,13 +259,13 @@ class LocalBackend(Backend):
         if pid is None:
             if time.time() - float(status.get("created_at", 0)) < _STARTUP_GRACE:
                 return status
-        elif state.process_alive(pid, *state.supervisor_markers(jobdir)):
+        elif process_alive(pid, *state.supervisor_markers(jobdir)):
             return status
         status = state.read_json(jobdir / state.STATUS)  # it may have finished just now
         if JobPhase(status["phase"]).terminal:
             return status
         trainer = status.get("trainer_pid")
-        if trainer and state.process_alive(trainer, *state.trainer_markers(jobdir)):
+        if trainer and process_alive(trainer, *state.trainer_markers(jobdir)):
             state.kill_group(status.get("trainer_pgid") or trainer, signal.SIGKILL)
         tail = self._log_tail(jobdir)
         supervisor_tail = self._supervisor_log_tail(jobdir)
@@ -397,12 +398,12 @@ class LocalBackend(Backend):
         def finished() -> bool:
             return JobPhase(self._status(jobdir)["phase"]).terminal
 
-        if pid and state.process_alive(pid, *state.supervisor_markers(jobdir)):
+        if pid and process_alive(pid, *state.supervisor_markers(jobdir)):
             os.kill(pid, signal.SIGTERM)
             state.wait_until(finished, timeout=self.cancel_grace + 15, interval=0.1)
         status = state.read_json(jobdir / state.STATUS)
         if not JobPhase(status["phase"]).terminal:  # the supervisor did not answer: do its job
-            if pid and state.process_alive(pid, *state.supervisor_markers(jobdir)):
+            if pid and process_alive(pid, *state.supervisor_markers(jobdir)):
                 os.kill(pid, signal.SIGKILL)
             state.kill_group(status.get("trainer_pgid"), signal.SIGKILL)
             status.update(
@@ -416,7 +417,7 @@ class LocalBackend(Backend):
 
             def supervisor_gone() -> bool:
                 _reap()
-                return not state.process_alive(pid, *state.supervisor_markers(jobdir))
+                return not process_alive(pid, *state.supervisor_markers(jobdir))
 
             state.wait_until(supervisor_gone, timeout=10)
         return self._job(jobdir)

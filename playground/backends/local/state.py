@@ -81,34 +81,6 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def process_alive(pid: int | None, *markers: str) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, where /proc tells, its command line contains every marker.
-
-    The markers guard against a recycled pid: a dead supervisor's pid taken by another process.
-    """
-    if not pid or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return not markers  # someone else's process: not ours when we expect markers
-    proc = Path(f"/proc/{pid}")
-    if not proc.is_dir():  # no /proc (macOS): the signal check is all we have
-        return True
-    try:
-        stat = (proc / "stat").read_text()
-        if stat[stat.rfind(")") + 2 :].startswith(("Z", "X")):
-            return False
-        if markers:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            return all(marker in cmdline for marker in markers)
-    except OSError:
-        return False
-    return True
-
-
 def supervisor_markers(jobdir: Path) -> tuple[str, str]:
     """What a job's supervisor command line contains (whatever path spelling started it)."""
     return SUPERVISOR_MODULE, jobdir.name

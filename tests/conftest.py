@@ -33,6 +33,18 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture
+def home(isolated_home: Path):
+    """A fresh PLAYGROUND_HOME; local jobs a failing test leaves running are cancelled afterwards."""
+    yield isolated_home
+    from playground.backends.local import LocalBackend
+
+    backend = LocalBackend(home=isolated_home, cancel_grace=2)
+    for job in backend.list():
+        if not job.done:
+            backend.cancel(job.id)
+
+
 @pytest.fixture(scope="session")
 def trained_tiny_job(session_home: Path):
     """``tiny-llama-cpu`` trained once, end to end, through the local backend (default params).

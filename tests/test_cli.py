@@ -34,16 +34,6 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
 
 
-@pytest.fixture
-def home(isolated_home: Path):
-    """A fresh PLAYGROUND_HOME; jobs a failing test leaves running are cancelled afterwards."""
-    yield isolated_home
-    backend = LocalBackend(home=isolated_home, cancel_grace=2)
-    for job in backend.list():
-        if not job.done:
-            backend.cancel(job.id)
-
-
 def no_jobs(home: Path) -> bool:
     return not (home / "jobs").exists() or not any((home / "jobs").iterdir())
 

@@ -32,16 +32,6 @@ FAST = {"num_eval_examples": 10, "checkpoint_every": 0}
 LONG = {"max_steps": 400, "log_every": 1, **FAST}
 
 
-@pytest.fixture
-def home(isolated_home: Path):
-    """A fresh PLAYGROUND_HOME; jobs a failing test leaves running are cancelled afterwards."""
-    yield isolated_home
-    backend = LocalBackend(home=isolated_home, cancel_grace=2)
-    for job in backend.list():
-        if not job.done:
-            backend.cancel(job.id)
-
-
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

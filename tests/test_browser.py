@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _waiting import wait_for
 
 # generous: ~3 min on 2 free cores, far more on a loaded machine (training dominates)
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -117,16 +118,6 @@ def points_label(page) -> int:
     return int(text.split()[0])
 
 
-def wait_until(predicate, timeout: float, what: str, poll: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def test_app_in_headless_chromium(app_url: tuple[str, Path, Path], artifacts_dir: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -153,10 +144,10 @@ def test_app_in_headless_chromium(app_url: tuple[str, Path, Path], artifacts_dir
             # 2. launch; the progress bar moves and the chart gains points
             page.click(".pg-launch")
             page.wait_for_selector(".pg-monitor", timeout=60_000)
-            first = wait_until(lambda: progress_width(page) > 0 and chart_points(page) > 0, 300, "first progress")
+            first = wait_for(lambda: progress_width(page) > 0 and chart_points(page) > 0, 300, "first progress")
             w1, p1 = progress_width(page), chart_points(page)
             assert first
-            wait_until(lambda: progress_width(page) > w1 and chart_points(page) > p1, 300, "more progress")
+            wait_for(lambda: progress_width(page) > w1 and chart_points(page) > p1, 300, "more progress")
             page.screenshot(path=str(shots / "02-training.png"), full_page=True)
 
             # 3. reload the page mid-training: reattach from "Your jobs" and see the history
@@ -165,15 +156,15 @@ def test_app_in_headless_chromium(app_url: tuple[str, Path, Path], artifacts_dir
             page.wait_for_selector(".pg-jobs .pg-open", timeout=180_000)
             page.click(".pg-jobs .pg-open >> nth=0")
             page.wait_for_selector(".pg-monitor", timeout=60_000)
-            wait_until(lambda: points_label(page) >= before, 60, "history after reattach")
+            wait_for(lambda: points_label(page) >= before, 60, "history after reattach")
             page.screenshot(path=str(shots / "03-reattached.png"), full_page=True)
 
             # 4. training ends; the chart kept every point
-            wait_until(lambda: "Succeeded" in page.inner_text(".pg-phase"), 1500, "Succeeded")
+            wait_for(lambda: "Succeeded" in page.inner_text(".pg-phase"), 1500, "Succeeded")
             total = points_label(page)
             defaults = get_blueprint("tiny-llama-cpu").defaults()
             assert total == defaults["max_steps"] // defaults["log_every"]  # every progress point arrived
-            wait_until(lambda: chart_points(page) == total, 30, "every point drawn")
+            wait_for(lambda: chart_points(page) == total, 30, "every point drawn")
             assert progress_width(page) == pytest.approx(100, abs=0.5)
             assert "eval_exact_match" in page.inner_text(".pg-metrics")
             page.screenshot(path=str(shots / "04-trained.png"), full_page=True)

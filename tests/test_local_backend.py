@@ -12,10 +12,10 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+from _waiting import wait_for
 
 from playground.api import make_request
 from playground.backends.local import LocalBackend
@@ -30,16 +30,6 @@ FAST = {"num_eval_examples": 10, "checkpoint_every": 0}
 # Still running when a test acts on it after its first step, yet cheap to start: the trainer builds
 # max_steps x batch_size synthetic rows up front, so thousands of steps would cost minutes of setup.
 LONG = {"max_steps": 400, "log_every": 1, **FAST}
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def status_of(backend: LocalBackend, job_id: str) -> dict:

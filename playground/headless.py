@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from playground.answers import answer_is_correct
 from playground.api import make_request
 from playground.blueprints import Blueprint, get_blueprint
 from playground.events import JobPhase, Metric, Phase, Progress
@@ -58,14 +59,6 @@ def build_standins(
         written = standins.write_alpaca_rows(target, 64)
         dataset_source = str(written or target)
     return model_source, dataset_source
-
-
-def answer_matches(answer: str, expected: str | None) -> bool | None:
-    """Exact match (case-insensitive, trimmed) for short answers; containment for long ones."""
-    if expected is None:
-        return None
-    got, want = answer.strip().lower(), expected.strip().lower()
-    return got == want or (len(got) > len(want) + 8 and want in got)
 
 
 def ask(endpoint: Any, prompt: str, blueprint: Blueprint, max_tokens: int | None = None) -> tuple[str, float]:
@@ -213,7 +206,7 @@ def run_blueprint(
                 text, seconds = ask(endpoint, example.prompt, blueprint, max_new_tokens)
                 row[kind] = text
                 row[f"{kind}_seconds"] = round(seconds, 3)
-                row[f"{kind}_correct"] = answer_matches(text, example.expected)
+                row[f"{kind}_correct"] = answer_is_correct(text, example.expected)
             result["chat"].append(row)
             say(f"{example.prompt!r}: fine-tuned {_short(row['fine-tuned'])} · base {_short(row['base'])}")
         timings["chat_seconds"] = round(time.monotonic() - t, 3)

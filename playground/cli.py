@@ -74,12 +74,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows up here, not at interpreter exit
+        return code
     except UserError as exc:
         print(f"playground: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader closed the pipe: stop quietly, as a program stopped by SIGPIPE does (exit 141)."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # Python's final flush then has nowhere to fail
+    os.close(devnull)
+    return 128 + 13
 
 
 if __name__ == "__main__":

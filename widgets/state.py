@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from playground.blueprints import Blueprint
+from playground.blueprints.fit import local_fit
 from playground.errors import ParameterError, UserError
 from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress
 from playground.types import Job
@@ -316,13 +317,9 @@ def blueprint_notes(blueprint: Blueprint, backend: str = "local", gpus: int | No
     """Why ``blueprint`` cannot run as it is on ``backend`` here (empty: it can)."""
     notes: list[str] = []
     if backend == "local":
-        have = local_gpu_count() if gpus is None else gpus
-        need = blueprint.resources.gpus_per_node
-        if need > have:
-            notes.append(
-                f"needs {need} GPU{'s' if need > 1 else ''} and this machine has "
-                f"{have or 'none'}: use the kubernetes backend, or try tiny-llama-cpu"
-            )
+        fit = local_fit(blueprint, local_gpu_count() if gpus is None else gpus)
+        if not fit.runnable:
+            notes.append(fit.advice())
     if blueprint.model.gated and not os.environ.get("HF_TOKEN"):
         notes.append("gated model on the Hugging Face hub: set HF_TOKEN in the environment")
     elif blueprint.model.source.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE") == "1":

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from playground.errors import UserError
+from playground.errors import UserError, shown_path
 from playground.paths import ensure_writable_dir
 from playground.processes import process_alive
 from playground.types import Endpoint
@@ -80,7 +80,9 @@ def _resolve_model(model_dir: str) -> tuple[str, bool]:
     if model_dir.startswith("hf://"):
         return model_dir[len("hf://") :], False
     if "://" in model_dir:
-        raise UserError(f"cannot serve {model_dir!r} locally: give a model directory or hf://org/name", field="model")
+        raise UserError(
+            f"cannot serve {shown_path(model_dir)} locally: give a model directory or hf://org/name", field="model"
+        )
     path = Path(model_dir).expanduser().resolve()
     if "@" in str(path):
         raise UserError(f"model directory {str(path)!r} contains '@', which transformers reads as a revision")

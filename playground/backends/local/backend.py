@@ -28,6 +28,7 @@ from playground.backends.base import Backend
 from playground.backends.local import state
 from playground.backends.local.gpus import detect_gpus
 from playground.blueprints import Blueprint, get_blueprint
+from playground.blueprints.fit import local_fit
 from playground.errors import JobNotFound, UserError
 from playground.events import Event, JobPhase, Phase, Progress, event_from_dict, parse_line
 from playground.paths import ensure_writable_dir, playground_home
@@ -119,28 +120,10 @@ class LocalBackend(Backend):
                 "allowed: a local .json/.jsonl file or directory, or hf://ORG/NAME",
                 field="dataset_source",
             )
-        stand_in = model is not None and not _is_remote(model)
-        need = blueprint.resources.gpus_per_node
-        nproc = 1
-        if need > 0:
-            have = detect_gpus() if check_gpus else need
-            if stand_in:
-                nproc = max(1, min(need, have))  # a local stand-in model also trains on CPU
-            elif have == 0:
-                raise UserError(
-                    f"blueprint {blueprint.id!r} needs {need} GPU(s), none found on this machine; "
-                    "try 'tiny-llama-cpu' (runs on CPU) or --backend kubernetes",
-                    field="blueprint",
-                )
-            elif have < need:
-                raise UserError(
-                    f"blueprint {blueprint.id!r} needs {need} GPU(s), {have} found on this machine; "
-                    "try --backend kubernetes",
-                    field="blueprint",
-                )
-            else:
-                nproc = need
-        return blueprint, params, nproc, stand_in
+        have = detect_gpus() if check_gpus else blueprint.resources.gpus_per_node
+        fit = local_fit(blueprint, have, model_source=model)
+        fit.check()
+        return blueprint, params, fit.processes, fit.stand_in
 
     def _spec(
         self, job_id: str, jobdir: Path, request: TrainRequest, blueprint: Blueprint, params: dict, nproc: int

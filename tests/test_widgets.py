@@ -360,6 +360,44 @@ def test_app_command_uses_safe_voila_settings() -> None:
     assert any(a.startswith("--MappingKernelManager.cull_idle_timeout=") for a in command)
 
 
+def test_app_on_a_taken_port_serves_and_prints_the_next_free_one(tmp_path: Path) -> None:
+    """`playground app --port P` with P taken: Voila listens on the port the command printed."""
+    import socket
+
+    from _waiting import wait_for
+
+    from playground.commands.app import first_free_port
+    from playground.serving.local import port_in_use
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        expected = first_free_port("127.0.0.1", busy)
+        assert expected > busy and not port_in_use(expected)
+        env = {**os.environ, "PLAYGROUND_HOME": str(tmp_path / "home")}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "playground.cli", "app", "--port", str(busy), "--no-browser"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        try:
+            assert proc.stdout is not None
+            lines = [proc.stdout.readline().strip(), proc.stdout.readline().strip()]
+            assert lines == [
+                f"port {busy} is in use; using {expected}",
+                f"Blueprint Playground on http://127.0.0.1:{expected}/  (Ctrl-C stops it)",
+            ]
+            wait_for(lambda: port_in_use(expected) or proc.poll() is not None, 120, f"Voila on port {expected}")
+            assert proc.poll() is None, "Voila exited instead of serving the printed port"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 def test_binder_runs_the_app_on_cpu_torch() -> None:
     binder = REPO / "binder"
     requirements = (binder / "requirements.txt").read_text()

@@ -13,7 +13,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,14 +40,14 @@ def free_port() -> int:
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"playground app exited with {proc.returncode}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-        time.sleep(0.3)
-    raise TimeoutError(f"nothing listening on {port} after {timeout}s")
+            return True
+        return False
+
+    wait_for(listening, timeout, f"playground app listening on port {port}", interval=0.3)
 
 
 @pytest.fixture

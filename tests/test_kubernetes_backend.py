@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 from _k8s_sim import Cluster, Scenario, crd_validator, synthetic_trainer_log
+from _waiting import wait_for
 
 from playground.api import make_request
 from playground.backends.kubernetes import KubernetesBackend
@@ -161,10 +161,8 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
         assert cluster.items("inferenceservices") == []
         with pytest.raises(JobNotFound):
             k8s.get(job.id)
+        wait_for(lambda: not servers.list(), 20, "the deleted InferenceServices' model servers to stop")
     finally:
-        deadline = time.time() + 20
-        while servers.list() and time.time() < deadline:
-            time.sleep(0.2)
         servers.stop_all()
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _waiting import wait_for
 
 from playground.errors import UserError
 from playground.serving.client import base_url, chat, complete, list_models
@@ -362,9 +363,8 @@ def test_a_running_job_serves_its_base_model_but_not_a_fine_tuned_one_and_delete
             backend.serve(job.id)
         result = _cli("serve", job.id, home=session_home)
         assert result.returncode == 2 and "once it has Succeeded" in result.stderr
-        deadline = time.monotonic() + 180
-        while not backend.get(job.id).base_model and time.monotonic() < deadline:
-            time.sleep(0.5)  # the trainer writes the untrained weights before its first step
+        # the trainer writes the untrained weights before its first step
+        wait_for(lambda: backend.get(job.id).base_model, 180, "the job's base model", interval=0.5)
         base = backend.serve(job.id, base=True)  # compare against the base while the job trains
         assert base.kind == "base" and chat(base, "reverse: kube", max_tokens=MAX_TOKENS) != "ebuk"
         port = int(base.url.rsplit(":", 1)[1].split("/")[0])

@@ -113,13 +113,14 @@ class Coalescer:
         max_rate: float = 10.0,
         state: JobState | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.render = render
         self.interval = 1.0 / max_rate
         self.state = state or JobState()
         self.renders = 0
         self.error: BaseException | None = None
-        self._clock = clock
+        self._clock, self._sleep = clock, sleep  # injectable: tests drive time by hand
         self._cond = threading.Condition()
         self._dirty = False
         self._closed = False
@@ -152,9 +153,8 @@ class Coalescer:
                     self._cond.wait()
                 if not self._dirty:
                     return
-            wait = self._last + self.interval - self._clock()
-            if wait > 0:
-                time.sleep(wait)
+            while (wait := self._last + self.interval - self._clock()) > 0:
+                self._sleep(wait)
             with self._cond:
                 self._dirty = False
             snapshot = self.state.snapshot()

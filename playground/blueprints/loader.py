@@ -67,10 +67,8 @@ def _load_dirs(dirs: tuple[Path, ...]) -> tuple[dict[str, Blueprint], dict[str, 
                 problems.setdefault(file.stem, exc)
                 continue
             if blueprint.id in found:
-                problems.setdefault(
-                    file.stem,
-                    BlueprintError(f"{file}: field 'id': duplicate blueprint id {blueprint.id!r}", field="id"),
-                )
+                message = f"{shown_path(file, quoted=False)}: field 'id': duplicate blueprint id {blueprint.id!r}"
+                problems.setdefault(file.stem, BlueprintError(message, field="id"))
                 continue
             found[blueprint.id] = blueprint
     return found, problems

@@ -175,6 +175,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     dropped: int = 0
     dropped_watches: int = 0
     dropped_logs: int = 0
+    kueue_visibility: bool = False  # serve Kueue's visibility API (pendingworkloads); else 404 like most clusters
+    pending_workloads: dict[tuple[str, str], list[dict[str, Any]]] = attrs.field(factory=dict)  # (ns, queue)
 
     def pulse(self, logs: bool = False) -> asyncio.Event:
         """The event the next change sets (objects, or pod logs): waiters take it before looking."""
@@ -314,6 +316,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         ns = request.namespace
         if plural in CLUSTER_SCOPED:
             ns = None
+        if method == "GET" and plural == "localqueues" and sub == "pendingworkloads":
+            return self._pending_workloads(ns or "default", request.name or "")
         if method == "GET" and kind == "log":
             return await self._serve_log(request, ns or "default", request.name or "")
         if method == "GET" and kind == "watch":
@@ -362,6 +366,19 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             await self.notify()
             return aiohttp.web.json_response(obj)
         return await super()._handle(request)
+
+    def _pending_workloads(self, ns: str, queue: str) -> aiohttp.web.StreamResponse:
+        """Kueue's visibility API: a LocalQueue's pending Workloads with their positions (0 = next)."""
+        if not self.kueue_visibility:
+            raise KubernetesError(
+                status=404, reason="NotFound", message="the server could not find the requested resource"
+            )
+        items = [
+            {**w, "positionInLocalQueue": i, "positionInClusterQueue": i}
+            for i, w in enumerate(self.pending_workloads.get((ns, queue), []))
+        ]
+        summary = {"kind": "PendingWorkloadsSummary", "apiVersion": "visibility.kueue.x-k8s.io/v1beta1"}
+        return aiohttp.web.json_response({**summary, "metadata": {}, "items": items})
 
     def _select(self, plural: str, ns: str | None, params: dict[str, str]) -> list[dict[str, Any]]:
         out = []
@@ -724,7 +741,14 @@ class TrainerSimulator:
                 msg = "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu"
                 msg += " in flavor gpu, 1 more needed"
                 await self._event(ns, "Workload", workload, "Pending", msg)
-                await self.admitted.setdefault(queue, asyncio.Event()).wait()
+                owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name}
+                entry = {"metadata": {"name": workload, "namespace": ns, "ownerReferences": [owner]}, "priority": 0}
+                waiting = self.emu.pending_workloads.setdefault((ns, queue), [])
+                waiting.append({**entry, "localQueueName": queue})
+                try:
+                    await self.admitted.setdefault(queue, asyncio.Event()).wait()
+                finally:  # admitted, cancelled or deleted: no longer pending
+                    waiting[:] = [w for w in waiting if w["metadata"]["name"] != workload]
             await self._event(
                 ns, "Workload", workload, "QuotaReserved", f"Quota reserved in ClusterQueue cluster-{queue}"
             )

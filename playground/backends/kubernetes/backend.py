@@ -21,6 +21,7 @@ from typing import Any
 
 from playground.backends.base import Backend
 from playground.backends.kubernetes import manifests as m
+from playground.backends.kubernetes import queue as kueue
 from playground.backends.kubernetes.errors import api_error
 from playground.backends.kubernetes.status import (
     StreamState,
@@ -35,8 +36,10 @@ from playground.backends.kubernetes.status import (
 )
 from playground.backends.kubernetes.watch import LogFollower, ResourceWatcher, WatchStats
 from playground.blueprints import Blueprint, get_blueprint, load_catalog
+from playground.booth import BoothPolicy, SubmissionLedger, owner_key, submit_lock
 from playground.errors import BackendError, JobNotFound, UserError
-from playground.events import EVENT_PREFIX, Event, JobPhase, Phase
+from playground.events import EVENT_PREFIX, Event, JobPhase, Phase, Queued
+from playground.paths import ensure_writable_dir, playground_home
 from playground.types import Endpoint, Job, TrainRequest
 
 TRAINJOBS = "trainjobs.trainer.kubeflow.org"
@@ -58,6 +61,7 @@ class KubernetesBackend(Backend):
     """Blueprint jobs as TrainJobs, served by KServe. Options fall back to env (PLAYGROUND_*)."""
 
     name = "kubernetes"
+    queue_poll_seconds = kueue.POLL_SECONDS  # how often a follower asks Kueue for a queued job's position
 
     def __init__(
         self,
@@ -73,7 +77,11 @@ class KubernetesBackend(Backend):
         serve_timeout: float = 600.0,
         drain_timeout: float = 15.0,
         labels: dict[str, str] | None = None,
+        policy: BoothPolicy | None = None,
     ) -> None:
+        self.policy = policy if policy is not None else BoothPolicy.from_settings()
+        if ttl_seconds_after_finished is None and self.policy is not None:
+            ttl_seconds_after_finished = self.policy.finished_ttl_seconds
         self.context = context
         self.kubeconfig = kubeconfig
         self._namespace = namespace
@@ -252,6 +260,20 @@ class KubernetesBackend(Backend):
 
     # -- jobs -----------------------------------------------------------------------------------
     def submit(self, request: TrainRequest) -> Job:
+        if self.policy is None or request.owner is None:
+            return self._submit(request)
+        # Booth: the quota check and the create are one step for every kernel of this app (its home).
+        home = ensure_writable_dir(playground_home(), what="state dir")
+        with submit_lock(home):
+            ledger = SubmissionLedger(home)
+            jobs = self.list(owner=request.owner)
+            times = max(ledger.times(request.owner), [j.created_at for j in jobs], key=len)
+            self.policy.check_quota(jobs, times)
+            job = self._submit(request)
+            ledger.record(request.owner)
+            return job
+
+    def _submit(self, request: TrainRequest) -> Job:
         blueprint = get_blueprint(request.blueprint_id)
         runtime = self._runtime(blueprint)
         plan = self._plan(request, runtime=runtime)
@@ -273,19 +295,25 @@ class KubernetesBackend(Backend):
             raise self._error(exc, "create", TRAINJOBS, plan.name) from None
         return self.get(plan.name)
 
-    def _get_trainjob(self, job_id: str) -> dict[str, Any]:
+    def _get_trainjob(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
+        """The TrainJob; JobNotFound when it does not exist or (with ``owner``) is someone else's."""
         from kubernetes.client.exceptions import ApiException
 
+        not_found = JobNotFound(f"no TrainJob {job_id!r} in namespace {self.namespace!r}", field="job")
         try:
-            return self.custom.get_namespaced_custom_object(
+            obj = self.custom.get_namespaced_custom_object(
                 m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, job_id
             )
         except ApiException as exc:
             if exc.status == 404:
-                raise JobNotFound(f"no TrainJob {job_id!r} in namespace {self.namespace!r}", field="job") from None
+                raise not_found from None
             raise self._error(exc, "get", TRAINJOBS, job_id) from None
         except Exception as exc:
             raise self._error(exc, "get", TRAINJOBS, job_id) from None
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if owner is not None and labels.get(m.LABEL_OWNER) != owner_key(owner):
+            raise not_found  # someone else's job: reported like an unknown one
+        return obj
 
     def _pods(self, job_id: str) -> list[dict[str, Any]]:
         try:
@@ -342,6 +370,7 @@ class KubernetesBackend(Backend):
             base_model=ann.get(m.ANN_BASE),
             log_tail=log_tail,
             labels={k[len(m.LABEL_PREFIX) :]: v for k, v in labels.items() if k.startswith(m.LABEL_PREFIX)},
+            owner=ann.get(m.ANN_OWNER),
         )
 
     @staticmethod
@@ -350,8 +379,8 @@ class KubernetesBackend(Backend):
         catalog = load_catalog()
         return value if value in catalog else next((b for b in catalog if m.label_value(b) == value), value)
 
-    def get(self, job_id: str) -> Job:
-        obj = self._get_trainjob(job_id)
+    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+        obj = self._get_trainjob(job_id, owner)
         pods = self._pods(job_id)
         tail = None
         phase, _ = cluster_phase(obj, pods)
@@ -360,28 +389,45 @@ class KubernetesBackend(Backend):
                 p for p in pods if step_name(p) == "node-0"
             ]
             tail = self._tail(failing[0]) if failing else None
-        return self._job(obj, pods, tail)
+        job = self._job(obj, pods, tail)
+        queue_name = ((obj.get("metadata") or {}).get("labels") or {}).get(m.QUEUE_LABEL)
+        if queue_name and job.phase == JobPhase.PENDING and (obj.get("spec") or {}).get("suspend"):
+            job.queue_position = kueue.pending_position(self.custom.api_client, self.namespace, queue_name, job_id)
+            if job.queue_position is not None:  # else the message stays "... waiting for admission"
+                job.message = f"queued in Kueue queue {queue_name!r}: position {job.queue_position}"
+        return job
 
-    def list(self) -> list[Job]:
+    def _list_trainjobs(self, owner: str | None = None) -> dict[str, Any]:
         try:
-            data = self.custom.list_namespaced_custom_object(
+            return self.custom.list_namespaced_custom_object(
                 m.GROUP,
                 m.VERSION,
                 self.namespace,
                 m.TRAINJOB_PLURAL,
-                label_selector=f"{m.LABEL_MANAGED}={m.MANAGED_BY}",
+                label_selector=f"{m.LABEL_MANAGED}={m.MANAGED_BY}{m.owner_selector(owner)}",
             )
         except Exception as exc:
             raise self._error(exc, "list", TRAINJOBS) from None
+
+    def list(self, *, owner: str | None = None) -> list[Job]:
+        data = self._list_trainjobs(owner)
         jobs = [self._job(obj, None) for obj in data.get("items") or []]
         jobs = [j for j in jobs if not self._expired(j, data)]
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
-    def _expired(self, job: Job, data: dict[str, Any]) -> bool:
+    def cleanup(self, *, now: float | None = None) -> list[str]:
+        """Delete finished TrainJobs (and their InferenceServices) past their TTL; the names deleted."""
+        data = self._list_trainjobs()
+        return [
+            job.id for job in (self._job(o, None) for o in data.get("items") or []) if self._expired(job, data, now)
+        ]
+
+    def _expired(self, job: Job, data: dict[str, Any], now: float | None = None) -> bool:
         """Optional TTL after finish (annotation set at submit): delete the job and its servers."""
         obj = next(o for o in data.get("items") or [] if o["metadata"]["name"] == job.id)
         ttl = (obj["metadata"].get("annotations") or {}).get(m.ANN_TTL)
-        if ttl is None or not job.done or job.finished_at is None or time.time() < job.finished_at + int(ttl):
+        now = time.time() if now is None else now
+        if ttl is None or not job.done or job.finished_at is None or now < job.finished_at + int(ttl):
             return False
         try:
             self.delete(job.id)
@@ -390,8 +436,8 @@ class KubernetesBackend(Backend):
         return True
 
     # -- events ---------------------------------------------------------------------------------
-    def events(self, job_id: str, follow: bool = False) -> Iterator[Event]:
-        obj = self._get_trainjob(job_id)  # JobNotFound before anything starts
+    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+        obj = self._get_trainjob(job_id, owner)  # JobNotFound before anything starts
         created = _ts((obj.get("metadata") or {}).get("creationTimestamp"))
         yield Phase(JobPhase.PENDING, "TrainJob created", time=created or time.time())
         state = StreamState(job_id, job=obj, rank=0, phase=JobPhase.PENDING)
@@ -481,7 +527,18 @@ class KubernetesBackend(Backend):
         inbox: queue.Queue = queue.Queue()
         stop_watch = threading.Event()
         stop_logs = threading.Event()
-        watchers = self.watchers(job_id, inbox.put, stop_watch)
+        watchers: list[Any] = self.watchers(job_id, inbox.put, stop_watch)
+        queue_name = (((state.job or {}).get("metadata") or {}).get("labels") or {}).get(m.QUEUE_LABEL)
+        if queue_name:  # Kueue's pending position, where its visibility API answers
+            watchers.append(
+                kueue.QueuePoller(
+                    partial(kueue.pending_position, self.custom.api_client, self.namespace, queue_name, job_id),
+                    lambda: state.phase in (None, JobPhase.PENDING),
+                    inbox.put,
+                    threading.Event(),
+                    interval=self.queue_poll_seconds,
+                )
+            )
         followers: dict[str, LogFollower] = {}
         ended: set[str] = set()
         terminal_at: float | None = None
@@ -521,6 +578,8 @@ class KubernetesBackend(Backend):
                         raise self._error(item[2], "watch", TRAINJOBS if item[1] == "trainjob" else "pods")
                     elif kind == "log_error":
                         ended.add(item[1])
+                    elif kind == "queued":
+                        out = [Queued(item[1])] if state.phase in (None, JobPhase.PENDING) else []
                 yield from out
                 if terminal_at is None and state.terminal() and {"trainjob", "pod"} <= synced:
                     terminal_at = time.monotonic()
@@ -565,8 +624,8 @@ class KubernetesBackend(Backend):
         follower.start()
 
     # -- control --------------------------------------------------------------------------------
-    def cancel(self, job_id: str) -> Job:
-        job = self.get(job_id)
+    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+        job = self.get(job_id, owner=owner)
         if job.done:
             return job
         body = {"metadata": {"annotations": {m.ANN_CANCELLED: "true"}}, "spec": {"suspend": True}}
@@ -578,8 +637,8 @@ class KubernetesBackend(Backend):
             raise self._error(exc, "patch", TRAINJOBS, job_id) from None
         return self.get(job_id)
 
-    def delete(self, job_id: str) -> None:
-        self._get_trainjob(job_id)
+    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+        self._get_trainjob(job_id, owner)
         for isvc in self._isvcs(f"{m.LABEL_JOB}={job_id}"):
             self._delete_isvc(isvc["metadata"]["name"])
         try:
@@ -626,12 +685,13 @@ class KubernetesBackend(Backend):
             kind=labels.get(m.LABEL_KIND, "fine-tuned"),
             backend="kubernetes",
             name=meta.get("name"),
+            owner=(meta.get("annotations") or {}).get(m.ANN_OWNER),
         )
 
-    def serve(self, job_id: str, *, base: bool = False) -> Endpoint:
+    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None) -> Endpoint:
         from kubernetes.client.exceptions import ApiException
 
-        job = self.get(job_id)
+        job = self.get(job_id, owner=owner)
         blueprint = get_blueprint(job.blueprint_id)
         if base:
             uri = job.base_model or m.base_model_uri(job_id, blueprint)
@@ -639,7 +699,7 @@ class KubernetesBackend(Backend):
             if job.phase != JobPhase.SUCCEEDED or not job.model_dir:
                 raise UserError(f"job {job_id} is {job.phase}; it can be served once it has Succeeded", field="job")
             uri = job.model_dir
-        body = m.build_inferenceservice(job_id, blueprint, uri, self.opts, base=base)
+        body = m.build_inferenceservice(job_id, blueprint, uri, self.opts, base=base, owner=job.owner)
         name = body["metadata"]["name"]
         try:
             self.custom.create_namespaced_custom_object(
@@ -707,10 +767,10 @@ class KubernetesBackend(Backend):
         why = "; ".join(not_ready) or "no status reported (is KServe installed?)"
         raise BackendError(f"InferenceService {name!r} not Ready after {self.serve_timeout:g}s: {why}")
 
-    def unserve(self, target: str) -> None:
+    def unserve(self, target: str, *, owner: str | None = None) -> None:
         matched = [
             isvc
-            for isvc in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}")
+            for isvc in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}{m.owner_selector(owner)}")
             if target
             in (
                 isvc["metadata"]["name"],
@@ -727,6 +787,6 @@ class KubernetesBackend(Backend):
         for isvc in matched:
             self._delete_isvc(isvc["metadata"]["name"])
 
-    def endpoints(self) -> list[Endpoint]:
-        found = [self._endpoint(i) for i in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}")]
+    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
+        found = [self._endpoint(i) for i in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}{m.owner_selector(owner)}")]
         return [e for e in found if e is not None]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from playground.blueprints import Blueprint
+from playground.booth import owner_key
 from playground.types import TrainRequest
 
 GROUP = "trainer.kubeflow.org"
@@ -27,6 +28,7 @@ LABEL_PREFIX = "blueprint-playground.dev/"
 LABEL_BLUEPRINT = LABEL_PREFIX + "blueprint"
 LABEL_JOB = LABEL_PREFIX + "job"
 LABEL_KIND = LABEL_PREFIX + "kind"
+LABEL_OWNER = LABEL_PREFIX + "owner"  # booth mode: a label-safe digest of the visitor id (owner_key)
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 MANAGED_BY = "blueprint-playground"
 ANN_PARAMS = LABEL_PREFIX + "params"
@@ -35,6 +37,7 @@ ANN_BASE = LABEL_PREFIX + "base-model"
 ANN_TRAINER = LABEL_PREFIX + "trainer"
 ANN_CANCELLED = LABEL_PREFIX + "cancelled"
 ANN_TTL = LABEL_PREFIX + "ttl-seconds-after-finished"
+ANN_OWNER = LABEL_PREFIX + "owner"  # the visitor id itself (labels hold only its digest)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 RJOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -72,6 +75,18 @@ class ClusterOptions:
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def owner_metadata(owner: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) marking an object as ``owner``'s; empty for an operator's object."""
+    if owner is None:
+        return {}, {}
+    return {LABEL_OWNER: owner_key(owner)}, {ANN_OWNER: owner}
+
+
+def owner_selector(owner: str | None) -> str:
+    """The label selector term for ``owner``'s objects ("" for everyone's)."""
+    return f",{LABEL_OWNER}={owner_key(owner)}" if owner is not None else ""
 
 
 def label_value(text: str) -> str:
@@ -181,11 +196,14 @@ def plan_trainjob(
     }
     if opts.queue:
         labels[QUEUE_LABEL] = opts.queue
+    owner_labels, owner_annotations = owner_metadata(request.owner)
+    labels.update(owner_labels)
     annotations = {
         ANN_PARAMS: json.dumps(params, sort_keys=True),
         ANN_OUTPUT: output_uri(name, blueprint),
         ANN_BASE: base_model_uri(name, blueprint, request.overrides.model),
         ANN_TRAINER: kind,
+        **owner_annotations,
     }
     if opts.ttl_seconds_after_finished is not None:
         annotations[ANN_TTL] = str(opts.ttl_seconds_after_finished)
@@ -340,6 +358,7 @@ def build_inferenceservice(
     opts: ClusterOptions,
     *,
     base: bool,
+    owner: str | None = None,
 ) -> dict[str, Any]:
     """A KServe InferenceService on the Hugging Face runtime serving ``storage_uri``."""
     name = isvc_name(job_name, base)
@@ -370,10 +389,15 @@ def build_inferenceservice(
         LABEL_MANAGED: MANAGED_BY,
         **opts.extra_labels,
     }
+    owner_labels, owner_annotations = owner_metadata(owner)
+    labels.update(owner_labels)
+    metadata: dict[str, Any] = {"name": name, "namespace": opts.namespace, "labels": labels}
+    if owner_annotations:
+        metadata["annotations"] = owner_annotations
     return {
         "apiVersion": f"{KSERVE_GROUP}/{KSERVE_VERSION}",
         "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": opts.namespace, "labels": labels},
+        "metadata": metadata,
         "spec": {"predictor": {"model": model}},
     }
 

@@ -3,7 +3,6 @@ real processes (a crash frees its slot), stale entries pruned, and the wait esti
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from playground.backends.local.queue import (
-    STARTUP_GRACE,
     Timing,
     TrainingQueue,
     estimate_wait,
@@ -21,16 +19,16 @@ from playground.backends.local.queue import (
     typical_timing,
 )
 
-ME = os.getpid()
+
+def everyone_alive(job: str) -> bool:
+    return True
 
 
 def test_fifo_by_submit_time_one_slot(tmp_path: Path):
-    q = TrainingQueue(tmp_path, slots=1)
+    q = TrainingQueue(tmp_path, slots=1, alive=everyone_alive)
     q.join("b", submitted=2.0)  # supervisors may join out of order; the submit time decides
     q.join("a", submitted=1.0)
     q.join("c", submitted=3.0)
-    for job in "abc":
-        assert q.attach(job, ME)
     assert [q.position(j) for j in "abc"] == [1, 2, 3]
     assert q.try_start("b") is None  # not at the head
     slot_a = q.try_start("a")
@@ -46,10 +44,9 @@ def test_fifo_by_submit_time_one_slot(tmp_path: Path):
 
 
 def test_two_slots_run_two_jobs(tmp_path: Path):
-    q = TrainingQueue(tmp_path, slots=2)
+    q = TrainingQueue(tmp_path, slots=2, alive=everyone_alive)
     for i, job in enumerate("xyz"):
         q.join(job, submitted=float(i))
-        q.attach(job, ME)
     slots = [q.try_start("x"), q.try_start("y")]
     assert all(slots) and sorted(q.running()) == ["x", "y"]
     assert q.try_start("z") is None and q.position("z") == 1
@@ -57,12 +54,12 @@ def test_two_slots_run_two_jobs(tmp_path: Path):
     assert q.try_start("z") is not None
 
 
-def test_a_crashed_slot_holder_frees_its_slot_and_dead_waiters_are_pruned(tmp_path: Path):
-    q = TrainingQueue(tmp_path, slots=1)
+def test_a_crashed_slot_holder_frees_its_slot(tmp_path: Path):
+    q = TrainingQueue(tmp_path, slots=1, alive=everyone_alive)
     holder_code = (
         "import sys, time\n"
         "from playground.backends.local.queue import TrainingQueue\n"
-        "q = TrainingQueue(sys.argv[1], slots=1)\n"
+        "q = TrainingQueue(sys.argv[1], slots=1, alive=lambda job: True)\n"
         "q.join('held', 0.0)\n"
         "slot = q.try_start('held')\n"
         "assert slot is not None\n"
@@ -75,28 +72,24 @@ def test_a_crashed_slot_holder_frees_its_slot_and_dead_waiters_are_pruned(tmp_pa
     try:
         assert holder.stdout.readline().strip() == "holding"
         q.join("next", submitted=1.0)
-        q.attach("next", ME)
         assert q.running() == ["held"] and q.try_start("next") is None
     finally:
         holder.kill()
         holder.wait()
     assert q.running() == []  # the kernel dropped the dead process's lock
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    q.join("ghost", submitted=0.5)  # ahead of "next", but its supervisor is dead
-    q.attach("ghost", int(gone.stdout))
-    assert [e.job for e in q.waiting()] == ["next"]
     assert q.try_start("next") is not None
 
 
-def test_an_entry_whose_supervisor_never_came_is_pruned_after_the_grace(tmp_path: Path):
-    q = TrainingQueue(tmp_path, slots=1)
-    q.join("never", submitted=0.0)
-    assert q.position("never") == 1  # within the startup grace: kept (its supervisor may be starting)
-    path = next((tmp_path / "queue" / "waiting").glob("*-never.json"))
-    record = json.loads(path.read_text())
-    record["joined"] -= STARTUP_GRACE + 1  # as if it had joined long ago
-    path.write_text(json.dumps(record))
-    assert q.position("never") is None and not path.exists()
+def test_entries_of_jobs_no_longer_alive_are_pruned(tmp_path: Path):
+    alive = {"ghost", "next"}
+    q = TrainingQueue(tmp_path, slots=1, alive=alive.__contains__)
+    q.join("ghost", submitted=0.5)
+    q.join("next", submitted=1.0)
+    assert q.position("next") == 2
+    alive.discard("ghost")  # its supervisor died while it waited
+    assert [e.job for e in q.waiting()] == ["next"] and q.position("next") == 1
+    assert not list((tmp_path / "queue" / "waiting").glob("*-ghost.json"))
+    assert q.try_start("next") is not None
 
 
 def test_wait_estimate_from_running_etas_and_typical_durations():
@@ -121,6 +114,8 @@ def test_timing_from_a_finished_jobs_status_and_remaining_time():
     assert timing == Timing(startup=pytest.approx(9.0), per_step=pytest.approx(0.2), finish=pytest.approx(4.0))
     assert timing.duration(300) == pytest.approx(9 + 60 + 4)
     assert timing_from_status({"started_at": 1.0}) is None
+    still_running = {**status, "finished_at": None}
+    assert timing_from_status(still_running) == Timing(pytest.approx(9.0), pytest.approx(0.2), 0.0)
     typical = typical_timing([timing, Timing(1, 0.4, 2), Timing(20, 0.3, 6)])
     assert typical == Timing(9.0, 0.3, 4.0)
     running = {"started_at": 0.0, "progress": {"step": 10, "time": 50.0, "eta_seconds": 30.0}}

@@ -5,8 +5,8 @@ State lives under ``$PLAYGROUND_HOME/queue/`` so every process (kernels, CLI cal
 sees the same queue:
 
 - ``waiting/<submit-time>-<job>.json``: one entry per waiting job, written at submit (so the order is
-  the submit order even if supervisors start out of order); the job's supervisor adds its pid when it
-  starts waiting. Entries whose supervisor is gone (or never came) are pruned by whoever looks.
+  the submit order even if supervisors start out of order). Entries of jobs that are no longer alive
+  (``alive(job)`` false: their supervisor is gone) are pruned by whoever looks.
 - ``slots/<k>.lock``: an exclusive lock the supervisor of a training job holds for as long as it
   trains; the kernel drops it when the process dies, so a crash never leaks a slot.
   ``slots/<k>.json`` says which job holds it (for estimates; the lock is what counts).
@@ -24,17 +24,14 @@ import heapq
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
-from playground.processes import process_alive
-
 POLL_INTERVAL = 1.0  # seconds between a waiter's looks at the queue
-STARTUP_GRACE = 30.0  # an entry with no supervisor pid after this long is stale
 _LOCK_TIMEOUT = 30.0
 
 
@@ -44,9 +41,6 @@ class Entry:
 
     job: str
     submitted: float
-    pid: int | None
-    markers: tuple[str, ...]
-    joined: float
     path: Path
 
 
@@ -65,11 +59,13 @@ class Slot:
 
 
 class TrainingQueue:
-    """The queue in ``home/queue`` with ``slots`` trainings at once."""
+    """The queue in ``home/queue`` with ``slots`` trainings at once; ``alive(job)`` says whether a
+    waiting job still exists and waits (the local backend: its supervisor holds its lock)."""
 
-    def __init__(self, home: Path | str, slots: int) -> None:
+    def __init__(self, home: Path | str, slots: int, alive: Callable[[str], bool]) -> None:
         self.root = Path(home) / "queue"
         self.slots = max(1, int(slots))
+        self.alive = alive
 
     # -- files -------------------------------------------------------------------------------
     @property
@@ -106,49 +102,26 @@ class TrainingQueue:
         os.replace(tmp, path)
 
     def _entries(self) -> list[Entry]:
-        """Waiting entries in submit order; stale ones (their supervisor gone, or never started) removed."""
+        """Waiting entries in submit order; those of jobs no longer alive are removed."""
         if not self.waiting_dir.is_dir():
             return []
         entries = []
-        now = time.time()
         for path in sorted(self.waiting_dir.glob("*.json")):
             try:
                 data = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            entry = Entry(
-                job=data["job"],
-                submitted=float(data["submitted"]),
-                pid=data.get("pid"),
-                markers=tuple(data.get("markers") or ()),
-                joined=float(data.get("joined", data["submitted"])),
-                path=path,
-            )
-            stale = not process_alive(entry.pid, *entry.markers) if entry.pid else now - entry.joined > STARTUP_GRACE
-            if stale:
+            if not self.alive(data["job"]):
                 path.unlink(missing_ok=True)
                 continue
-            entries.append(entry)
+            entries.append(Entry(job=data["job"], submitted=float(data["submitted"]), path=path))
         return entries
 
     # -- the waiting line ----------------------------------------------------------------------
     def join(self, job_id: str, submitted: float) -> None:
-        """Put a job in line (at submit, before its supervisor starts); its place is its submit time."""
+        """Put a job in line (at submit, once it is alive); its place is its submit time."""
         with self._locked():
-            self._write(
-                self._entry_path(job_id, submitted), {"job": job_id, "submitted": submitted, "joined": time.time()}
-            )
-
-    def attach(self, job_id: str, pid: int, markers: tuple[str, ...] = ()) -> bool:
-        """The job's supervisor (``pid``) waits now: from here its liveness keeps the entry. False if not in line."""
-        with self._locked():
-            path = self._find(job_id)
-            if path is None:
-                return False
-            data = json.loads(path.read_text())
-            data.update(pid=pid, markers=list(markers))
-            self._write(path, data)
-            return True
+            self._write(self._entry_path(job_id, submitted), {"job": job_id, "submitted": submitted})
 
     def leave(self, job_id: str) -> bool:
         """Take a job out of the line (cancelled, or it failed before its turn). False if it was not in it."""
@@ -228,17 +201,20 @@ class Timing:
 
 
 def timing_from_status(status: dict[str, Any]) -> Timing | None:
-    """A finished job's timing from its ``status.json`` (its first and last progress points); None if unknown."""
+    """A job's timing from its ``status.json`` (first and latest progress points); None if unknown.
+
+    A job still running gives its timing so far (no finish part yet).
+    """
     started = status.get("started_at")
     first_at, first_step = status.get("first_progress_at"), status.get("first_progress_step")
     progress = status.get("progress") or {}
     last_at, last_step = progress.get("time"), progress.get("step")
-    finished = status.get("finished_at")
-    if None in (started, first_at, first_step, last_at, last_step, finished) or last_step <= first_step:
+    if None in (started, first_at, first_step, last_at, last_step) or last_step <= first_step:
         return None
     per_step = (last_at - first_at) / (last_step - first_step)
     startup = max(0.0, first_at - started - per_step * first_step)
-    return Timing(startup=startup, per_step=per_step, finish=max(0.0, finished - last_at))
+    finished = status.get("finished_at")
+    return Timing(startup=startup, per_step=per_step, finish=max(0.0, finished - last_at) if finished else 0.0)
 
 
 def typical_timing(timings: list[Timing]) -> Timing | None:

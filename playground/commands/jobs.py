@@ -209,17 +209,12 @@ class ProgressPrinter:
             self.last_draw = now
 
     def event(self, event) -> None:
-        from playground.backends.local.state import format_duration
+        from playground.backends.local.state import describe_event
         from playground.events import ClusterEvent, Metric, Phase, Progress, Queued
 
         if isinstance(event, Queued):
             if event.position > 0:
-                wait = (
-                    ""
-                    if event.estimated_wait_seconds is None
-                    else f", about {format_duration(event.estimated_wait_seconds)}"
-                )
-                self.line(f"queued: position {event.position}{wait}")
+                self.line(describe_event(event).removeprefix("[queue] "))
         elif isinstance(event, Progress):
             self.latest = event
             self._draw()

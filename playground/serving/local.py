@@ -269,11 +269,16 @@ class LocalServers:
                 time.sleep(0.25)
 
     # -- stop --------------------------------------------------------------------------------
-    def stop(self, target: str) -> list[Endpoint]:
-        """Stop the servers matching ``target``: an endpoint URL, a server name or a job id (all its servers)."""
+    def stop(self, target: str, *, owner: str | None = None) -> list[Endpoint]:
+        """Stop the servers matching ``target``: an endpoint URL, a server name or a job id (all its servers).
+
+        With ``owner``, only that owner's servers match (a visitor cannot stop another's).
+        """
         wanted = target.strip().rstrip("/")
         matched = []
         for record in self._records():
+            if owner is not None and record.get("owner") != owner:
+                continue
             url = record["url"].rstrip("/")
             if wanted in (url, url.removesuffix("/v1"), record["name"], record.get("job_id")):
                 matched.append(record)

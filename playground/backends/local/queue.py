@@ -259,3 +259,98 @@ def estimate_wait(running: list[float | None], ahead: list[float | None], slots:
             return None
         heapq.heappush(heap, heapq.heappop(heap) + duration)
     return heap[0]
+
+
+# -- the local backend's queue and estimator ---------------------------------------------------------
+def jobs_queue(home: Path | str, slots: int) -> TrainingQueue:
+    """The queue of the local jobs under ``home/jobs``: a job is alive while its supervisor holds its lock."""
+    from playground.backends.local import state
+
+    jobs_dir = Path(home) / "jobs"
+    return TrainingQueue(home, slots, alive=lambda job: state.supervisor_alive(jobs_dir / job))
+
+
+class WaitEstimator:
+    """A queued local job's wait, from the jobs under ``jobs_dir``: the running jobs' ETAs (or their
+    blueprint's typical duration minus what they have run) and the typical durations of the jobs ahead.
+
+    Typical durations come from the last few Succeeded jobs of the same blueprint (their first and last
+    progress points), else from the running jobs of that blueprint so far; they are recomputed when the
+    running set changes, and at most every ``refresh`` seconds otherwise.
+    """
+
+    HISTORY = 5  # finished jobs per blueprint the typical timing is the median of
+
+    def __init__(self, jobs_dir: Path, slots: int, refresh: float = 30.0) -> None:
+        self.jobs_dir = Path(jobs_dir)
+        self.slots = slots
+        self.refresh = refresh
+        self._specs: dict[str, dict[str, Any]] = {}
+        self._typical: dict[str, Timing] = {}
+        self._typical_key: tuple[str, ...] | None = None
+        self._typical_at = float("-inf")
+
+    def _read(self, job: str, name: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.jobs_dir / job / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _spec(self, job: str) -> dict[str, Any] | None:
+        if job not in self._specs:
+            spec = self._read(job, "spec.json")
+            if spec is None:
+                return None
+            self._specs[job] = spec  # written once: safe to keep
+        return self._specs[job]
+
+    @staticmethod
+    def _steps(spec: dict[str, Any]) -> int:
+        return int((spec.get("params") or {}).get("max_steps") or 0)
+
+    def typical(self, running: list[str]) -> dict[str, Timing]:
+        """Blueprint id -> typical timing."""
+        from playground.events import JobPhase
+
+        key = tuple(sorted(running))
+        if key == self._typical_key and time.monotonic() - self._typical_at < self.refresh:
+            return self._typical
+        finished: dict[str, list[tuple[float, Timing]]] = {}
+        partial: dict[str, list[Timing]] = {}
+        for jobdir in self.jobs_dir.iterdir() if self.jobs_dir.is_dir() else ():
+            spec, status = self._spec(jobdir.name), self._read(jobdir.name, "status.json")
+            timing = timing_from_status(status) if spec and status else None
+            if timing is None:
+                continue
+            blueprint = spec["blueprint_id"]
+            if status.get("phase") == str(JobPhase.SUCCEEDED):
+                finished.setdefault(blueprint, []).append((float(status.get("finished_at") or 0), timing))
+            elif not JobPhase(status.get("phase", "Pending")).terminal:
+                partial.setdefault(blueprint, []).append(timing)
+        typical: dict[str, Timing] = {}
+        for blueprint, items in finished.items():
+            recent = [t for _, t in sorted(items, key=lambda item: item[0])[-self.HISTORY :]]
+            typical[blueprint] = typical_timing(recent)  # type: ignore[assignment]
+        for blueprint, timings in partial.items():
+            typical.setdefault(blueprint, typical_timing(timings))  # type: ignore[arg-type]
+        self._typical, self._typical_key, self._typical_at = typical, key, time.monotonic()
+        return typical
+
+    def _duration(self, job: str, typical: dict[str, Timing]) -> float | None:
+        spec = self._spec(job)
+        timing = typical.get(spec["blueprint_id"]) if spec else None
+        return timing.duration(self._steps(spec)) if timing and spec else None
+
+    def estimate(self, running: list[str], ahead: list[str], now: float | None = None) -> float | None:
+        """Seconds until a job behind ``ahead`` starts, with ``running`` holding slots; None if unknown."""
+        now = time.time() if now is None else now
+        typical = self.typical(running)
+        remaining: list[float | None] = []
+        for job in running:
+            spec, status = self._spec(job), self._read(job, "status.json")
+            if spec is None or status is None:
+                remaining.append(None)
+                continue
+            timing = typical.get(spec["blueprint_id"])
+            remaining.append(remaining_seconds(status, self._steps(spec), timing, now))
+        return estimate_wait(remaining, [self._duration(job, typical) for job in ahead], self.slots)

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from playground.events import ClusterEvent, Event, Log, Metric, Phase, Progress
+from playground.events import ClusterEvent, Event, Log, Metric, Phase, Progress, Queued
 from playground.processes import process_alive
 
 SPEC = "spec.json"
@@ -87,6 +87,13 @@ def describe_event(event: Event) -> str:
         return f"[metric] {event.name} = {event.value:.4g}"
     if isinstance(event, ClusterEvent):
         return f"[{event.kind}] {event.reason}: {event.message}"
+    if isinstance(event, Queued):
+        if event.position <= 0:
+            return "[queue] a training slot is free: starting"
+        wait = (
+            "" if event.estimated_wait_seconds is None else f", about {format_duration(event.estimated_wait_seconds)}"
+        )
+        return f"[queue] waiting for a training slot: position {event.position}{wait}"
     return str(event)
 
 

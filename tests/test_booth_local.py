@@ -9,11 +9,11 @@ submit, the job's trainer stops at start-up (``signal.pause``) until cancel or t
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
 import pytest
+from _hooks import install_sitecustomize
 from _waiting import wait_for
 
 from playground.api import make_request
@@ -38,10 +38,7 @@ if os.environ.get("PLAYGROUND_TEST_HOLD_TRAINER"):
 @pytest.fixture
 def hold_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Installs the hold hook (as sitecustomize) for jobs submitted from here on; returns a submit helper."""
-    hook_dir = tmp_path / "hold-hook"
-    hook_dir.mkdir()
-    (hook_dir / "sitecustomize.py").write_text(HOLD_HOOK)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(hook_dir), os.environ.get("PYTHONPATH")) if p))
+    install_sitecustomize(tmp_path / "hold-hook", HOLD_HOOK, monkeypatch)
 
     def submit_held(backend: LocalBackend, request):
         monkeypatch.setenv("PLAYGROUND_TEST_HOLD_TRAINER", "1")

@@ -185,7 +185,16 @@ def test_kustomization_lists_existing_files_and_least_privilege_rbac():
             for rule in doc["rules"]:
                 for resource in rule["resources"]:
                     rules[resource] = set(rule["verbs"])
-    assert set(rules) == {"trainjobs", "trainingruntimes", "inferenceservices", "pods", "pods/log", "events"}
+    assert set(rules) == {
+        "trainjobs",
+        "trainingruntimes",
+        "inferenceservices",
+        "pods",
+        "pods/log",
+        "events",
+        "localqueues/pendingworkloads",
+    }
+    assert rules["localqueues/pendingworkloads"] == {"get"}
     assert all("*" not in verbs for verbs in rules.values())
     assert rules["pods"] == {"get", "list", "watch"} and rules["pods/log"] == {"get"}
     cluster_role = next(yaml.safe_load_all((DEPLOY / "rbac" / "clusterrole.yaml").read_text()))

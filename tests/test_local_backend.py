@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _hooks import install_sitecustomize
 from _waiting import wait_for
 
 from playground.api import make_request
@@ -79,10 +80,7 @@ class StartGate:
 
 @pytest.fixture
 def start_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    hook_dir = tmp_path / "start-gate-hook"
-    hook_dir.mkdir()
-    (hook_dir / "sitecustomize.py").write_text(START_GATE_HOOK)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(hook_dir), os.environ.get("PYTHONPATH")) if p))
+    install_sitecustomize(tmp_path / "start-gate-hook", START_GATE_HOOK, monkeypatch)
     gate = StartGate(tmp_path)
     monkeypatch.setenv("PLAYGROUND_TEST_START_GATE", str(gate.fifo))
     yield gate

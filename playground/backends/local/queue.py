@@ -97,9 +97,9 @@ class TrainingQueue:
 
     @staticmethod
     def _write(path: Path, data: dict[str, Any]) -> None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
+        from playground.backends.local.state import write_json_atomic
+
+        write_json_atomic(path, data)
 
     def _entries(self) -> list[Entry]:
         """Waiting entries in submit order; those of jobs no longer alive are removed."""

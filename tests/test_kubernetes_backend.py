@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from _k8s_sim import Cluster, Scenario, crd_validator, synthetic_trainer_log
+from conftest import SHARED_DIR as SHARED
 
 from playground.api import make_request
 from playground.backends.kubernetes import KubernetesBackend
@@ -21,7 +22,6 @@ from playground.errors import BackendError, JobNotFound, UserError
 from playground.events import ClusterEvent, JobPhase, Log, Metric, Phase, Progress, parse_line
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 NS = "ml"
 
 

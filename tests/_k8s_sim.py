@@ -181,6 +181,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     max_log_drops: int | None = None  # ...this many times in all
     proxies: dict[tuple[str, str], tuple[str, str]] = attrs.field(factory=dict)  # isvc -> (url, model)
     change_rvs: list[int] = attrs.field(factory=list)
+    log_read: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (ns, pod) -> lines a follower was sent
+    _read_pulse: asyncio.Event | None = attrs.field(default=None)
     _pulse: asyncio.Event | None = attrs.field(default=None)
     _log_pulse: asyncio.Event | None = attrs.field(default=None)
     _session: aiohttp.ClientSession | None = attrs.field(default=None)
@@ -288,6 +290,19 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return [o for (p, n, _), o in self.store.items() if p == plural and (ns is None or n == ns)]
 
     # -- pod logs ------------------------------------------------------------------------------
+    async def wait_log_read(self, ns: str, pod: str, lines: int) -> None:
+        """Until a follower has been sent ``lines`` lines of the pod's log (no polling: each send wakes us)."""
+        while self.log_read.get((ns, pod), 0) < lines:
+            if self._read_pulse is None:
+                self._read_pulse = asyncio.Event()
+            await self._read_pulse.wait()
+
+    def _sent(self, ns: str, pod: str, index: int) -> None:
+        self.log_read[(ns, pod)] = max(index, self.log_read.get((ns, pod), 0))
+        pulse, self._read_pulse = self._read_pulse, None
+        if pulse is not None:
+            pulse.set()
+
     def append_log(self, ns: str, pod: str, line: str) -> None:
         entry = self.pod_logs.setdefault((ns, pod), {"lines": [], "done": False})
         ts = time.time()
@@ -494,6 +509,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 while index < len(lines):
                     await resp.write(render(*lines[index]))
                     index += 1
+                self._sent(ns, name, index)
                 budget = self.max_log_drops is None or self.dropped_logs < self.max_log_drops
                 if self.drop_log_every is not None and time.monotonic() - opened >= self.drop_log_every and budget:
                     self.dropped += 1
@@ -564,7 +580,8 @@ class Scenario:
     # status.trainerStatus as the trainer posts it (kubeflow's update_trainjob_status): every N progress
     # lines, and always the last one; 0: never (a Trainer without the TrainJobStatus gate)
     trainer_status_every: int = 0
-    # after this many node-0 log lines, reading that pod's log is forbidden (403) and open streams drop
+    # once a follower has read this many node-0 log lines, reading that pod's log is forbidden (403) and
+    # open streams drop: the reader loses the log mid-run
     forbid_log_after: int | None = None
 
 
@@ -702,6 +719,8 @@ class TrainerSimulator:
                 if (index + 1) % sc.trainer_status_every == 0 or index == len(points) - 1:
                     await self._trainer_status(ns, job_name, event)
             if rjob == "node" and sc.forbid_log_after is not None and i + 1 == sc.forbid_log_after:
+                await self.emu.notify_logs()
+                await self.emu.wait_log_read(ns, name, i + 1)  # the follower has these lines; then it loses access
                 self.emu.faults.append(
                     Fault("GET", "pods", 403, "Forbidden", "pods/log is forbidden", name=name, subresource="log")
                 )

@@ -31,7 +31,7 @@ synthetic_log = synthetic_trainer_log
 @pytest.fixture(scope="module")
 def cluster():
     with Cluster(namespace=NS) as c:
-        c.install_runtimes(REPO / "deploy" / "runtimes" / "playground-torch.yaml")
+        c.install_runtimes(*sorted((REPO / "deploy" / "runtimes").glob("*.yaml")))
         if (SHARED / "runtimes").is_dir():
             c.install_runtimes(*sorted((SHARED / "runtimes").glob("trainer-*.yaml")))
         if (SHARED / "crds").is_dir():  # the API server's schema validation, from the real CRDs
@@ -94,7 +94,8 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
     servers = LocalServers(tmp_path / "kserve-home")
     cluster.sim.output_dir = LocalBackend(home=session_home).job_dir(trained_tiny_job.id) / "output"
     cluster.sim.servers = servers
-    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.001)
+    # the trainer also posts trainerStatus (every 2nd point): the stream still has each log point once
+    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.001, trainer_status_every=2)
     request = make_request("tiny-llama-cpu", labels={"owner": "alice@example.com", "session": "booth-7"})
     try:
         job = k8s.submit(request)
@@ -102,7 +103,7 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
 
         # What was created is what --dry-run renders (same SDK builder), with our labels.
         created = cluster.get("trainjobs", job.id)
-        rendered = m.build_trainjob(k8s._plan(request, name=job.id), m.sdk_backend(NS))
+        rendered = m.build_trainjob(k8s._plan(request, name=job.id))
         assert created["spec"] == rendered["spec"]
         labels = created["metadata"]["labels"]
         assert labels[m.LABEL_BLUEPRINT] == "tiny-llama-cpu" and labels[m.LABEL_PREFIX + "session"] == "booth-7"
@@ -121,9 +122,10 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
             JobPhase.SAVING,
             JobPhase.SUCCEEDED,
         ], phases
-        # Progress comes from the replayed trainer log, point for point.
+        # Progress comes from the replayed trainer log, point for point (trainerStatus adds no duplicates).
         expected = [e for e in map(parse_line, real_log) if isinstance(e, Progress)]
         assert strip_time(parts["progress"]) == strip_time(expected)
+        assert cluster.get("trainjobs", job.id)["status"]["trainerStatus"]["progressPercentage"] == 100
         assert parts["progress"][-1].step == trained_tiny_job.params["max_steps"]
         assert {m_.name for m_ in parts["metric"]} >= {"eval_exact_match"}
         reasons = {e.reason for e in parts["cluster"]}
@@ -183,7 +185,7 @@ def _follow_collect(k8s: KubernetesBackend, job_id: str) -> list:
 
 
 def test_dropped_streams_resume_without_loss_or_repeats(cluster, k8s, real_log):
-    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.01)
+    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.01, trainer_status_every=2)
     baseline = split(_follow_collect(k8s, k8s.submit(make_request("tiny-llama-cpu")).id))
 
     def flaky() -> None:
@@ -297,26 +299,83 @@ def test_cancel_then_ttl_cleanup(cluster, k8s):
     assert cluster.get("trainjobs", short.id) is None
 
 
+def test_hub_blueprint_runs_the_project_trainer_with_initializers(cluster, k8s, monkeypatch):
+    """Qwen on Kubernetes: Kubeflow's initializers, then the project's trainer; its @@playground lines give
+    phases, progress and eval metrics (trainerStatus is posted at every point too: no duplicates)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_do_not_leak_me")
+    log = synthetic_log(20)
+    cluster.sim.scenarios["qwen2.5-1.5b-lora-alpaca"] = Scenario(node_log=log, line_delay=0.002, trainer_status_every=1)
+    job = k8s.submit(make_request("qwen2.5-1.5b-lora-alpaca", {"max_steps": 20}))
+    created = cluster.get("trainjobs", job.id)
+    assert "hf_do_not_leak_me" not in yaml.safe_dump(created)
+    spec = created["spec"]
+    assert spec["runtimeRef"]["name"] == "playground-torch-hf"
+    assert spec["trainer"]["command"] == ["python", "-m", "playground.train"]
+    assert spec["initializer"]["model"]["storageUri"] == "hf://Qwen/Qwen2.5-1.5B-Instruct"
+    events = list(k8s.events(job.id, follow=True))
+    parts = split(events)
+    assert {"dataset-initializer", "model-initializer"} <= {e.source for e in parts["log"]}
+    assert [e.phase for e in parts["phase"]] == [
+        JobPhase.PENDING,
+        JobPhase.INITIALIZING,
+        JobPhase.TRAINING,
+        JobPhase.SAVING,
+        JobPhase.SUCCEEDED,
+    ]
+    assert [p.step for p in parts["progress"]] == [5, 10, 15, 20]
+    assert [(x.name, x.value) for x in parts["metric"]] == [("eval_exact_match", 0.97)]
+    done = k8s.get(job.id)
+    assert done.model_dir == f"pvc://workspace-{job.id}/output/model"
+    assert done.base_model == f"pvc://workspace-{job.id}/model"  # what the model initializer downloaded
+    assert (done.progress.step, done.progress.total_steps) == (20, 20)  # from trainerStatus
+    assert cluster.sim.errors == []  # every status the simulated trainer posted passed the CRD (and CEL) checks
+    k8s.delete(job.id)
+
+
+def test_progress_continues_from_trainer_status_when_the_log_is_lost(cluster, k8s):
+    """Both sources, merged: node-0's log lines until reading them is forbidden mid-run, then
+    status.trainerStatus; each step at most once, always forward, up to the last step."""
+    log = synthetic_log(60)  # Initializing, a plain line, Training, progress 5..60, metric, Saving
+    cut = 7  # the follower reads up to the progress line of step 20, then pods/log is forbidden
+    cluster.sim.scenario = Scenario(node_log=log, line_delay=0.01, trainer_status_every=1, forbid_log_after=cut)
+    job = k8s.submit(make_request("tiny-llama-cpu"))
+    parts = split(list(k8s.events(job.id, follow=True)))
+    steps = [p.step for p in parts["progress"]]
+    assert steps[:4] == [5, 10, 15, 20]  # from the log, before it was lost
+    assert steps[-1] == 60 and len(steps) > 4  # ...then from trainerStatus: the log never showed these
+    assert steps == sorted(set(steps))  # no duplicates, never backwards
+    # (trainerStatus carries the loss rounded to 5 decimals, as the trainer posts it)
+    assert all(p.total_steps == 60 and p.loss == pytest.approx(3.0 / p.step, abs=1e-5) for p in parts["progress"])
+    assert [e.line for e in parts["log"]] == ["tokenizer: 30 tokens"]  # nothing after the cut was readable
+    assert [e.phase for e in parts["phase"]][-1] == JobPhase.SUCCEEDED
+    # A reloaded page with the log unreadable: the history still ends at the last trainerStatus point.
+    history = split(list(k8s.events(job.id)))
+    assert [p.step for p in history["progress"]] == [60]
+    assert [e.phase for e in history["phase"]][-1] == JobPhase.SUCCEEDED
+
+
 @pytest.mark.skipif(not (SHARED / "runtimes").is_dir(), reason="../shared/runtimes (torchtune runtimes) absent")
-def test_builtin_torchtune_initializers_and_secret_token(cluster, k8s, monkeypatch):
+def test_builtin_torchtune_opt_in_variant(cluster, k8s, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_do_not_leak_me")
     cluster.sim.scenarios["qwen2.5-1.5b-lora-alpaca"] = Scenario(node_log=["tune: step 1 loss 1.9"], line_delay=0.001)
+    tune = KubernetesBackend(kubeconfig=k8s.kubeconfig, trainer="builtin-torchtune", drain_timeout=5)
     request = make_request("qwen2.5-1.5b-lora-alpaca", {"max_steps": 20, "lora_rank": 16})
-    job = k8s.submit(request)
+    job = tune.submit(request)
     created = cluster.get("trainjobs", job.id)
     assert "hf_do_not_leak_me" not in yaml.safe_dump(created)
     spec = created["spec"]
     assert spec["runtimeRef"] == {"name": "torchtune-qwen2.5-1.5b", "kind": "ClusterTrainingRuntime"}
     assert spec["initializer"]["model"]["storageUri"] == "hf://Qwen/Qwen2.5-1.5B-Instruct"
     assert {"max_steps_per_epoch=20", "model.lora_rank=16"} <= set(spec["trainer"]["args"])
-    patches = yaml.safe_dump(spec["runtimePatches"])
-    assert "secretKeyRef" in patches and "ACCESS_TOKEN" in patches
-    events = list(k8s.events(job.id, follow=True))
+    token = spec["initializer"]["model"]["env"][0]
+    assert token["name"] == "ACCESS_TOKEN" and token["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+    events = list(tune.events(job.id, follow=True))
     sources = {e.source for e in events if isinstance(e, Log)}
     assert {"dataset-initializer", "model-initializer", "node-0"} <= sources
     phases = [e.phase for e in events if isinstance(e, Phase)]
     assert phases == [JobPhase.PENDING, JobPhase.INITIALIZING, JobPhase.TRAINING, JobPhase.SUCCEEDED]
-    assert k8s.get(job.id).model_dir == f"pvc://initializer-{job.id}/output/epoch_0"
+    assert not any(isinstance(e, Progress) for e in events)  # what this variant cannot show
+    assert tune.get(job.id).model_dir == f"pvc://initializer-{job.id}/output/epoch_0"
 
 
 # -- errors: one line each ---------------------------------------------------------------------

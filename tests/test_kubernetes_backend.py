@@ -498,3 +498,54 @@ def test_cli_dry_run_prints_yaml_without_a_cluster(tmp_path, monkeypatch, capsys
     assert main(["train", "tiny-llama-cpu", "--backend", "kubernetes"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("playground: error: no kubeconfig found") and "\n" not in err
+
+
+# -- nothing outlives an interrupted run ---------------------------------------------------------
+def _running(backend: KubernetesBackend, job_id: str) -> None:
+    """Follow until the first progress point (the job is training), then close the stream."""
+    stream = backend.events(job_id, follow=True)
+    for event in stream:
+        if isinstance(event, Progress):
+            break
+    stream.close()
+
+
+def test_e2e_cleanup_cancels_the_runs_trainjobs(cluster, k8s, monkeypatch, tmp_path):
+    """A killed `playground e2e --backend kubernetes`: its cleanup cancels the TrainJobs that notebook run
+    started (found by the run's label) and stops their InferenceServices; other jobs are left alone."""
+    from playground.e2e import runner
+
+    cluster.sim.scenario = Scenario(node_log=synthetic_log(400), line_delay=0.05)
+    home = tmp_path / "playground-e2e-nb-x1" / "playground-home"  # what run_notebook passes
+    monkeypatch.setenv("KUBECONFIG", k8s.kubeconfig)
+    monkeypatch.setenv("PLAYGROUND_E2E_RUN", runner._run_label(home))  # what run_notebook gives the kernel
+    mine = KubernetesBackend(drain_timeout=5).submit(make_request("tiny-llama-cpu"))
+    monkeypatch.delenv("PLAYGROUND_E2E_RUN")
+    other = k8s.submit(make_request("tiny-llama-cpu"))
+    _running(k8s, mine.id)
+    said: list[str] = []
+    runner._cleanup_jobs(home, "kubernetes", said.append, "nb")
+    assert said == [f"[nb] cancelled job {mine.id} left running by the notebook"]
+    assert k8s.get(mine.id).phase == JobPhase.CANCELLED
+    assert cluster.get("trainjobs", mine.id)["spec"]["suspend"] is True  # its pods are gone, the GPU is free
+    assert not k8s.get(other.id).done
+    for job in (mine, other):
+        k8s.delete(job.id)
+
+
+def test_interrupted_headless_run_cancels_its_job(cluster, k8s, tmp_path):
+    """A notebook interrupted while following (papermill's cell timeout, Ctrl-C) leaves no TrainJob running."""
+    from playground.headless import run_blueprint
+
+    cluster.sim.scenario = Scenario(node_log=synthetic_log(400), line_delay=0.05)
+
+    def interrupt_at_first_step(message: str) -> None:
+        if message.startswith("step "):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_blueprint("tiny-llama-cpu", backend=k8s, out_dir=tmp_path, say=interrupt_at_first_step)
+    result = yaml.safe_load((tmp_path / "result.json").read_text())
+    assert result["passed"] is False and result["error"].startswith("KeyboardInterrupt")
+    assert k8s.get(result["job_id"]).phase == JobPhase.CANCELLED
+    k8s.delete(result["job_id"])

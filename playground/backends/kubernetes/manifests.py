@@ -92,9 +92,7 @@ def check_queue(value: str, setting: str = "PLAYGROUND_KUEUE_QUEUE") -> str:
 
 def check_trainer(value: str, setting: str = "PLAYGROUND_K8S_TRAINER") -> str:
     if value not in TRAINER_KINDS:
-        raise UserError(
-            f"{setting} {_shown(value)} is unknown; allowed: {', '.join(TRAINER_KINDS)}", field=setting
-        )
+        raise UserError(f"{setting} {_shown(value)} is unknown; allowed: {', '.join(TRAINER_KINDS)}", field=setting)
     return value
 
 

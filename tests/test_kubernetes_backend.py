@@ -499,6 +499,19 @@ def test_cli_dry_run_prints_yaml_without_a_cluster(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith("playground: error: no kubeconfig found") and "\n" not in err
 
+    # the opt-in TorchTune variant, and settings checked before anything is rendered
+    tune = ["train", "qwen2.5-1.5b-lora-alpaca", "--backend", "kubernetes", "--dry-run", "--trainer"]
+    assert main([*tune, "builtin-torchtune"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["spec"]["runtimeRef"]["name"] == "torchtune-qwen2.5-1.5b"
+    assert main([*tune, "deepspeed"]) == 2
+    assert "trainer 'deepspeed' is unknown; allowed: playground, builtin-torchtune" in capsys.readouterr().err
+    assert main(["train", "tiny-llama-cpu", "--trainer", "builtin-torchtune"]) == 2
+    assert "--trainer only applies to --backend kubernetes" in capsys.readouterr().err
+    monkeypatch.setenv("PLAYGROUND_KUEUE_QUEUE", "bad queue!!")
+    assert main(["train", "tiny-llama-cpu", "--backend", "kubernetes", "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("playground: error: PLAYGROUND_KUEUE_QUEUE 'bad queue!!'")
+
 
 # -- nothing outlives an interrupted run ---------------------------------------------------------
 def _running(backend: KubernetesBackend, job_id: str) -> None:

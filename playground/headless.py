@@ -242,6 +242,9 @@ def run_blueprint(
     except BaseException as exc:
         result["passed"] = False
         result["error"] = f"{type(exc).__name__}: {exc}"
+        if job_id is not None:  # interrupted (a cell timeout, Ctrl-C) or failed: no job outlives the notebook
+            with contextlib.suppress(Exception):  # already finished: cancel is a no-op
+                be.cancel(job_id)
         raise
     finally:
         if job_id is not None:

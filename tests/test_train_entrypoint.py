@@ -72,8 +72,10 @@ def test_trainjob_status_updates(tiny_run, status_posts) -> None:
     assert len(received) <= len(run.progress) + 1  # throttled, never more than one per event
     last = received[-1]["body"]["trainerStatus"]
     assert last["progressPercentage"] == 100 and last["estimatedRemainingSeconds"] == 0
-    names = {m["name"] for m in last["metrics"]}
-    assert {"eval_loss", "eval_exact_match"} <= names
+    values = {m["name"]: m["value"] for m in last["metrics"]}
+    assert {"eval_loss", "eval_exact_match"} <= set(values)
+    # the step it reached, so a reader merges this summary with the log lines step for step
+    assert (values["step"], values["total_steps"]) == (str(STEPS), str(STEPS))
 
 
 def test_model_dir_loads_plain_and_stops_at_eos(tiny_run) -> None:

@@ -1,9 +1,12 @@
 """The Kubernetes backend: Kubeflow Trainer v2 TrainJobs (kubeflow SDK) and KServe InferenceServices.
 
-Submitting uses the SDK (``TrainerClient.train`` / its spec builder and API client); following a
-job holds one watch per resource kind (the TrainJob, its pods, Events) plus one log stream per
-step pod, all resuming after a dropped connection. Nothing contacts the cluster before it is needed,
-so ``render_train``/``render_serve`` (``--dry-run``) work without a kubeconfig.
+The kubeflow SDK's ``TrainerClient`` holds the connection and checks the runtime (``get_runtime``)
+and deletes jobs (``delete_job``); the TrainJob itself is assembled from the Trainer API models in
+``manifests`` (the SDK's ``train()`` has no field for ``numProcPerNode``, Secret-backed env or the
+TorchTune settings we pass), so ``--dry-run`` prints exactly what ``submit`` creates. Following a job
+holds one watch per resource kind (the TrainJob, its pods, Events) plus one log stream per step pod,
+all resuming after a dropped connection (``follow``). Nothing contacts the cluster before it is
+needed, so ``render_train``/``render_serve`` work without a kubeconfig.
 """
 
 from __future__ import annotations
@@ -23,22 +26,21 @@ from playground.backends.base import Backend
 from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes import queue as kueue
 from playground.backends.kubernetes.errors import api_error
+from playground.backends.kubernetes.follow import JobFollow, LogSource, history
 from playground.backends.kubernetes.status import (
     StreamState,
     cluster_phase,
     conditions,
     container_name,
     failure,
-    finished,
-    started,
     step_name,
     trainer_progress,
 )
-from playground.backends.kubernetes.watch import LogFollower, ResourceWatcher, WatchStats
+from playground.backends.kubernetes.watch import ObjectChanged, ResourceWatcher, WatchFailed, WatchStats
 from playground.blueprints import Blueprint, get_blueprint, load_catalog
 from playground.booth import BoothPolicy, SubmissionLedger, owner_key, submit_lock
 from playground.errors import BackendError, JobNotFound, UserError
-from playground.events import EVENT_PREFIX, Event, JobPhase, Phase, Queued
+from playground.events import EVENT_PREFIX, Event, JobPhase, Phase
 from playground.paths import ensure_writable_dir, playground_home
 from playground.types import Endpoint, Job, TrainRequest
 
@@ -72,6 +74,7 @@ class KubernetesBackend(Backend):
         queue: str | None = None,
         hf_token_secret: str | None = None,
         image: str | None = None,
+        trainer: str | None = None,
         ttl_seconds_after_finished: int | None = None,
         watch_timeout: int = 600,
         serve_timeout: float = 600.0,
@@ -90,6 +93,7 @@ class KubernetesBackend(Backend):
             queue=queue,
             hf_token_secret=hf_token_secret,
             image=image,
+            trainer=trainer,
             ttl_seconds_after_finished=ttl_seconds_after_finished,
             extra_labels=dict(labels or {}),
         )
@@ -204,20 +208,19 @@ class KubernetesBackend(Backend):
         return api_error(exc, verb=verb, resource=resource, namespace=self.namespace, name=name, host=host)
 
     # -- manifests (no cluster) ------------------------------------------------------------------
-    def _plan(self, request: TrainRequest, runtime: Any = None, name: str | None = None) -> m.TrainJobPlan:
+    def _plan(self, request: TrainRequest, name: str | None = None) -> m.TrainJobPlan:
         blueprint = get_blueprint(request.blueprint_id)
         name = name or m.new_job_name(blueprint.id)
-        return m.plan_trainjob(blueprint, request, self.opts, name, runtime=runtime)
+        return m.plan_trainjob(blueprint, request, self.opts, name)
 
     def render_train(self, request: TrainRequest) -> str:
-        plan = self._plan(request)
-        return m.to_yaml(m.build_trainjob(plan, m.sdk_backend(self.namespace)))
+        return m.to_yaml(m.build_trainjob(self._plan(request)))
 
     def _blueprint_of_name(self, job_id: str) -> Blueprint:
-        """The blueprint a job name was made from (names are ``<blueprint>-<suffix>``)."""
+        """The blueprint a job name was made from (names are ``<blueprint stem>-<suffix>``)."""
         stem = job_id.rsplit("-", 1)[0]
         for blueprint in load_catalog().values():
-            if m.new_job_name(blueprint.id).rsplit("-", 1)[0] == stem:
+            if m.job_stem(blueprint.id) == stem:
                 return blueprint
         raise UserError(
             f"cannot tell the blueprint of job {job_id!r} from its name without a cluster; "
@@ -227,7 +230,8 @@ class KubernetesBackend(Backend):
 
     def render_serve(self, job_id: str, *, base: bool = False) -> str:
         blueprint = self._blueprint_of_name(job_id)
-        uri = m.base_model_uri(job_id, blueprint) if base else m.output_uri(job_id, blueprint)
+        kind = self.opts.trainer
+        uri = m.base_model_uri(job_id, blueprint, kind=kind) if base else m.output_uri(job_id, blueprint, kind)
         return m.to_yaml(m.build_inferenceservice(job_id, blueprint, uri, self.opts, base=base))
 
     # -- runtimes ---------------------------------------------------------------------------------
@@ -238,25 +242,35 @@ class KubernetesBackend(Backend):
             raise self._error(exc, "list", RUNTIMES) from None
         return sorted(item["metadata"]["name"] for item in data.get("items") or [])
 
-    def _runtime(self, blueprint: Blueprint):
+    def _check_runtime(self, blueprint: Blueprint, name: str) -> None:
+        """The runtime is installed and takes this trainer kind (the SDK's ``get_runtime`` reads its type)."""
+        from kubeflow.trainer.types import types
         from kubernetes.client.exceptions import ApiException
 
         from playground.backends.kubernetes.errors import _root
 
-        name = blueprint.kubernetes.runtime
         try:
-            return self._sdk("get_runtime", name)
+            runtime = self._sdk("get_runtime", name)
         except Exception as exc:
             root = _root(exc)
             if not (isinstance(root, ApiException) and root.status == 404):
                 raise self._error(exc, "get", RUNTIMES, name) from None
-        installed = self.installed_runtimes()
-        hint = "kubectl apply -k deploy/" if name.startswith("playground") else "the Kubeflow Trainer runtimes"
-        raise BackendError(
-            f"training runtime {name!r} (blueprint {blueprint.id}) is not installed; installed: "
-            f"{', '.join(installed) or 'none'}; install it with {hint}",
-            field="kubernetes.runtime",
+            installed = self.installed_runtimes()
+            hint = "kubectl apply -k deploy/" if name.startswith("playground") else "the Kubeflow Trainer runtimes"
+            raise BackendError(
+                f"training runtime {name!r} (blueprint {blueprint.id}) is not installed; installed: "
+                f"{', '.join(installed) or 'none'}; install it with {hint}",
+                field="kubernetes.runtime",
+            ) from None
+        wanted = (
+            types.TrainerType.BUILTIN_TRAINER if self.opts.trainer == m.TORCHTUNE else types.TrainerType.CUSTOM_TRAINER
         )
+        if runtime.trainer.trainer_type != wanted:
+            raise BackendError(
+                f"training runtime {name!r} (framework {runtime.trainer.framework}) cannot run the "
+                f"{self.opts.trainer} trainer",
+                field="kubernetes.runtime",
+            )
 
     # -- jobs -----------------------------------------------------------------------------------
     def submit(self, request: TrainRequest) -> Job:
@@ -274,23 +288,11 @@ class KubernetesBackend(Backend):
             return job
 
     def _submit(self, request: TrainRequest) -> Job:
-        blueprint = get_blueprint(request.blueprint_id)
-        runtime = self._runtime(blueprint)
-        plan = self._plan(request, runtime=runtime)
+        plan = self._plan(request)  # bad input fails here, before the cluster is contacted
+        self._check_runtime(get_blueprint(request.blueprint_id), plan.runtime)
+        body = m.build_trainjob(plan)
         try:
-            if blueprint.kubernetes.trainer == "playground":
-                self._sdk(
-                    "train",
-                    runtime=plan.runtime,
-                    initializer=plan.initializer,
-                    trainer=plan.trainer,
-                    options=plan.options,
-                )
-            else:  # the TorchTune args the SDK has no field for (max steps, lr) ride on its spec
-                body = m.build_trainjob(plan, self.client.backend)
-                self.custom.create_namespaced_custom_object(m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, body)
-        except ValueError as exc:  # the SDK refuses the trainer for this runtime
-            raise BackendError(f"runtime {runtime.name!r}: {exc}", field="kubernetes.runtime") from None
+            self.custom.create_namespaced_custom_object(m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, body)
         except Exception as exc:
             raise self._error(exc, "create", TRAINJOBS, plan.name) from None
         return self.get(plan.name)
@@ -441,55 +443,39 @@ class KubernetesBackend(Backend):
         created = _ts((obj.get("metadata") or {}).get("creationTimestamp"))
         yield Phase(JobPhase.PENDING, "TrainJob created", time=created or time.time())
         state = StreamState(job_id, job=obj, rank=0, phase=JobPhase.PENDING)
+        logs = LogSource(self.core, self.namespace, self.stats)
         if not follow:
-            yield from self._history(job_id, state)
+            yield from history(state, self._get_trainjob(job_id), self._pods(job_id), self._namespace_events(), logs)
             return
-        yield from self._follow(job_id, state)
+        inbox: queue.Queue = queue.Queue()
+        watchers: list[Any] = self.watchers(job_id, inbox.put, threading.Event())
+        queue_name = ((obj.get("metadata") or {}).get("labels") or {}).get(m.QUEUE_LABEL)
+        if queue_name:  # Kueue's pending position, where its visibility API answers
+            watchers.append(
+                kueue.QueuePoller(
+                    partial(kueue.pending_position, self.custom.api_client, self.namespace, queue_name, job_id),
+                    lambda: state.phase in (None, JobPhase.PENDING),
+                    inbox.put,
+                    threading.Event(),
+                    interval=self.queue_poll_seconds,
+                )
+            )
+        session = JobFollow(
+            state=state,
+            watchers=watchers,
+            logs=logs,
+            inbox=inbox,
+            drain_timeout=self.drain_timeout,
+            fail=lambda kind, exc: self._error(exc, "watch", TRAINJOBS if kind == "trainjob" else "pods"),
+        )
+        yield from session.events()
 
-    def _history(self, job_id: str, state: StreamState) -> Iterator[Event]:
-        state.job = self._get_trainjob(job_id)
-        pods = self._pods(job_id)
-        for pod in pods:
-            yield from state.on_pod("ADDED", pod)
+    def _namespace_events(self) -> list[dict[str, Any]]:
         try:
             resp = self.core.list_namespaced_event(self.namespace, _preload_content=False)
-            for ev in json.loads(resp.data).get("items") or []:
-                yield from state.on_event(ev)
+            return json.loads(resp.data).get("items") or []
         except Exception:  # events are advisory (RBAC may hide them)
-            pass
-        for pod in sorted(pods, key=step_name):
-            if not started(pod):
-                continue
-            sink: queue.Queue = queue.Queue()
-            follower = LogFollower(
-                self.core,
-                self.namespace,
-                pod["metadata"]["name"],
-                container_name(pod),
-                step_name(pod),
-                sink.put,
-                threading.Event(),
-                follow=False,
-                stats=self.stats,
-            )
-            follower.run()
-            while not sink.empty():
-                item = sink.get()
-                if item[0] == "log":
-                    yield from state.on_log(item[1], item[2])
-        yield from state.on_job("MODIFIED", state.job)  # after the logs: their progress is the finer one
-        end = state.terminal()
-        if end:
-            yield Phase(end[0], self._final_reason(end, state))
-
-    @staticmethod
-    def _final_reason(end: tuple[JobPhase, str], state: StreamState) -> str:
-        phase, reason = end
-        if phase == JobPhase.FAILED:
-            tail = [line for line in state.failing_tail(10) if EVENT_PREFIX not in line][-3:]
-            if tail:
-                return f"{reason}; last log lines: {' | '.join(tail)}"
-        return reason
+            return []
 
     def watchers(self, job_id: str, sink: Any, stop: threading.Event) -> list[ResourceWatcher]:
         """One watch per resource kind for a job: its TrainJob, its pods, the namespace's Events."""
@@ -522,106 +508,6 @@ class KubernetesBackend(Backend):
                 "event", partial(self.core.list_namespaced_event, ns), sink, stop, timeout_seconds=t, stats=self.stats
             ),
         ]
-
-    def _follow(self, job_id: str, state: StreamState) -> Iterator[Event]:
-        inbox: queue.Queue = queue.Queue()
-        stop_watch = threading.Event()
-        stop_logs = threading.Event()
-        watchers: list[Any] = self.watchers(job_id, inbox.put, stop_watch)
-        queue_name = (((state.job or {}).get("metadata") or {}).get("labels") or {}).get(m.QUEUE_LABEL)
-        if queue_name:  # Kueue's pending position, where its visibility API answers
-            watchers.append(
-                kueue.QueuePoller(
-                    partial(kueue.pending_position, self.custom.api_client, self.namespace, queue_name, job_id),
-                    lambda: state.phase in (None, JobPhase.PENDING),
-                    inbox.put,
-                    threading.Event(),
-                    interval=self.queue_poll_seconds,
-                )
-            )
-        followers: dict[str, LogFollower] = {}
-        ended: set[str] = set()
-        terminal_at: float | None = None
-        synced: set[str] = set()
-        try:
-            for w in watchers:
-                w.start()
-            while True:
-                try:
-                    item = inbox.get(timeout=0.5)
-                except queue.Empty:
-                    item = None
-                out: list[Event] = []
-                if item is not None:
-                    kind = item[0]
-                    if kind == "object":
-                        _, rkind, etype, obj = item
-                        if rkind == "trainjob":
-                            if etype == "DELETED":
-                                yield Phase(JobPhase.CANCELLED, "the TrainJob was deleted")
-                                return
-                            out = state.on_job(etype, obj)
-                        elif rkind == "pod":
-                            out = state.on_pod(etype, obj)
-                            self._maybe_follow(obj, followers, inbox.put, stop_logs, state)
-                        else:
-                            out = state.on_event(obj)
-                    elif kind == "synced":
-                        synced.add(item[1])
-                    elif kind == "log":
-                        out = state.on_log(item[1], item[2])
-                    elif kind == "log_end":
-                        ended.add(item[1])
-                    elif kind == "error":
-                        if item[1] == "event":
-                            continue  # Events are advisory: a missing permission must not stop the job view
-                        raise self._error(item[2], "watch", TRAINJOBS if item[1] == "trainjob" else "pods")
-                    elif kind == "log_error":
-                        ended.add(item[1])
-                    elif kind == "queued":
-                        out = [Queued(item[1])] if state.phase in (None, JobPhase.PENDING) else []
-                yield from out
-                if terminal_at is None and state.terminal() and {"trainjob", "pod"} <= synced:
-                    terminal_at = time.monotonic()
-                    for pod in state.pods.values():  # a step that ran but was never followed (short-lived)
-                        self._maybe_follow(pod, followers, inbox.put, stop_logs, state)
-                if terminal_at is not None:
-                    drained = all(f.source in ended for f in followers.values())
-                    if drained or time.monotonic() - terminal_at > self.drain_timeout:
-                        end = state.terminal()
-                        assert end is not None
-                        yield Phase(end[0], self._final_reason(end, state))
-                        return
-        finally:
-            for w in watchers:
-                w.stop()
-            for f in followers.values():
-                f.stop()
-
-    def _maybe_follow(
-        self,
-        pod: dict[str, Any],
-        followers: dict[str, LogFollower],
-        sink: Any,
-        stop: threading.Event,
-        state: StreamState,
-    ) -> None:
-        name = pod["metadata"]["name"]
-        if name in followers or not started(pod):
-            return
-        follower = LogFollower(
-            self.core,
-            self.namespace,
-            name,
-            container_name(pod),
-            step_name(pod),
-            sink,
-            stop,
-            is_finished=lambda: finished(state.pods.get(name) or pod),
-            stats=self.stats,
-        )
-        followers[name] = follower
-        follower.start()
 
     # -- control --------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
@@ -747,13 +633,13 @@ class KubernetesBackend(Backend):
                     item = inbox.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
                 except queue.Empty:
                     continue
-                if item[0] == "error":
-                    raise self._error(item[2], "watch", ISVCS, name)
-                if item[0] != "object":
+                if isinstance(item, WatchFailed):
+                    raise self._error(item.error, "watch", ISVCS, name)
+                if not isinstance(item, ObjectChanged):
                     continue
-                if item[2] == "DELETED":
+                if item.change == "DELETED":
                     raise BackendError(f"InferenceService {name!r} was deleted while waiting for it")
-                last = item[3]
+                last = item.obj
                 endpoint = self._endpoint(last)
                 if endpoint is not None:
                     return endpoint

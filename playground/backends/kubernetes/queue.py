@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
@@ -51,15 +52,22 @@ def pending_position(api_client: Any, namespace: str, queue: str, job_name: str)
     return None
 
 
+@dataclass(frozen=True)
+class QueuePosition:
+    """A follow's inbox item: the job's place in its Kueue LocalQueue changed (1 = next)."""
+
+    position: int
+
+
 class QueuePoller:
-    """While ``waiting()`` holds, report the job's queue position to ``sink`` as ``("queued", position)``
+    """While ``waiting()`` holds, report the job's queue position to ``sink`` as :class:`QueuePosition`
     whenever it changes (a thread; same start/stop shape as the resource watchers)."""
 
     def __init__(
         self,
         fetch: Callable[[], int | None],
         waiting: Callable[[], bool],
-        sink: Callable[[tuple], None],
+        sink: Callable[[QueuePosition], None],
         stop: threading.Event,
         interval: float = POLL_SECONDS,
     ) -> None:
@@ -73,7 +81,7 @@ class QueuePoller:
             if self.waiting():
                 position = self.fetch()
                 if position is not None and position != last:
-                    self.sink(("queued", position))
+                    self.sink(QueuePosition(position))
                 last = position
             self.stop_event.wait(self.interval)
 

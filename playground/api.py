@@ -8,6 +8,7 @@ from typing import Any
 
 from playground.blueprints import Blueprint, get_blueprint, load_catalog
 from playground.blueprints.loader import looks_like_file
+from playground.booth import validate_owner
 from playground.types import SourceOverrides, TrainRequest
 
 
@@ -23,11 +24,14 @@ def make_request(
     model_source: str | None = None,
     dataset_source: str | None = None,
     labels: Mapping[str, str] | None = None,
+    owner: str | None = None,
 ) -> TrainRequest:
     """Validate ``params`` against the blueprint (one-line ParameterError) and build a request.
 
     ``blueprint_id`` is a catalog id or a path to a blueprint YAML file; a file outside the catalog
     stays a file (its absolute path) in the request, so the backend loads that same file.
+
+    ``owner`` is the visitor the job belongs to (booth mode); None for an operator's job.
     """
     blueprint = get_blueprint(blueprint_id)
     resolved = blueprint.resolve_params(dict(params or {}))
@@ -37,4 +41,5 @@ def make_request(
         params=resolved,
         overrides=SourceOverrides(model=model_source, dataset=dataset_source),
         labels=dict(labels or {}),
+        owner=validate_owner(owner),
     )

@@ -85,8 +85,10 @@ def test_trainjob_status_updates(tiny_run, status_posts) -> None:
     assert all(gap >= THROTTLE_SECONDS - 0.05 for gap in gaps), gaps  # the SDK's send times, not arrival
     last = received[-1]["body"]["trainerStatus"]
     assert last["progressPercentage"] == 100 and last["estimatedRemainingSeconds"] == 0
-    names = {m["name"] for m in last["metrics"]}
-    assert {"eval_loss", "eval_exact_match"} <= names
+    values = {m["name"]: m["value"] for m in last["metrics"]}
+    assert {"eval_loss", "eval_exact_match"} <= set(values)
+    # the step it reached, so a reader merges this summary with the log lines step for step
+    assert (values["step"], values["total_steps"]) == (str(STEPS), str(STEPS))
 
 
 def test_model_dir_loads_plain_and_stops_at_eos(tiny_run) -> None:

@@ -206,11 +206,16 @@ class ResourcesSpec(_Strict):
 
 
 class KubernetesSpec(_Strict):
-    """How the blueprint runs as a TrainJob."""
+    """How the blueprint runs as a TrainJob: always the project's trainer (``python -m playground.train``)."""
 
-    trainer: Literal["playground", "builtin-torchtune"] = "playground"
+    trainer: Literal["playground"] = "playground"
     runtime: str = "playground-torch"
     image: str | None = None
+    # Download the hf:// model and dataset with Kubeflow's initializers into the job's workspace
+    # before the trainer starts (needs a runtime with those steps: playground-torch-hf).
+    initializers: bool = False
+    # The opt-in upstream variant (`--trainer builtin-torchtune`): its TorchTune runtime.
+    torchtune_runtime: str | None = None
     active_deadline_seconds: int = Field(default=3600, ge=60)
     storage: str = "10Gi"
 

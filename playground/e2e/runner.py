@@ -293,6 +293,7 @@ class PapermillProcess:
             **os.environ,
             **options.profile.env,
             "PLAYGROUND_HOME": str(workdir / "playground-home"),
+            "PLAYGROUND_E2E_RUN": _run_label(workdir / "playground-home"),  # labels its TrainJobs for the cleanup
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         }
@@ -459,21 +460,39 @@ def _kill_tree(proc: subprocess.Popen, descendants: list[psutil.Process]) -> Non
         proc.wait(timeout=10)
 
 
+def _run_label(home: Path) -> str:
+    """The label value that marks a notebook run's cluster jobs (its private temp dir's name)."""
+    from playground.backends.kubernetes.manifests import label_value
+
+    return label_value(home.parent.name)
+
+
 def _cleanup_jobs(home: Path, backend: str, emit: Callable[[str], None], name: str, *, quiet: bool = False) -> None:
-    """Cancel jobs and stop servers a notebook left behind in its private local state dir."""
-    if backend != "local" or not home.exists():
+    """Cancel jobs and stop servers a notebook left behind: in its private local state dir, or on the
+    cluster the TrainJobs labelled with this run (and their InferenceServices)."""
+    if backend == "local" and not home.exists():
         return
     try:
         from playground.backends import get_backend
 
-        be = get_backend("local", home=home)
-        for job in be.list():
+        if backend == "local":
+            be = get_backend("local", home=home)
+            jobs = be.list()
+        else:
+            from playground.backends.kubernetes.manifests import LABEL_E2E_RUN, LABEL_PREFIX
+
+            be = get_backend(backend)
+            run = _run_label(home)
+            jobs = [job for job in be.list() if job.labels.get(LABEL_E2E_RUN.removeprefix(LABEL_PREFIX)) == run]
+        ours = {job.id for job in jobs}
+        for job in jobs:
             if not job.done:
                 be.cancel(job.id)
                 emit(f"[{name}] cancelled job {job.id} left running by the notebook")
         for endpoint in be.endpoints():
-            be.unserve(endpoint.url)
-            emit(f"[{name}] stopped server {endpoint.url} left running by the notebook")
+            if backend == "local" or endpoint.job_id in ours:
+                be.unserve(endpoint.url)
+                emit(f"[{name}] stopped server {endpoint.url} left running by the notebook")
     except Exception as exc:
         if not quiet:
-            emit(f"[{name}] cleanup of local jobs failed: {exc}")
+            emit(f"[{name}] cleanup of {backend} jobs failed: {exc}")

@@ -2,7 +2,7 @@
 
 Each server is one process (``python -m playground.serving.server``) pinned to one model directory,
 listening on ``127.0.0.1`` on a free port. Its record ``servers/<name>.json`` (pid, port, url, model
-dir, job id, kind, log path) lets any later process list and stop it; records whose process is gone
+dir, job id, kind, owner, log path) lets any later process list and stop it; records whose process is gone
 are dropped when listed.
 """
 
@@ -127,6 +127,7 @@ class LocalServers:
             kind=record.get("kind", "fine-tuned"),
             backend="local",
             name=record["name"],
+            owner=record.get("owner"),
         )
 
     def list(self) -> list[Endpoint]:
@@ -147,11 +148,12 @@ class LocalServers:
         timeout: float = 180,
         port: int | None = None,
         name: str | None = None,
+        owner: str | None = None,
     ) -> Endpoint:
         """Serve ``model_dir`` and wait until it answers; return its endpoint.
 
         Serving what is already served (same name and model) returns the running endpoint.
-        A ``port`` in use is replaced by a free one.
+        A ``port`` in use is replaced by a free one. ``owner`` (the visitor owning the job) is recorded.
         """
         from playground.serving.validate import check_model_dir
 
@@ -164,10 +166,21 @@ class LocalServers:
         name = _slug(name)
         ensure_writable_dir(self.dir, what="server state directory")
         with _locked(self.dir / f".{name}.lock"):  # two callers serving the same thing get one server
-            return self._start_locked(model, local, name, job_id=job_id, kind=kind, timeout=timeout, port=port)
+            return self._start_locked(
+                model, local, name, job_id=job_id, kind=kind, timeout=timeout, port=port, owner=owner
+            )
 
     def _start_locked(
-        self, model: str, local: bool, name: str, *, job_id: str | None, kind: str, timeout: float, port: int | None
+        self,
+        model: str,
+        local: bool,
+        name: str,
+        *,
+        job_id: str | None,
+        kind: str,
+        timeout: float,
+        port: int | None,
+        owner: str | None = None,
     ) -> Endpoint:
         for record in self._records():
             if record["name"] == name:
@@ -188,6 +201,7 @@ class LocalServers:
                 "model_dir": model,
                 "job_id": job_id,
                 "kind": kind,
+                "owner": owner,
                 "log": str(log_path),
                 "started_at": time.time(),
                 "ready": False,
@@ -257,11 +271,16 @@ class LocalServers:
                 time.sleep(0.25)
 
     # -- stop --------------------------------------------------------------------------------
-    def stop(self, target: str) -> list[Endpoint]:
-        """Stop the servers matching ``target``: an endpoint URL, a server name or a job id (all its servers)."""
+    def stop(self, target: str, *, owner: str | None = None) -> list[Endpoint]:
+        """Stop the servers matching ``target``: an endpoint URL, a server name or a job id (all its servers).
+
+        With ``owner``, only that owner's servers match (a visitor cannot stop another's).
+        """
         wanted = target.strip().rstrip("/")
         matched = []
         for record in self._records():
+            if owner is not None and record.get("owner") != owner:
+                continue
             url = record["url"].rstrip("/")
             if wanted in (url, url.removesuffix("/v1"), record["name"], record.get("job_id")):
                 matched.append(record)

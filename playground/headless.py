@@ -116,6 +116,19 @@ def write_result(out_dir: Path, result: Mapping[str, Any]) -> Path:
     return path
 
 
+def _stop_job(backend: Any, job_id: str, say: Callable[[str], None]) -> bool:
+    """Cancel the job unless it has ended (cancel waits for it to end); whether it has ended."""
+    try:
+        job = backend.get(job_id)
+        if not job.done:
+            say(f"cancelling job {job_id} ({job.phase})")
+            job = backend.cancel(job_id)
+        return job.done
+    except Exception as exc:  # the cleanup must go on: report, keep what the job may still read
+        say(f"could not stop job {job_id}: {type(exc).__name__}: {exc}")
+        return False
+
+
 def run_blueprint(
     blueprint_id: str,
     params: Mapping[str, Any] | None = None,
@@ -267,8 +280,13 @@ def run_blueprint(
         if job_id is not None:
             with contextlib.suppress(Exception):  # nothing was serving
                 be.unserve(job_id)
+        # The job reads the stand-ins until it ends: stop it first, and keep them if it will not stop.
+        stopped = job_id is None or _stop_job(be, job_id, say)
         if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if stopped:
+                shutil.rmtree(workdir, ignore_errors=True)
+            else:
+                say(f"job {job_id} is still running; its stand-ins stay in {workdir}")
         timings["total_seconds"] = round(time.time() - t0, 3)
         write_result(out, result)
         say(f"result: {'PASSED' if result['passed'] else 'FAILED'} → {out / RESULT_FILE}")

@@ -5,7 +5,10 @@ dir), writes ``spec.json``/``status.json`` and starts ``python -m playground.bac
 JOBDIR`` in a new session, so the job outlives the caller (a notebook kernel, a CLI call). Any
 later process reads the same directory: ``list``/``get`` read ``status.json``, ``events`` replays
 ``train.log`` and then tails it. A job whose supervisor died while it was running is marked
-``Failed`` by whoever notices (reconcile).
+``Failed`` by whoever notices (reconcile). Whether the supervisor lives is told by its lock
+(``supervisor.lock``, see :mod:`.state`), held from before the job exists until the supervisor
+exits, never by its command line: ``/proc/PID/cmdline`` reads empty while the new process is still
+inside ``exec``, after ``Popen`` has returned.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from playground.types import Endpoint, Job, TrainRequest
 
 _JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
-_STARTUP_GRACE = 30.0  # seconds a job may sit without a supervisor pid before it counts as dead
 _FOLLOW_INTERVAL = 0.2  # seconds between looks at a followed log
 _LAUNCHED: list[subprocess.Popen] = []  # supervisors this process started, reaped so they leave no zombies
 
@@ -216,20 +218,29 @@ class LocalBackend(Backend):
         (jobdir / state.LOG).touch()
         status = {"phase": str(JobPhase.PENDING), "message": "", "created_at": spec["created_at"], "metrics": {}}
         state.write_json_atomic(jobdir / state.STATUS, status)
-        state.write_json_atomic(jobdir / state.SPEC, spec)
         _reap()
-        with open(jobdir / state.SUPERVISOR_LOG, "ab") as sup_log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", state.SUPERVISOR_MODULE, str(jobdir)],
-                cwd=jobdir,
-                env={**os.environ, "PYTHONPATH": spec["env"]["PYTHONPATH"]},
-                stdin=subprocess.DEVNULL,
-                stdout=sup_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # outlives the caller; not hit by the caller's Ctrl-C
-                close_fds=True,
-            )
-        (jobdir / "supervisor.pid").write_text(str(proc.pid))
+        # Held from before spec.json exists; the supervisor inherits it and holds it until it exits.
+        lock_fd = state.take_supervisor_lock(jobdir)
+        try:
+            state.write_json_atomic(jobdir / state.SPEC, spec)
+            with open(jobdir / state.SUPERVISOR_LOG, "ab") as sup_log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", state.SUPERVISOR_MODULE, str(jobdir)],
+                    cwd=jobdir,
+                    env={**os.environ, "PYTHONPATH": spec["env"]["PYTHONPATH"]},
+                    stdin=subprocess.DEVNULL,
+                    stdout=sup_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # outlives the caller; not hit by the caller's Ctrl-C
+                    close_fds=True,
+                    pass_fds=(lock_fd,),
+                )
+        finally:
+            os.close(lock_fd)  # the supervisor's copy keeps the lock
+        pid_file = jobdir / state.SUPERVISOR_PID
+        pid_tmp = pid_file.with_name(f".{pid_file.name}.tmp")
+        pid_tmp.write_text(str(proc.pid))
+        pid_tmp.replace(pid_file)
         return proc
 
     def render_train(self, request: TrainRequest) -> str:
@@ -243,40 +254,39 @@ class LocalBackend(Backend):
         return yaml.safe_dump(spec, sort_keys=False)
 
     # -- state --------------------------------------------------------------------------------
-    def _supervisor_pid(self, jobdir: Path) -> int | None:
-        try:
-            return int((jobdir / "supervisor.pid").read_text().strip())
-        except (OSError, ValueError):
-            return None
-
     def _status(self, jobdir: Path) -> dict[str, Any]:
-        """``status.json``, reconciled: a non-terminal job whose supervisor is gone becomes Failed."""
+        """``status.json``, reconciled: a non-terminal job whose supervisor is gone becomes Failed.
+
+        The supervisor is the only writer of a live job's status; this writes only while holding the
+        supervisor lock, which proves the supervisor has exited (it cannot come back).
+        """
         _reap()
         status = state.read_json(jobdir / state.STATUS)
         if JobPhase(status["phase"]).terminal:
             return status
-        pid = self._supervisor_pid(jobdir)
-        if pid is None:
-            if time.time() - float(status.get("created_at", 0)) < _STARTUP_GRACE:
+        with state.supervisor_gone(jobdir) as gone:
+            if gone is False:
                 return status
-        elif process_alive(pid, *state.supervisor_markers(jobdir)):
-            return status
-        status = state.read_json(jobdir / state.STATUS)  # it may have finished just now
-        if JobPhase(status["phase"]).terminal:
-            return status
-        trainer = status.get("trainer_pid")
-        if trainer and process_alive(trainer, *state.trainer_markers(jobdir)):
-            state.kill_group(status.get("trainer_pgid") or trainer, signal.SIGKILL)
-        tail = self._log_tail(jobdir)
-        supervisor_tail = self._supervisor_log_tail(jobdir)
-        tail = tail + [f"[supervisor] {line}" for line in supervisor_tail]
-        status.update(
-            phase=str(JobPhase.FAILED),
-            message="supervisor exited unexpectedly" + (f": {supervisor_tail[-1]}" if supervisor_tail else ""),
-            finished_at=time.time(),
-            log_tail=tail or status.get("log_tail", []),
-        )
-        state.write_json_atomic(jobdir / state.STATUS, status)
+            if gone is None and state.supervisor_alive(jobdir):  # a job made before the lock
+                return status
+            status = state.read_json(jobdir / state.STATUS)  # it may have finished just now
+            if JobPhase(status["phase"]).terminal:
+                return status
+            trainer = status.get("trainer_pid")
+            if trainer and process_alive(trainer, *state.trainer_markers(jobdir)):
+                state.kill_group(status.get("trainer_pgid") or trainer, signal.SIGKILL)
+            tail = self._log_tail(jobdir)
+            supervisor_tail = self._supervisor_log_tail(jobdir)
+            tail = tail + [f"[supervisor] {line}" for line in supervisor_tail]
+            if (jobdir / state.CANCEL_REQUESTED).exists():  # signalled before it could answer
+                phase, message = JobPhase.CANCELLED, "cancelled by user"
+            else:
+                phase = JobPhase.FAILED
+                message = "supervisor exited unexpectedly" + (f": {supervisor_tail[-1]}" if supervisor_tail else "")
+            status.update(
+                phase=str(phase), message=message, finished_at=time.time(), log_tail=tail or status.get("log_tail", [])
+            )
+            state.write_json_atomic(jobdir / state.STATUS, status)
         return status
 
     def _supervisor_log_tail(self, jobdir: Path, lines: int = 20) -> list[str]:
@@ -392,34 +402,24 @@ class LocalBackend(Backend):
         status = self._status(jobdir)
         if JobPhase(status["phase"]).terminal:
             return self._job(jobdir)
-        state.wait_until(lambda: self._supervisor_pid(jobdir) is not None, timeout=5)
-        pid = self._supervisor_pid(jobdir)
+        (jobdir / state.CANCEL_REQUESTED).touch()  # seen by a supervisor too young to have its handler
 
         def finished() -> bool:
             return JobPhase(self._status(jobdir)["phase"]).terminal
 
-        if pid and process_alive(pid, *state.supervisor_markers(jobdir)):
+        # The pid file is written just after the supervisor starts (maybe by another process).
+        state.wait_until(lambda: state.read_supervisor_pid(jobdir) or finished(), timeout=10)
+        pid = state.read_supervisor_pid(jobdir)
+        if pid and state.supervisor_alive(jobdir):
             os.kill(pid, signal.SIGTERM)
             state.wait_until(finished, timeout=self.cancel_grace + 15, interval=0.1)
-        status = state.read_json(jobdir / state.STATUS)
-        if not JobPhase(status["phase"]).terminal:  # the supervisor did not answer: do its job
-            if pid and process_alive(pid, *state.supervisor_markers(jobdir)):
+        if not finished():  # the supervisor did not answer: stop it, then do its job
+            if pid and state.supervisor_alive(jobdir):
                 os.kill(pid, signal.SIGKILL)
-            state.kill_group(status.get("trainer_pgid"), signal.SIGKILL)
-            status.update(
-                phase=str(JobPhase.CANCELLED),
-                message="cancelled by user",
-                finished_at=time.time(),
-                log_tail=self._log_tail(jobdir),
-            )
-            state.write_json_atomic(jobdir / state.STATUS, status)
-        if pid:  # let the supervisor finish its last write before anyone removes the directory
-
-            def supervisor_gone() -> bool:
-                _reap()
-                return not process_alive(pid, *state.supervisor_markers(jobdir))
-
-            state.wait_until(supervisor_gone, timeout=10)
+            state.kill_group(state.read_json(jobdir / state.STATUS).get("trainer_pgid"), signal.SIGKILL)
+            state.wait_until(finished, timeout=10)  # reconciled (to Cancelled) once the supervisor is gone
+        # Let the supervisor finish its last write before anyone removes the directory.
+        state.wait_until(lambda: not state.supervisor_alive(jobdir), timeout=10)
         return self._job(jobdir)
 
     def delete(self, job_id: str) -> None:

@@ -7,7 +7,9 @@ the output to ``train.log``, turns event lines into ``status.json`` updates, and
 
 SIGTERM (sent by :meth:`LocalBackend.cancel`) means cancel: the trainer's group gets SIGTERM, then
 SIGKILL after the grace period in ``spec.json``. The supervisor is the only writer of
-``status.json`` while it lives.
+``status.json`` while it lives: it inherits the job's ``supervisor.lock``, held since before the job
+existed, and keeps it (not passed on to the trainer) until it exits; readers reconcile only a job
+whose lock they can take.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if (self.jobdir / state.CANCEL_REQUESTED).exists():  # cancelled before the handler was in place
+            self.cancel_requested = True
         command = list(self.spec["command"])
         env = {**os.environ, **self.spec.get("env", {})}
         log = open(self.jobdir / state.LOG, "ab")  # noqa: SIM115 - closed below, after the reader ends

@@ -285,6 +285,7 @@ def run_hf_trainer(
 
     from playground.blueprints import get_blueprint
     from playground.train.model import apply_lora
+    from playground.train.recipe import lr_lambda
 
     blueprint = get_blueprint(BLUEPRINTS[arch])
     defaults = blueprint.defaults()
@@ -311,6 +312,16 @@ def run_hf_trainer(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     if method == "lora":
         model = apply_lora(model, blueprint.method, defaults)
+    # The optimizer and schedule the project's trainer uses (fused AdamW, betas 0.9/0.95, linear warmup,
+    # cosine to 10%), so the two loss curves differ only by the data order.
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=float(defaults.get("learning_rate", 2e-4)),
+        betas=(0.9, 0.95),
+        weight_decay=0.0,
+        fused=cuda or None,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(min(100, max(1, steps // 20)), steps))
     marks: dict[int, float] = {}
 
     class Clock(TrainerCallback):
@@ -323,15 +334,9 @@ def run_hf_trainer(
         output_dir=str(out),
         max_steps=steps,
         per_device_train_batch_size=batch,
-        learning_rate=float(defaults.get("learning_rate", 2e-4)),
-        lr_scheduler_type="cosine",
-        warmup_steps=min(100, max(1, steps // 20)),
-        weight_decay=0.0,
-        adam_beta2=0.95,
         max_grad_norm=1.0,
         bf16=cuda,
         use_cpu=not cuda,
-        optim="adamw_torch_fused" if cuda else "adamw_torch",
         logging_steps=log_every,
         save_strategy="no",
         report_to=[],
@@ -343,7 +348,14 @@ def run_hf_trainer(
     )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=collate, callbacks=[Clock()])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=examples,
+        data_collator=collate,
+        callbacks=[Clock()],
+        optimizers=(optimizer, scheduler),
+    )
     start = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - start
@@ -361,7 +373,7 @@ def run_hf_trainer(
         "timed_steps": f"{first + 1}..{steps}",
         "torch_compile": compile_model,
     }
-    del trainer, model
+    del trainer, model, optimizer, scheduler
     if cuda:
         torch.cuda.empty_cache()
     return result
@@ -409,6 +421,15 @@ def main(argv: list[str] | None = None) -> int:
         default=["baseline"],
         help="project trainer variants: NAME or NAME:key=value,... (fixed training settings)",
     )
+    parser.add_argument(
+        "--alpaca-variants",
+        nargs="*",
+        default=["baseline", "packing:packing=true"],
+        help="project trainer variants on the alpaca shape",
+    )
+    parser.add_argument(
+        "--skip", nargs="*", default=[], help="runs to leave out: prefixes of ARCH/SHAPE/METHOD/TRAINER"
+    )
     parser.add_argument("--hf", default="plain", help="HF Trainer runs: comma list of plain, compile, none")
     parser.add_argument("--time-budget", type=float, default=1e9, help="seconds; no new run starts past it")
     parser.add_argument("--run-timeout", type=float, default=600, help="seconds one project run may take")
@@ -437,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     archs = args.arch.split(",")
     methods = args.method.split(",")
-    variants = parse_variants(args.variants)
+    variants = {"full": parse_variants(args.variants), "alpaca": parse_variants(args.alpaca_variants)}
     hf_modes = [m for m in args.hf.split(",") if m != "none"]
     info = device_info()
     info["measured_bf16_matmul_flops"] = measured_matmul_flops()
@@ -465,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(results, indent=2) + "\n")
 
     def over_budget(what: str) -> bool:
+        if any(what.startswith(prefix) for prefix in args.skip):
+            return True
         if time.perf_counter() - t0 > args.time_budget:
             results["skipped"].append(what)
             log(f"skipped (time budget): {what}")
@@ -500,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
                 span = attention_span([int(n) for n in train_set.lengths])
                 for method in shape_methods:
                     fpt = flops_per_token(config, n_params, method, span)
-                    hf_curve = None
+                    hf_curve = base_curve = None
                     for mode in hf_modes:
                         what = f"{arch}/{shape}/{method}/hf-{mode}"
                         if over_budget(what):
@@ -519,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
                         hf_curve = figures.get("loss_curve") if mode == "plain" else hf_curve
                         _finish(results, figures, arch, shape, method, f"hf-{mode}", batch, seq, fpt, span, peak)
                         save()
-                    for name, training in variants.items():
+                    for name, training in variants[shape].items():
                         what = f"{arch}/{shape}/{method}/project-{name}"
                         if over_budget(what):
                             continue
@@ -534,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
                             figures = {"error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
                         if hf_curve and figures.get("loss_curve"):
                             figures["loss_curve_gap_to_hf"] = curve_gap(figures["loss_curve"], hf_curve)
+                        if name == "baseline":
+                            base_curve = figures.get("loss_curve")
+                        elif base_curve and figures.get("loss_curve"):  # same data order: should match closely
+                            figures["loss_curve_gap_to_baseline"] = curve_gap(figures["loss_curve"], base_curve)
                         _finish(results, figures, arch, shape, method, f"project-{name}", batch, seq, fpt, span, peak)
                         save()
                         shutil.rmtree(work / "project", ignore_errors=True)

@@ -4,6 +4,7 @@
 # and benchmarks/gpu_blueprints.py with whatever time is left. Everything lands in $OUT.
 #
 #   OUT=gpu-out TOTAL_BUDGET=570 E2E_BUDGET=260 bash benchmarks/gpu_session.sh [gpu_blueprints.py args...]
+#   E2E_ARGS="--jobs 3" E2E_NB_TIMEOUT=230 ...                 # the three notebooks at once, each <= 230 s
 #   RUN_E2E=0 bash benchmarks/gpu_session.sh --arch llama      # the benchmark only
 set -u -o pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,8 @@ if [ "${RUN_E2E:-1}" = 1 ]; then
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,nounits -lms 200 >"$OUT/smi.csv" &
   smi=$!
   timeout -k 10 "$E2E_BUDGET" $PY -m playground.cli e2e --profile gpu-config --out "$OUT/e2e" \
-    --timeout "$((E2E_BUDGET / 2))" --timeout-cell "$((E2E_BUDGET / 2))" ${E2E_ARGS:-}
+    --timeout "${E2E_NB_TIMEOUT:-$((E2E_BUDGET / 2))}" --timeout-cell "${E2E_NB_TIMEOUT:-$((E2E_BUDGET / 2))}" \
+    ${E2E_ARGS:-}
   echo "e2e exit code: $?"
   kill "$smi"
   wait "$smi" 2>/dev/null

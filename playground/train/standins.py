@@ -95,24 +95,29 @@ HUB_ARCHITECTURES: dict[str, dict[str, Any]] = {
 _WORDS = ["kube", "flow", "serve", "train", "model", "token", "graph", "node", "pod", "queue", "cloud", "data", "batch"]
 
 
+def _add_row(rng: random.Random, high: int) -> dict[str, str]:
+    a, b = rng.randint(0, high), rng.randint(0, high)
+    return {"instruction": f"Add {a} and {b}.", "input": "", "output": str(a + b)}
+
+
+def _sort_row(rng: random.Random) -> dict[str, str]:
+    words = rng.sample(_WORDS, 3)
+    return {"instruction": "List these words in alphabetical order.", "input": ", ".join(words),
+            "output": ", ".join(sorted(words))}  # fmt: skip
+
+
 def alpaca_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
     """``n`` deterministic Alpaca-format rows (instruction, input, output) with short answers."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        kind = i % 3
-        if kind == 0:
-            a, b = rng.randint(0, 50), rng.randint(0, 50)
-            rows.append({"instruction": f"Add {a} and {b}.", "input": "", "output": str(a + b)})
-        elif kind == 1:
+        if i % 3 == 0:
+            rows.append(_add_row(rng, 50))
+        elif i % 3 == 1:
             word = rng.choice(_WORDS)
             rows.append({"instruction": "Reverse the word.", "input": word, "output": word[::-1]})
         else:
-            words = rng.sample(_WORDS, 3)
-            rows.append(
-                {"instruction": "List these words in alphabetical order.", "input": ", ".join(words),
-                 "output": ", ".join(sorted(words))}
-            )  # fmt: skip
+            rows.append(_sort_row(rng))
     return rows
 
 
@@ -123,19 +128,13 @@ def task_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        kind = i % 3
-        if kind == 0:
-            a, b = rng.randint(0, 99), rng.randint(0, 99)
-            rows.append({"instruction": f"Add {a} and {b}.", "input": "", "output": str(a + b)})
-        elif kind == 1:
+        if i % 3 == 0:
+            rows.append(_add_row(rng, 99))
+        elif i % 3 == 1:
             words = ", ".join(rng.choices(_WORDS, k=rng.randint(2, 3)))
             rows.append({"instruction": "Repeat these words.", "input": words, "output": words})
         else:
-            words = rng.sample(_WORDS, 3)
-            rows.append(
-                {"instruction": "List these words in alphabetical order.", "input": ", ".join(words),
-                 "output": ", ".join(sorted(words))}
-            )  # fmt: skip
+            rows.append(_sort_row(rng))
     return rows
 
 

@@ -30,6 +30,8 @@ KNOWN_PARAMETERS: dict[str, str] = {
     "eval_every": "evaluate every N steps (0: only at the end)",
     "checkpoint_every": "save a resumable checkpoint every N steps (0: never)",
     "log_every": "print a progress line every N steps",
+    "packing": "pack each micro-batch's examples into one row without padding (no cross-example attention)",
+    "compile": "torch.compile the training forward/backward",
 }
 
 

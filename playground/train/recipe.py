@@ -46,6 +46,8 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 0,
     "checkpoint_every": 0,
     "log_every": 10,
+    "packing": False,  # speed levers (playground/train/perf.py): fixed settings, off unless a blueprint sets them
+    "compile": False,
 }
 MAX_GRAD_NORM = 1.0
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak
@@ -234,6 +236,8 @@ class Settings:
     log_every: int
     eval_every: int
     checkpoint_every: int
+    packing: bool = False
+    compile: bool = False
 
     @classmethod
     def from_spec(cls, spec: TrainSpec) -> Settings:
@@ -250,6 +254,8 @@ class Settings:
             log_every=max(1, int(spec.setting("log_every"))),
             eval_every=int(spec.setting("eval_every")),
             checkpoint_every=int(spec.setting("checkpoint_every")),
+            packing=bool(spec.setting("packing")),
+            compile=bool(spec.setting("compile")),
         )
 
 
@@ -364,6 +370,10 @@ def setup_model(spec: TrainSpec, runtime: Runtime, data: DataState, reporter: Re
         from torch.nn.parallel import DistributedDataParallel
 
         train_model = DistributedDataParallel(model, device_ids=[dist.local_rank] if runtime.cuda else None)
+    if spec.setting("compile"):
+        from playground.train.perf import compile_model
+
+        train_model = compile_model(train_model, dynamic=bool(spec.setting("packing")))
     return ModelState(model, train_model, trainable, n_params, weights_dtype, count_flops(model))
 
 
@@ -482,6 +492,7 @@ def train_loop(
     import torch
 
     from playground.train.flops import MFU_WARMUP_STEPS, peak_flops
+    from playground.train.perf import model_inputs
 
     dist, accum, max_steps = runtime.dist, settings.gradient_accumulation_steps, settings.max_steps
     peak = peak_flops(torch.cuda.get_device_name(runtime.device) if runtime.cuda else None)
@@ -495,9 +506,10 @@ def train_loop(
         for micro in range(accum):
             micro_step = (step - 1) * accum + micro
             ids, labels, n_tokens = data.batches.batch(micro_step)
+            inputs = model_inputs(ids, labels, data.batches.lengths(micro_step), packing=settings.packing)
             sync = micro == accum - 1 or dist.world_size == 1
             with contextlib.nullcontext() if sync else model.train_model.no_sync(), runtime.autocast():
-                loss = model.train_model(input_ids=ids, labels=labels).loss / accum
+                loss = model.train_model(**inputs).loss / accum
             loss.backward()
             window.loss += loss.detach()
             window.tokens += n_tokens

@@ -43,7 +43,7 @@ def stages(tmp_path_factory: pytest.TempPathFactory):
     settings = recipe.Settings.from_spec(spec)
     runtime = recipe.setup_distributed(spec, reporter)
     data = recipe.setup_data(spec, runtime, settings, reporter)
-    model = recipe.setup_model(spec, runtime, data, reporter)
+    model = recipe.setup_model(spec, runtime, settings, data, reporter)
     return spec, settings, runtime, data, model
 
 
@@ -76,7 +76,7 @@ def test_loop_checkpoint_restore_and_mfu_after_warmup(stages, monkeypatch: pytes
     spec, settings, runtime, data, model = stages
     monkeypatch.setenv("PLAYGROUND_PEAK_FLOPS", "1e12")  # a made-up CPU peak, so MFU is computed
     optim = recipe.setup_optimizer(runtime, settings, model)
-    state = recipe.restore(spec, model, optim, _reporter()[0])
+    state = recipe.restore(spec, runtime, settings, model, optim, _reporter()[0])
     assert state.start_step == 0
     reporter, stream = _reporter()
     state = recipe.train_loop(spec, runtime, settings, data, model, optim, state, reporter)
@@ -93,7 +93,7 @@ def test_loop_checkpoint_restore_and_mfu_after_warmup(stages, monkeypatch: pytes
         for p in model.model.parameters():
             p.zero_()
     fresh = recipe.setup_optimizer(runtime, settings, model)
-    restored = recipe.restore(replace(spec, resume=True), model, fresh, _reporter()[0])
+    restored = recipe.restore(replace(spec, resume=True), runtime, settings, model, fresh, _reporter()[0])
     assert (restored.start_step, restored.history) == (STEPS, state.history)
     assert all(torch.equal(weights[k], v) for k, v in model.model.state_dict().items())
     assert fresh.scheduler.last_epoch == STEPS

@@ -28,8 +28,9 @@ INFO_FILE = "trainer_state.json"
 FORMAT = 2  # 2: optimizer state keyed by parameter name (torch.distributed.checkpoint), "config" kept
 
 
-def _trainable_state(model: Any) -> dict[str, Any]:
-    """Full CPU copies of the trainable parameters (a collective for sharded ones)."""
+def _trainable_state(model: Any, keep: bool = True) -> dict[str, Any]:
+    """Full CPU copies of the trainable parameters (a collective for sharded ones: every rank
+    gathers each one in turn; only where ``keep`` is the copy kept, so other ranks hold no full model)."""
     from torch.distributed.tensor import DTensor
 
     state = {}
@@ -38,7 +39,8 @@ def _trainable_state(model: Any) -> dict[str, Any]:
             value = param.detach()
             if isinstance(value, DTensor):
                 value = value.full_tensor()
-            state[name] = value.cpu().clone()
+            if keep:
+                state[name] = value.cpu().clone()
     return state
 
 
@@ -66,7 +68,7 @@ def save_checkpoint(
     import torch
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    weights = _trainable_state(model)
+    weights = _trainable_state(model, keep=main)
     optim_state = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
     if not main:
         return None
@@ -115,10 +117,11 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def check_resume(path: Path, config: dict[str, Any], allowed: str) -> None:
+def check_resume(path: Path, config: dict[str, Any], allowed: str, hints: dict[str, str] | None = None) -> None:
     """A one-line UserError naming the first setting of ``config`` that differs from the one the
     checkpoint at ``path`` was trained with (read from its JSON; no torch needed). ``allowed``
-    says in the message what may change on resume."""
+    says in the message what may change on resume; ``hints`` how to set a derived value
+    (``{saved}`` is replaced by the checkpoint's value; default ``NAME={saved}``)."""
     try:
         saved = json.loads((path / INFO_FILE).read_text()).get("config")
     except (OSError, ValueError):
@@ -130,9 +133,10 @@ def check_resume(path: Path, config: dict[str, Any], allowed: str) -> None:
         )
     for name, value in config.items():
         if name in saved and saved[name] != value:
+            fix = (hints or {}).get(name, f"{name}={{saved}}").format(saved=saved[name])
             raise UserError(
                 f"resume: {name}={value} differs from {saved[name]} in {path.parent.name}/{path.name}; a resumed run "
-                f"keeps {', '.join(config)} ({allowed} may change); set {name}={saved[name]} or use a fresh --output",
+                f"keeps {', '.join(config)} ({allowed} may change); set {fix} or use a fresh --output",
                 field=name,
             )
 

@@ -250,14 +250,30 @@ class Settings:
     eval_every: int
     checkpoint_every: int
     distributed: str = "auto"
+    max_seq_length: int = 512
+    num_train_examples: int | None = None
+    num_eval_examples: int | None = 200  # the held-out prompts are kept out of the training rows
 
-    # What a resumed run must keep (checked against the checkpoint); everything else may change,
-    # notably the number of processes, DDP/FSDP2 and how the global batch is split.
-    RESUME_KEEPS = ("seed", "global_batch_size", "max_steps", "warmup_steps", "learning_rate")
+    # What a resumed run must keep (checked against the checkpoint): the data and its order (the seed;
+    # the training rows, their tokenization and the held-out prompts kept out of them; the global
+    # batch) and the learning-rate schedule. Everything else may change, notably the number of
+    # processes, DDP/FSDP2 and how the global batch is split: a step sees the same examples and
+    # computes the same update either way.
+    RESUME_KEEPS = (
+        "seed",
+        "global_batch_size",
+        "max_steps",
+        "warmup_steps",
+        "learning_rate",
+        "max_seq_length",
+        "num_train_examples",
+        "num_eval_examples",
+    )
     RESUME_MAY_CHANGE = (
         "the number of GPUs/processes, DDP/FSDP2, the batch_size × gradient_accumulation_steps split "
         "and the log/eval/checkpoint cadence"
     )
+    RESUME_HINTS = {"global_batch_size": "batch_size × gradient_accumulation_steps = {saved}"}
 
     @classmethod
     def from_spec(cls, spec: TrainSpec) -> Settings:
@@ -266,6 +282,7 @@ class Settings:
         max_steps = int(spec.setting("max_steps"))
         warmup = spec.setting("warmup_steps")
         distributed = str(spec.setting("distributed"))
+        num_train, num_eval = spec.setting("num_train_examples"), spec.setting("num_eval_examples")
         if distributed not in STRATEGIES:
             raise UserError(
                 f"training setting 'distributed': {distributed!r} is not allowed; allowed: {', '.join(STRATEGIES)}",
@@ -283,6 +300,9 @@ class Settings:
             eval_every=int(spec.setting("eval_every")),
             checkpoint_every=int(spec.setting("checkpoint_every")),
             distributed=distributed,
+            max_seq_length=int(spec.setting("max_seq_length")),
+            num_train_examples=None if num_train is None else int(num_train),
+            num_eval_examples=None if num_eval is None else int(num_eval),
         )
 
     @property
@@ -483,7 +503,7 @@ def check_resume(spec: TrainSpec, settings: Settings) -> Path | None:
 
     latest = checkpoint.latest_checkpoint(spec.output / "checkpoints")
     if latest is not None:
-        checkpoint.check_resume(latest, settings.resume_config(), Settings.RESUME_MAY_CHANGE)
+        checkpoint.check_resume(latest, settings.resume_config(), Settings.RESUME_MAY_CHANGE, Settings.RESUME_HINTS)
     return latest
 
 

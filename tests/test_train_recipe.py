@@ -109,3 +109,44 @@ def test_final_eval_and_save(stages) -> None:
     metrics = recipe.save(spec, runtime, data, model, state, final, wall_start=0.0, reporter=reporter)
     assert metrics["steps"] == STEPS and metrics["resumed_from_step"] == STEPS and metrics["train_loss"] == 1.5
     assert (spec.output / "model" / "model.safetensors").exists() and (spec.output / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "accum", "world", "expected"),
+    [
+        (8, 1, 1, (8, 8, 1)),
+        (8, 1, 2, (8, 4, 1)),  # the batch splits
+        (8, 4, 2, (32, 8, 2)),  # accumulation divides first, nanoGPT style
+        (6, 2, 4, (12, 3, 1)),  # then the batch
+    ],
+)
+def test_global_batch_is_fixed_whatever_the_world_size(tmp_path: Path, batch_size, accum, world, expected) -> None:
+    settings = recipe.Settings.from_spec(_spec(tmp_path))
+    settings = replace(settings, batch_size=batch_size, gradient_accumulation_steps=accum)
+    plan = settings.plan(world)
+    assert (plan.global_batch, plan.micro_batch, plan.micro_steps) == expected
+    assert plan.micro_batch * plan.micro_steps * world == settings.global_batch_size
+
+
+def test_uneven_global_batch_is_refused_naming_the_field(tmp_path: Path) -> None:
+    from playground.errors import UserError
+
+    settings = recipe.Settings.from_spec(_spec(tmp_path, "batch_size=3"))
+    with pytest.raises(UserError, match=r"batch_size=3 .* global batch 3 cannot be split evenly over 2") as err:
+        settings.plan(2)
+    assert err.value.field == "batch_size"
+
+
+def test_every_world_size_sees_the_same_examples_per_step(stages) -> None:
+    """Batches for 1 process × 4 micro-batches and for 2 ranks × 2 micro-batches cover the same
+    rows in every optimizer step, across an epoch boundary; the step's answer-token count too."""
+    from playground.train.data import Batches
+
+    train = stages[3].train_set
+    one = Batches(train, batch_size=4, seed=3, grad_accum=4)
+    ranks = [Batches(train, batch_size=4, seed=3, rank=r, world_size=2, grad_accum=2) for r in (0, 1)]
+    for step in range(one.per_epoch + 2):
+        rows_one = sorted(int(i) for m in range(4) for i in one._rows(step * 4 + m))
+        rows_two = sorted(int(i) for b in ranks for m in range(2) for i in b._rows(step * 2 + m))
+        assert rows_one == rows_two and len(rows_one) == 16
+        assert one.label_tokens(step) == ranks[1].label_tokens(step) == int((train.labels[rows_one, 1:] != -100).sum())

@@ -11,11 +11,17 @@ nothing).
     python benchmarks/gpu_blueprints.py                    # GPU: both architectures, 30 steps each
     python benchmarks/gpu_blueprints.py --arch llama --steps 50
     python benchmarks/gpu_blueprints.py --tiny --out /tmp/bench   # CPU smoke of the script
+    python benchmarks/gpu_blueprints.py --nproc 8 --distributed fsdp   # the project's trainer on 8 GPUs, FSDP2
 
-MFU = tokens/s × FLOPs per token / the device's dense bf16 peak, with FLOPs per token = 4·N for LoRA
-(forward 2·N plus the activation gradients 2·N; the frozen base weights get no weight gradients) over the
-N parameters of the base model. The trainer's own ``mfu`` field uses 6·N; it is recorded as reported.
-Every example is longer than ``max_seq_length``, so all batches are full (no padding) for both trainers.
+MFU = tokens/s per device × model FLOPs per token / the device's dense bf16 peak, with the FLOPs per
+token of ``playground/train/flops.py`` (the trainer's own ``mfu`` field uses the same counter): 6 per
+trainable and 4 per frozen ``nn.Linear`` weight (LoRA: the frozen base weights get no weight gradient),
+no embedding lookup, plus the attention term ``12·layers·heads·head_dim·T``. Every example is longer
+than ``max_seq_length``, so all batches are full (no padding) for both trainers and ``T`` is that length.
+``--nproc N`` runs the project's trainer under ``torchrun`` on N GPUs (``--distributed`` picks DDP or
+FSDP2; ``auto`` is the trainer's rule). ``--batch-size`` is the global batch, split over the N GPUs
+(pass 8·N to keep 8 per GPU); the HF ``Trainer`` baseline stays on one GPU with the per-GPU share
+(``--batch-size / N``), so the throughput ratio compares tokens/s per device at the same per-device batch.
 """
 
 from __future__ import annotations
@@ -90,8 +96,6 @@ TINY_HEADS = {
     "llama": {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16},
     "qwen": {"num_attention_heads": 4, "num_key_value_heads": 2},
 }
-# Dense bf16 peak FLOP/s (no sparsity), by a substring of torch.cuda.get_device_name().
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
 _TEXT = (
     "the model learns to follow instructions by reading many short examples of a task and its answer; "
     "a blueprint fixes the data, the method and bounded parameters so that every run is comparable"
@@ -105,6 +109,8 @@ def log(message: str) -> None:
 
 def device_info() -> dict[str, Any]:
     import torch
+
+    from playground.train.flops import peak_flops
 
     info: dict[str, Any] = {
         "cuda": torch.cuda.is_available(),
@@ -128,7 +134,7 @@ def device_info() -> dict[str, Any]:
             device_memory_bytes=props.total_memory,
             cuda_version=torch.version.cuda,
         )
-        info["peak_bf16_flops"] = next((f for k, f in PEAK_BF16_FLOPS.items() if k in info["device"]), None)
+        info["peak_bf16_flops"] = peak_flops(info["device"])  # the trainer's table (playground/train/flops.py)
     else:
         info.update(device=f"cpu ({os.cpu_count()} threads)", peak_bf16_flops=None)
     return info
@@ -180,17 +186,17 @@ def write_rows(path: Path, n: int, seed: int = 0) -> Path:
 
 
 def run_project_trainer(
-    arch: str, model_dir: Path, rows: Path, out: Path, *, steps: int, batch: int, seq: int, log_every: int
-) -> dict[str, Any]:
+    arch: str, model_dir: Path, rows: Path, out: Path, *, steps: int, batch: int, seq: int, log_every: int,
+    nproc: int = 1, blueprint: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The project's trainer as the platform runs it: a subprocess printing progress events."""
     from playground.events import Progress, parse_line
 
     cmd = [
-        sys.executable,
-        "-m",
+        *trainer_launch(nproc),
         "playground.train",
         "--blueprint",
-        ARCHS[arch]["blueprint"],
+        blueprint or ARCHS[arch]["blueprint"],
         "--output",
         str(out),
         "--model-source",
@@ -333,10 +339,53 @@ def run_hf_trainer(
     return result
 
 
-def mfu(tokens_per_second: float | None, n_params: int, peak: float | None) -> float | None:
+# --- several processes (DDP / FSDP2 under torchrun) and the FLOP counter (issue 11) -------------------
+
+
+def trainer_launch(nproc: int) -> list[str]:
+    """``python -m`` (the module name follows), under ``torchrun --standalone`` for ``nproc > 1``."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+    return [sys.executable, *torchrun, "-m"]
+
+
+def blueprint_with_distributed(arch: str, distributed: str, work: Path) -> str:
+    """The architecture's blueprint id, or a copy of its YAML whose ``training.distributed`` is set."""
+    import yaml
+
+    from playground.blueprints.loader import CATALOG_DIR
+
+    blueprint = ARCHS[arch]["blueprint"]
+    if distributed == "auto":
+        return blueprint
+    spec = yaml.safe_load((CATALOG_DIR / f"{blueprint}.yaml").read_text())
+    spec.setdefault("training", {})["distributed"] = distributed
+    path = work / distributed / f"{blueprint}.yaml"  # the file name is the id
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def flop_counter(arch: str, model_dir: Path) -> Any:
+    """The trainer's FlopCounter for the model as it trains (LoRA applied), built on the meta device."""
+    import torch
+    import transformers
+
+    from playground.blueprints import get_blueprint
+    from playground.train.flops import count_flops
+    from playground.train.model import apply_lora
+
+    blueprint = get_blueprint(ARCHS[arch]["blueprint"])
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(model_dir))
+        model = apply_lora(model, blueprint.method, blueprint.defaults())
+    return count_flops(model)
+
+
+def mfu(tokens_per_second: float | None, flops_per_token: int, peak: float | None, devices: int = 1) -> float | None:
+    """MFU of one device: its share of the tokens/s × model FLOPs per token / its dense bf16 peak."""
     if not tokens_per_second or not peak:
         return None
-    return round(tokens_per_second * 4 * n_params / peak, 4)
+    return round(tokens_per_second / devices * flops_per_token / peak, 4)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--tiny", action="store_true", help="small CPU stand-ins: proves the script runs, no figures")
     parser.add_argument("--keep", action="store_true", help="keep the model directories and trainer outputs")
+    parser.add_argument("--nproc", type=int, default=1, help="GPUs (processes under torchrun) for the project trainer")
+    parser.add_argument("--distributed", choices=["auto", "ddp", "fsdp"], default="auto", help="with --nproc > 1")
     args = parser.parse_args(argv)
 
     import torch
@@ -359,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             "run it there, or use --tiny for a CPU smoke run of the script.",
             file=sys.stderr,
         )
+        return 2
+    if args.nproc < 1 or (not args.tiny and args.nproc > torch.cuda.device_count()):
+        print(f"gpu_blueprints: --nproc {args.nproc}: allowed 1 to {torch.cuda.device_count()} (the GPUs here)")
         return 2
     if args.tiny:
         args.steps, args.batch_size, args.seq_len = min(args.steps, 4), min(args.batch_size, 2), min(args.seq_len, 64)
@@ -376,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "batch_size": args.batch_size,
         "seq_len": args.seq_len,
-        "mfu_flops_per_token": "4 x base-model parameters (LoRA: frozen weights get no weight gradients)",
+        "nproc": args.nproc,
+        "distributed": args.distributed,
+        "mfu_flops_per_token": "playground/train/flops.py: 6/4 per trainable/frozen matmul weight + attention",
         "architectures": {},
     }
     try:
@@ -385,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             spec = ARCHS[arch]
             log(f"{spec['name']}: building the random-init model directory")
             model_dir, n_params = build_model_dir(arch, work / f"model-{arch}", tiny=args.tiny)
-            log(f"{spec['name']}: {n_params / 1e6:,.1f}M parameters; the project's trainer")
+            counter = flop_counter(arch, model_dir)
+            log(f"{spec['name']}: {n_params / 1e6:,.1f}M parameters; the project's trainer on {args.nproc} device(s)")
             project = run_project_trainer(
                 arch,
                 model_dir,
@@ -395,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
                 batch=args.batch_size,
                 seq=args.seq_len,
                 log_every=log_every,
+                nproc=args.nproc,
+                blueprint=blueprint_with_distributed(arch, args.distributed, work),
             )
             log(f"{spec['name']}: HF Trainer baseline")
             hf = run_hf_trainer(
@@ -403,14 +462,15 @@ def main(argv: list[str] | None = None) -> int:
                 rows,
                 work / f"hf-{arch}",
                 steps=args.steps,
-                batch=args.batch_size,
+                batch=max(1, args.batch_size // args.nproc),  # one GPU: the per-GPU share of the global batch
                 seq=args.seq_len,
                 warmup_steps=warmup_steps,
             )
-            for figures in (project, hf):
-                figures["mfu"] = mfu(figures["tokens_per_second"], n_params, info.get("peak_bf16_flops"))
+            flops_per_token, peak = counter.per_token(args.seq_len), info.get("peak_bf16_flops")
+            for figures, devices in ((project, args.nproc), (hf, 1)):
+                figures["mfu"] = mfu(figures["tokens_per_second"], flops_per_token, peak, devices)
             ratio = (
-                round(project["tokens_per_second"] / hf["tokens_per_second"], 3)
+                round(project["tokens_per_second"] / args.nproc / hf["tokens_per_second"], 3)
                 if project["tokens_per_second"] and hf["tokens_per_second"]
                 else None
             )
@@ -418,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                 "name": spec["name"],
                 "blueprint": spec["blueprint"],
                 "parameters": n_params,
+                "flops_per_token": flops_per_token,
                 "config": {k: v for k, v in spec["config"].items() if k != "rope_scaling"}
                 if not args.tiny
                 else TINY_DIMS,

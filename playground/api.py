@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from playground.blueprints import Blueprint, get_blueprint, load_catalog
+from playground.booth import validate_owner
 from playground.types import SourceOverrides, TrainRequest
 
 
@@ -21,8 +22,12 @@ def make_request(
     model_source: str | None = None,
     dataset_source: str | None = None,
     labels: Mapping[str, str] | None = None,
+    owner: str | None = None,
 ) -> TrainRequest:
-    """Validate ``params`` against the blueprint (one-line ParameterError) and build a request."""
+    """Validate ``params`` against the blueprint (one-line ParameterError) and build a request.
+
+    ``owner`` is the visitor the job belongs to (booth mode); None for an operator's job.
+    """
     blueprint = get_blueprint(blueprint_id)
     resolved = blueprint.resolve_params(dict(params or {}))
     return TrainRequest(
@@ -30,4 +35,5 @@ def make_request(
         params=resolved,
         overrides=SourceOverrides(model=model_source, dataset=dataset_source),
         labels=dict(labels or {}),
+        owner=validate_owner(owner),
     )

@@ -88,6 +88,19 @@ class ClusterEvent:
 
 
 @dataclass(frozen=True)
+class Queued:
+    """The job waits for a training slot: ``position`` 1 is next; 0 means it just left the queue.
+
+    Emitted whenever the position (or, materially, the estimate) changes while the job waits.
+    ``estimated_wait_seconds`` is None when nothing is known to estimate from (e.g. a Kueue queue).
+    """
+
+    position: int
+    estimated_wait_seconds: float | None = None
+    time: float = field(default_factory=_now)
+
+
+@dataclass(frozen=True)
 class Metric:
     """An evaluation result, e.g. ``eval_exact_match`` or ``eval_loss``."""
 
@@ -96,7 +109,7 @@ class Metric:
     time: float = field(default_factory=_now)
 
 
-Event = Phase | Progress | Log | ClusterEvent | Metric
+Event = Phase | Progress | Log | ClusterEvent | Metric | Queued
 
 _TYPES: dict[str, type] = {
     "phase": Phase,
@@ -104,6 +117,7 @@ _TYPES: dict[str, type] = {
     "log": Log,
     "cluster_event": ClusterEvent,
     "metric": Metric,
+    "queued": Queued,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 

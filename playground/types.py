@@ -30,7 +30,8 @@ class TrainRequest:
     blueprint_id: str
     params: dict[str, Any]
     overrides: SourceOverrides = SourceOverrides()
-    labels: dict[str, str] = field(default_factory=dict)  # owner/session labels
+    labels: dict[str, str] = field(default_factory=dict)  # free-form labels (session, ...)
+    owner: str | None = None  # the visitor who owns the job (booth mode); None: an operator's job
 
 
 @dataclass
@@ -52,6 +53,9 @@ class Job:
     base_model: str | None = None  # the base model for side-by-side chat (dir, hf:// or URI)
     log_tail: list[str] = field(default_factory=list)  # last lines, kept when it fails
     labels: dict[str, str] = field(default_factory=dict)
+    owner: str | None = None  # the visitor who owns it; None for operator (CLI) jobs
+    queue_position: int | None = None  # while it waits for a training slot: 1 = next; None otherwise
+    estimated_wait_seconds: float | None = None  # until it starts, while queued (None: unknown)
 
     @property
     def done(self) -> bool:
@@ -73,6 +77,7 @@ class Endpoint:
     kind: str = "fine-tuned"  # or "base"
     backend: str = "local"
     name: str | None = None  # server / InferenceService name
+    owner: str | None = None  # the visitor who owns the job it serves
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

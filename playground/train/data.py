@@ -262,6 +262,16 @@ class Batches:
 
     def batch(self, micro_step: int) -> tuple[Any, Any, int]:
         """``(input_ids, labels, n_tokens)`` of one micro-batch, trimmed to its longest row."""
+        rows = self._rows(micro_step)
+        lengths = self.data.lengths[rows]
+        width = int(lengths.max())
+        return self.data.input_ids[rows, :width], self.data.labels[rows, :width], int(lengths.sum())
+
+    def lengths(self, micro_step: int) -> Any:
+        """Token counts of the rows of one micro-batch (what the FLOP counter needs)."""
+        return self.data.lengths[self._rows(micro_step)]
+
+    def _rows(self, micro_step: int) -> Any:
         import torch
 
         epoch, index = self.position(micro_step)
@@ -274,10 +284,7 @@ class Batches:
             rows = self._perm.repeat(self.global_batch // len(self.data) + 1)[: self.global_batch]
         else:
             rows = self._perm[start : start + self.global_batch]
-        rows = rows[self.rank :: self.world_size]
-        lengths = self.data.lengths[rows]
-        width = int(lengths.max())
-        return self.data.input_ids[rows, :width], self.data.labels[rows, :width], int(lengths.sum())
+        return rows[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[tuple[Any, Any, int]]:
         step = 0

@@ -7,8 +7,11 @@ step), eval by greedy generation through the chat template, and no per-step over
 write: ``loss.item()`` (a device sync) happens only on logging steps. HF Trainer stays the
 baseline our benchmarks compare against.
 
-Reads top to bottom: settings → distributed setup → tokenizer and data → model (+ LoRA) →
-optimizer → resume → loop (log, checkpoint, eval) → final eval → save → metrics.json.
+``run()`` is a list of named stages, torchtune style, each a function of what the earlier ones
+returned (small dataclasses), so each can be called and tested on its own: settings →
+``setup_distributed`` → ``setup_data`` (tokenizer, data, batch order) → ``setup_model`` (+ LoRA,
+DDP) → ``setup_optimizer`` → ``restore`` (``--resume``) → ``train_loop`` (log, checkpoint, eval) →
+``final_eval`` → ``save`` (model dir, metrics.json) → ``teardown``.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from playground.blueprints import Blueprint
 from playground.events import JobPhase, Progress
+from playground.train.flops import FlopCounter
 from playground.train.reporting import Reporter
 
 # Settings used when neither the blueprint's parameters nor its fixed ``training`` block set them.
@@ -46,8 +50,6 @@ DEFAULTS: dict[str, Any] = {
 MAX_GRAD_NORM = 1.0
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak
 MAX_SYNTHETIC_ROWS = 50_000  # generated up front; longer runs cycle through them in epochs
-# Dense bf16 peak FLOP/s per device, for MFU (unknown devices: MFU not reported).
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12}
 
 
 @dataclass(frozen=True)
@@ -185,230 +187,448 @@ def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist) -> tuple[Any, Any]:
     return data.tokenize(train, tokenizer, max_len), data.tokenize(held, tokenizer, max_len)
 
 
-def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
-    """Train, evaluate and save; returns the final metrics (also written to metrics.json)."""
+# --- the stages --------------------------------------------------------------------------------
+# Each stage is a function of what the earlier ones produced (the small dataclasses below), so a
+# test can run any of them on its own; ``run`` is the list of stage calls.
+
+
+@dataclass
+class Runtime:
+    """Where the run happens: ranks, the device, the numeric mode."""
+
+    dist: Dist
+    device: Any
+    cuda: bool
+    bf16: bool  # bf16 autocast / weights (GPU with bf16 support only)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        import torch
+
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (CUDA runs asynchronously), before reading a clock."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self) -> None:
+        if self.dist.world_size > 1:
+            import torch.distributed
+
+            torch.distributed.barrier()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's resolved training settings (parameters > the blueprint's ``training`` > DEFAULTS)."""
+
+    max_steps: int
+    learning_rate: float
+    warmup_steps: int
+    weight_decay: float
+    batch_size: int
+    gradient_accumulation_steps: int
+    seed: int
+    log_every: int
+    eval_every: int
+    checkpoint_every: int
+
+    @classmethod
+    def from_spec(cls, spec: TrainSpec) -> Settings:
+        max_steps = int(spec.setting("max_steps"))
+        warmup = spec.setting("warmup_steps")
+        return cls(
+            max_steps=max_steps,
+            learning_rate=float(spec.setting("learning_rate")),
+            warmup_steps=int(warmup) if warmup is not None else min(100, max(1, max_steps // 20)),
+            weight_decay=float(spec.setting("weight_decay")),
+            batch_size=int(spec.setting("batch_size")),
+            gradient_accumulation_steps=int(spec.setting("gradient_accumulation_steps")),
+            seed=int(spec.setting("seed")),
+            log_every=max(1, int(spec.setting("log_every"))),
+            eval_every=int(spec.setting("eval_every")),
+            checkpoint_every=int(spec.setting("checkpoint_every")),
+        )
+
+
+@dataclass
+class DataState:
+    """The tokenizer, the tokenized train and held-out sets, and the deterministic batch order."""
+
+    tokenizer: Any
+    train_set: Any
+    eval_set: Any
+    batches: Any
+
+
+@dataclass
+class ModelState:
+    """The model as saved and evaluated (``model``) and as trained (``train_model``: DDP-wrapped
+    when distributed), with what MFU and the optimizer need to know about it."""
+
+    model: Any
+    train_model: Any
+    trainable: list[Any]
+    n_params: int
+    weights_dtype: Any
+    flops: FlopCounter
+
+
+@dataclass
+class OptimizerState:
+    optimizer: Any
+    scheduler: Any
+
+
+@dataclass
+class TrainState:
+    """What the loop advances and a checkpoint keeps: the step, the eval history, the training clock."""
+
+    start_step: int = 0
+    step: int = 0
+    last_loss: float = math.nan
+    history: list[dict[str, Any]] = field(default_factory=list)
+    clock: Clock = field(default_factory=Clock)
+
+
+def setup_distributed(spec: TrainSpec, reporter: Reporter) -> Runtime:
+    """Stage 1: ranks (torchrun or a single process), the device, bf16 or float32, the seed."""
     import torch
 
-    from playground.train import checkpoint, evaluate
-    from playground.train.data import Batches
-    from playground.train.model import apply_lora, build_model, configure_generation, load_tokenizer, parse_source
-    from playground.train.save import save_model_dir, unwrap
-
-    wall_start = time.perf_counter()
     dist = init_distributed()
     reporter.enabled = reporter.enabled and dist.main
     cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{dist.local_rank}" if cuda else "cpu")
     if not cuda:
         torch.set_num_threads(cpu_threads())
     # bf16 on GPU (autocast over fp32 masters for scratch models, bf16 weights for hub models);
     # float32 on CPU, where bf16 matmuls are slow and gain nothing at these sizes.
     bf16 = cuda and torch.cuda.is_bf16_supported()
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    seed = int(spec.setting("seed"))
-    torch.manual_seed(seed)
-    output = spec.output
-    blueprint = spec.blueprint
+    torch.manual_seed(int(spec.setting("seed")))
+    return Runtime(dist, torch.device(f"cuda:{dist.local_rank}" if cuda else "cpu"), cuda, bf16)
 
-    # --- tokenizer, data, model ------------------------------------------------------------
+
+def setup_data(spec: TrainSpec, runtime: Runtime, settings: Settings, reporter: Reporter) -> DataState:
+    """Stage 2: tokenizer (with the chat template), train and held-out sets, batch order."""
+    from playground.train.data import Batches
+    from playground.train.model import load_tokenizer, parse_source
+
     kind, ref = parse_source(spec.model_source)
-    tokenizer = load_tokenizer(kind, ref, blueprint.model)
-    train_set, eval_set = load_data(spec, tokenizer, dist)
+    tokenizer = load_tokenizer(kind, ref, spec.blueprint.model)
+    train_set, eval_set = load_data(spec, tokenizer, runtime.dist)
     reporter.log(
         f"data: {len(train_set)} training and {len(eval_set)} held-out examples from {spec.dataset_source} "
         f"(up to {train_set.input_ids.shape[1]} tokens each)"
     )
-    weights_dtype = torch.bfloat16 if (bf16 and kind != "scratch") else torch.float32
-    model = build_model(kind, ref, blueprint.model, tokenizer, dtype=weights_dtype, seed=seed)
-    configure_generation(model, tokenizer, blueprint.serving.max_new_tokens)
-    if kind == "scratch" and dist.main and not (output / "base-model").exists():
-        save_model_dir(model, tokenizer, output / "base-model")  # the untrained model, for base-vs-tuned chat
+    # Small tensors: keep the whole tokenized training set on the device, index it there.
+    train_set.input_ids = train_set.input_ids.to(runtime.device)
+    train_set.labels = train_set.labels.to(runtime.device)
+    batches = Batches(
+        train_set,
+        batch_size=settings.batch_size,
+        seed=settings.seed,
+        rank=runtime.dist.rank,
+        world_size=runtime.dist.world_size,
+    )
+    return DataState(tokenizer, train_set, eval_set, batches)
+
+
+def setup_model(spec: TrainSpec, runtime: Runtime, data: DataState, reporter: Reporter) -> ModelState:
+    """Stage 3: build or load the model (+ LoRA), save the untrained scratch model, wrap for DDP."""
+    import torch
+
+    from playground.train.flops import count_flops
+    from playground.train.model import apply_lora, build_model, configure_generation, parse_source
+    from playground.train.save import save_model_dir
+
+    blueprint, dist = spec.blueprint, runtime.dist
+    kind, ref = parse_source(spec.model_source)
+    weights_dtype = torch.bfloat16 if (runtime.bf16 and kind != "scratch") else torch.float32
+    model = build_model(kind, ref, blueprint.model, data.tokenizer, dtype=weights_dtype, seed=int(spec.setting("seed")))
+    configure_generation(model, data.tokenizer, blueprint.serving.max_new_tokens)
+    if kind == "scratch" and dist.main and not (spec.output / "base-model").exists():
+        save_model_dir(model, data.tokenizer, spec.output / "base-model")  # the untrained model, for base-vs-tuned chat
     if blueprint.method.kind == "lora":
         model = apply_lora(model, blueprint.method, spec.params)
-    model.to(device)
+    model.to(runtime.device)
     n_params = sum(p.numel() for p in model.parameters())
     trainable = [p for p in model.parameters() if p.requires_grad]
+    workers = f"{dist.world_size} GPUs" if runtime.cuda else f"{torch.get_num_threads()} threads"
     reporter.log(
         f"model: {spec.model_source} ({n_params / 1e6:.2f}M parameters, {sum(p.numel() for p in trainable) / 1e6:.2f}M "
-        f"trainable, {blueprint.method.kind}) on {device} in {'bf16' if bf16 else 'float32'}, "
-        f"{torch.get_num_threads() if not cuda else dist.world_size} {'threads' if not cuda else 'GPUs'}"
+        f"trainable, {blueprint.method.kind}) on {runtime.device} in {'bf16' if runtime.bf16 else 'float32'}, {workers}"
     )
-
-    # --- optimizer and schedule --------------------------------------------------------------
-    max_steps = int(spec.setting("max_steps"))
-    accum = int(spec.setting("gradient_accumulation_steps"))
-    batch_size = int(spec.setting("batch_size"))
-    warmup = spec.setting("warmup_steps")
-    warmup = int(warmup) if warmup is not None else min(100, max(1, max_steps // 20))
-    decay = [p for p in trainable if p.ndim >= 2]
-    no_decay = [p for p in trainable if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": float(spec.setting("weight_decay"))},
-            {"params": no_decay, "weight_decay": 0},
-        ],
-        lr=float(spec.setting("learning_rate")),
-        betas=(0.9, 0.95),
-        fused=cuda or None,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup, max_steps))
-    batches = Batches(train_set, batch_size=batch_size, seed=seed, rank=dist.rank, world_size=dist.world_size)
-
-    # --- resume ------------------------------------------------------------------------------
-    ckpt_root = output / "checkpoints"
-    start_step = 0
-    history: list[dict[str, Any]] = []
-    clock = Clock()
-    if spec.resume:
-        latest = checkpoint.latest_checkpoint(ckpt_root)
-        if latest is None:
-            reporter.log("resume: no checkpoint yet; starting from step 0")
-        else:
-            state = checkpoint.load_checkpoint(latest, model=model, optimizer=optimizer, scheduler=scheduler)
-            start_step = int(state["step"])
-            history = list(state["extra"].get("history", []))
-            clock.wall = float(state["extra"].get("train_seconds", 0.0))
-            clock.cpu = float(state["extra"].get("train_cpu_seconds", 0.0))
-            reporter.log(f"resume: continuing from {latest.relative_to(output)} (step {start_step})")
-
     train_model = model
     if dist.world_size > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        train_model = DistributedDataParallel(model, device_ids=[dist.local_rank] if cuda else None)
+        train_model = DistributedDataParallel(model, device_ids=[dist.local_rank] if runtime.cuda else None)
+    return ModelState(model, train_model, trainable, n_params, weights_dtype, count_flops(model))
 
-    # Small tensors: keep the whole tokenized set on the device, index it there.
-    train_set.input_ids = train_set.input_ids.to(device)
-    train_set.labels = train_set.labels.to(device)
 
-    log_every = max(1, int(spec.setting("log_every")))
-    checkpoint_every = int(spec.setting("checkpoint_every"))
-    eval_every = int(spec.setting("eval_every"))
-    peak = next((f for name, f in PEAK_FLOPS.items() if cuda and name in torch.cuda.get_device_name(device)), None)
-    exact = blueprint.dataset.format == "synthetic"
-    gen_tokens = min(blueprint.serving.max_new_tokens, _longest_answer(eval_set) + 2)
+def setup_optimizer(runtime: Runtime, settings: Settings, model: ModelState) -> OptimizerState:
+    """Stage 4: AdamW (no weight decay on vectors), linear warmup then cosine decay."""
+    import torch
 
-    def run_eval(step: int) -> dict[str, float]:
-        """Held-out metrics on rank 0, reported as Metric events and kept in the history."""
-        results: dict[str, float] = {}
-        trained_seconds = clock.wall_total()  # before the eval's own time
-        if dist.main:
-            bare = unwrap(model)
-            results["eval_loss"] = evaluate.eval_loss(
-                bare, eval_set, batch_size=max(batch_size, 32), device=device, autocast=autocast
-            )
-            if exact:
-                with autocast():
-                    answers = evaluate.generate_answers(
-                        bare, tokenizer, eval_set.prompt_ids, max_new_tokens=gen_tokens, device=device
-                    )
-                results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in eval_set.samples])
-            for name, value in results.items():
-                reporter.metric(name, value)
-            history.append({"step": step, "train_seconds": round(trained_seconds, 3), **results})
-        if dist.world_size > 1:
-            torch.distributed.barrier()
-        return results
+    decay = [p for p in model.trainable if p.ndim >= 2]
+    no_decay = [p for p in model.trainable if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0}],
+        lr=settings.learning_rate,
+        betas=(0.9, 0.95),
+        fused=runtime.cuda or None,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(settings.warmup_steps, settings.max_steps))
+    return OptimizerState(optimizer, scheduler)
 
-    # --- the loop ----------------------------------------------------------------------------
-    reporter.phase(JobPhase.TRAINING)
-    train_model.train()
-    window_loss = torch.zeros((), device=device)
-    window_steps = window_tokens = 0
-    clock.lap()  # training time starts now
-    last_loss = math.nan
-    for step in range(start_step + 1, max_steps + 1):
-        for micro in range(accum):
-            ids, labels, n_tokens = batches.batch((step - 1) * accum + micro)
-            sync = micro == accum - 1 or dist.world_size == 1
-            with contextlib.nullcontext() if sync else train_model.no_sync(), autocast():
-                loss = train_model(input_ids=ids, labels=labels).loss / accum
-            loss.backward()
-            window_loss += loss.detach()
-            window_tokens += n_tokens
-        torch.nn.utils.clip_grad_norm_(trainable, MAX_GRAD_NORM)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        window_steps += 1
 
-        if step % log_every == 0 or step == max_steps:
-            if dist.world_size > 1:
-                torch.distributed.all_reduce(window_loss)
-                window_loss /= dist.world_size
-            last_loss = float(window_loss) / window_steps  # the only device sync of the window
-            elapsed = clock.lap()
-            tps = window_tokens * dist.world_size / elapsed if elapsed > 0 else None
-            reporter.progress(
-                Progress(
-                    step=step,
-                    total_steps=max_steps,
-                    epoch=round(batches.epoch_float(step * accum), 4),
-                    loss=last_loss,
-                    learning_rate=scheduler.get_last_lr()[0],
-                    tokens_per_second=tps,
-                    eta_seconds=(max_steps - step) * elapsed / window_steps,
-                    gpu_memory_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
-                    mfu=(tps * 6 * n_params / (peak * dist.world_size)) if (peak and tps) else None,
+def restore(spec: TrainSpec, model: ModelState, optim: OptimizerState, reporter: Reporter) -> TrainState:
+    """Stage 5: with ``--resume``, load the latest checkpoint (weights, optimizer, schedule, RNG,
+    step, history, training time); otherwise a fresh state at step 0."""
+    from playground.train import checkpoint
+
+    state = TrainState()
+    if not spec.resume:
+        return state
+    latest = checkpoint.latest_checkpoint(spec.output / "checkpoints")
+    if latest is None:
+        reporter.log("resume: no checkpoint yet; starting from step 0")
+        return state
+    saved = checkpoint.load_checkpoint(latest, model=model.model, optimizer=optim.optimizer, scheduler=optim.scheduler)
+    state.start_step = state.step = int(saved["step"])
+    state.history = list(saved["extra"].get("history", []))
+    state.clock.wall = float(saved["extra"].get("train_seconds", 0.0))
+    state.clock.cpu = float(saved["extra"].get("train_cpu_seconds", 0.0))
+    reporter.log(f"resume: continuing from {latest.relative_to(spec.output)} (step {state.start_step})")
+    return state
+
+
+def evaluate_model(
+    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState, state: TrainState,
+    reporter: Reporter,
+) -> dict[str, float]:  # fmt: skip
+    """Held-out metrics on rank 0 (eval loss; exact match for synthetic tasks), reported as Metric
+    events and appended to the history. Every rank waits for it."""
+    from playground.train import evaluate
+    from playground.train.save import unwrap
+
+    results: dict[str, float] = {}
+    trained_seconds = state.clock.wall_total()  # before the eval's own time
+    if runtime.dist.main:
+        bare = unwrap(model.model)
+        results["eval_loss"] = evaluate.eval_loss(
+            bare, data.eval_set, batch_size=max(settings.batch_size, 32), device=runtime.device,
+            autocast=runtime.autocast,
+        )  # fmt: skip
+        if spec.blueprint.dataset.format == "synthetic":
+            gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
+            with runtime.autocast():
+                answers = evaluate.generate_answers(
+                    bare, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=gen_tokens, device=runtime.device
                 )
-            )
-            if not math.isfinite(last_loss):
-                raise FloatingPointError(f"loss became {last_loss} at step {step}; try a lower learning_rate")
-            window_loss.zero_()
-            window_steps = window_tokens = 0
-        if eval_every and step % eval_every == 0 and step < max_steps:
-            with clock.paused():  # eval time is not training time
-                run_eval(step)
-        if checkpoint_every and step % checkpoint_every == 0:
-            with clock.paused():
-                if dist.main:
-                    checkpoint.save_checkpoint(
-                        ckpt_root,
-                        step=step,
-                        model=model,
-                        optimizer=optimizer,
-                        scheduler=scheduler,
-                        data_position=dict(zip(("epoch", "batch"), batches.position(step * accum), strict=True)),
-                        extra={
-                            "history": history,
-                            "train_seconds": clock.wall_total(),
-                            "train_cpu_seconds": clock.cpu_total(),
-                            "loss": last_loss,
-                        },
-                    )
-                if dist.world_size > 1:
-                    torch.distributed.barrier()
+            results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
+        for name, value in results.items():
+            reporter.metric(name, value)
+        state.history.append({"step": state.step, "train_seconds": round(trained_seconds, 3), **results})
+    runtime.barrier()
+    return results
 
-    # --- final eval, save --------------------------------------------------------------------
-    clock.lap()
-    train_seconds, train_cpu_seconds = clock.wall, clock.cpu
-    final = run_eval(max_steps)
+
+def save_checkpoint(
+    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState,
+    optim: OptimizerState, state: TrainState,
+) -> None:  # fmt: skip
+    """Write ``checkpoints/step-N`` (rank 0) for ``--resume``; every rank waits for it."""
+    from playground.train import checkpoint
+
+    if runtime.dist.main:
+        micro_step = state.step * settings.gradient_accumulation_steps
+        checkpoint.save_checkpoint(
+            spec.output / "checkpoints",
+            step=state.step,
+            model=model.model,
+            optimizer=optim.optimizer,
+            scheduler=optim.scheduler,
+            data_position=dict(zip(("epoch", "batch"), data.batches.position(micro_step), strict=True)),
+            extra={
+                "history": state.history,
+                "train_seconds": state.clock.wall_total(),
+                "train_cpu_seconds": state.clock.cpu_total(),
+                "loss": state.last_loss,
+            },
+        )
+    runtime.barrier()
+
+
+@dataclass
+class _Window:
+    """Figures summed over the steps since the last Progress event."""
+
+    loss: Any  # a device tensor: summing needs no sync
+    steps: int = 0
+    tokens: int = 0
+    flops: int = 0  # this rank's model FLOPs since the MFU timer started (warm-up steps left out)
+    warmup_seconds: float = 0.0  # window time spent in warm-up steps (not in the MFU timer)
+
+
+def train_loop(
+    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState,
+    optim: OptimizerState, state: TrainState, reporter: Reporter,
+) -> TrainState:  # fmt: skip
+    """Stage 6: steps ``start_step+1 .. max_steps``: gradient accumulation, clipping, AdamW, the
+    schedule; a Progress event every ``log_every`` steps (and the last), eval and checkpoints on
+    their cadence. ``loss.item()`` (a device sync) happens only on logging steps."""
+    import torch
+
+    from playground.train.flops import MFU_WARMUP_STEPS, peak_flops
+
+    dist, accum, max_steps = runtime.dist, settings.gradient_accumulation_steps, settings.max_steps
+    peak = peak_flops(torch.cuda.get_device_name(runtime.device) if runtime.cuda else None)
+    # MFU leaves out this process's first steps (warm-up), but always measures at least one step.
+    warmup_end = state.start_step + min(MFU_WARMUP_STEPS, max(0, max_steps - state.start_step - 1))
+    reporter.phase(JobPhase.TRAINING)
+    model.train_model.train()
+    window = _Window(torch.zeros((), device=runtime.device))
+    state.clock.lap()  # training time starts now
+    for step in range(state.start_step + 1, max_steps + 1):
+        for micro in range(accum):
+            micro_step = (step - 1) * accum + micro
+            ids, labels, n_tokens = data.batches.batch(micro_step)
+            sync = micro == accum - 1 or dist.world_size == 1
+            with contextlib.nullcontext() if sync else model.train_model.no_sync(), runtime.autocast():
+                loss = model.train_model(input_ids=ids, labels=labels).loss / accum
+            loss.backward()
+            window.loss += loss.detach()
+            window.tokens += n_tokens
+            if peak and step > warmup_end:
+                lengths = data.batches.lengths(micro_step)
+                window.flops += model.flops.batch(n_tokens, int((lengths * lengths).sum()))
+        torch.nn.utils.clip_grad_norm_(model.trainable, MAX_GRAD_NORM)
+        optim.optimizer.step()
+        optim.scheduler.step()
+        optim.optimizer.zero_grad(set_to_none=True)
+        window.steps += 1
+        state.step = step
+
+        if step % settings.log_every == 0 or step == max_steps:
+            _report_progress(runtime, settings, data, optim, state, window, peak, reporter)
+            window = _Window(window.loss.zero_())
+        elif peak and step == warmup_end:  # warm-up over mid-window: the MFU timer starts now
+            runtime.synchronize()
+            window.warmup_seconds += state.clock.lap()
+        if settings.eval_every and step % settings.eval_every == 0 and step < max_steps:
+            with state.clock.paused():  # eval time is not training time
+                evaluate_model(spec, runtime, settings, data, model, state, reporter)
+        if settings.checkpoint_every and step % settings.checkpoint_every == 0:
+            with state.clock.paused():
+                save_checkpoint(spec, runtime, settings, data, model, optim, state)
+    state.clock.lap()
+    return state
+
+
+def _report_progress(
+    runtime: Runtime, settings: Settings, data: DataState, optim: OptimizerState, state: TrainState,
+    window: _Window, peak: float | None, reporter: Reporter,
+) -> None:  # fmt: skip
+    """One Progress event for the window: loss and tokens summed over ranks, MFU per device."""
+    import torch
+
+    from playground.train.flops import mfu
+
+    world = runtime.dist.world_size
+    counts = torch.tensor([window.tokens, window.flops], dtype=torch.float64, device=runtime.device)
+    totals = torch.cat([window.loss.double().reshape(1), counts])
+    if world > 1:
+        torch.distributed.all_reduce(totals)
+    loss_sum, tokens, flops = totals.tolist()  # the only device sync of the window
+    state.last_loss = loss_sum / world / window.steps
+    timed = state.clock.lap()  # since the window (or the MFU timer) started
+    elapsed = window.warmup_seconds + timed
+    step, max_steps = state.step, settings.max_steps
+    reporter.progress(
+        Progress(
+            step=step,
+            total_steps=max_steps,
+            epoch=round(data.batches.epoch_float(step * settings.gradient_accumulation_steps), 4),
+            loss=state.last_loss,
+            learning_rate=optim.scheduler.get_last_lr()[0],
+            tokens_per_second=tokens / elapsed if elapsed > 0 else None,
+            eta_seconds=(max_steps - step) * elapsed / window.steps,
+            gpu_memory_bytes=torch.cuda.max_memory_allocated(runtime.device) if runtime.cuda else None,
+            mfu=mfu(flops / world, timed, peak),
+        )
+    )
+    if not math.isfinite(state.last_loss):
+        raise FloatingPointError(f"loss became {state.last_loss} at step {step}; try a lower learning_rate")
+
+
+def final_eval(
+    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState, state: TrainState,
+    reporter: Reporter,
+) -> dict[str, float]:  # fmt: skip
+    """Stage 7: held-out metrics of the trained model (the quality bar reads them)."""
+    state.step = settings.max_steps
+    return evaluate_model(spec, runtime, settings, data, model, state, reporter)
+
+
+def save(
+    spec: TrainSpec, runtime: Runtime, data: DataState, model: ModelState, state: TrainState,
+    final: dict[str, float], wall_start: float, reporter: Reporter,
+) -> dict[str, Any]:  # fmt: skip
+    """Stage 8: the servable ``model/`` directory and ``metrics.json`` (rank 0; written atomically)."""
+    import torch
+
+    from playground.train.save import save_model_dir
+
     reporter.phase(JobPhase.SAVING)
     metrics: dict[str, Any] = {}
-    if dist.main:
-        save_dtype = torch.bfloat16 if weights_dtype == torch.bfloat16 else None
-        save_model_dir(model, tokenizer, output / "model", dtype=save_dtype)
+    if runtime.dist.main:
+        save_dtype = torch.bfloat16 if model.weights_dtype == torch.bfloat16 else None
+        save_model_dir(model.model, data.tokenizer, spec.output / "model", dtype=save_dtype)
         metrics = {
             **final,
-            "train_loss": last_loss,
-            "steps": max_steps,
-            "train_seconds": round(train_seconds, 3),
-            "train_cpu_seconds": round(train_cpu_seconds, 3),
+            "train_loss": state.last_loss,
+            "steps": state.step,
+            "train_seconds": round(state.clock.wall, 3),
+            "train_cpu_seconds": round(state.clock.cpu, 3),
             "wall_seconds": round(time.perf_counter() - wall_start, 3),
-            "num_train_examples": len(train_set),
-            "num_eval_examples": len(eval_set),
-            "parameters": n_params,
-            "device": str(device),
-            "world_size": dist.world_size,
-            "resumed_from_step": start_step or None,
-            "history": history,
+            "num_train_examples": len(data.train_set),
+            "num_eval_examples": len(data.eval_set),
+            "parameters": model.n_params,
+            "device": str(runtime.device),
+            "world_size": runtime.dist.world_size,
+            "resumed_from_step": state.start_step or None,
+            "history": state.history,
         }
-        tmp = output / ".metrics.json.tmp"
+        tmp = spec.output / ".metrics.json.tmp"
         tmp.write_text(json.dumps(_finite_json(metrics), indent=2, allow_nan=False, default=str) + "\n")
-        tmp.replace(output / "metrics.json")
-    if dist.world_size > 1:
+        tmp.replace(spec.output / "metrics.json")
+    return metrics
+
+
+def teardown(runtime: Runtime) -> None:
+    """Wait for every rank, then leave the process group."""
+    if runtime.dist.world_size > 1:
+        import torch.distributed
+
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
+    """Train, evaluate and save; returns the final metrics (also written to metrics.json)."""
+    wall_start = time.perf_counter()
+    settings = Settings.from_spec(spec)
+    runtime = setup_distributed(spec, reporter)
+    data = setup_data(spec, runtime, settings, reporter)
+    model = setup_model(spec, runtime, data, reporter)
+    optim = setup_optimizer(runtime, settings, model)
+    state = restore(spec, model, optim, reporter)
+    state = train_loop(spec, runtime, settings, data, model, optim, state, reporter)
+    final = final_eval(spec, runtime, settings, data, model, state, reporter)
+    metrics = save(spec, runtime, data, model, state, final, wall_start, reporter)
+    teardown(runtime)
     return metrics
 
 

@@ -1,0 +1,215 @@
+"""Booth mode: one machine (or one namespace) serving many anonymous visitors, safely.
+
+A :class:`BoothPolicy` bounds what visitors can start: one running job each, a few per hour, a
+bounded number of trainings at once per machine (the rest wait in a FIFO queue), a deadline per job
+and a time-to-live for finished jobs and their servers. Backends enforce it in ``submit`` for
+requests that carry an ``owner`` (a visitor id); jobs without an owner are the operator's.
+
+Settings come from the environment (``PLAYGROUND_BOOTH=1`` turns booth mode on; the limits are
+``PLAYGROUND_BOOTH_*``, see :data:`SETTINGS`); a bad value is one line naming the setting.
+Engine only: no Jupyter imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from playground.errors import UserError
+
+ENABLE_SETTING = "PLAYGROUND_BOOTH"
+HOUR = 3600.0
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+_OWNER_MAX_LEN = 256
+_LOCK_TIMEOUT = 30.0  # seconds a submit waits for another submit of this machine
+
+
+class QuotaExceeded(UserError):
+    """A visitor's limit is reached (a job running, the hourly cap). ``retry_after_seconds`` when known."""
+
+    def __init__(self, message: str, *, retry_after_seconds: float | None = None) -> None:
+        super().__init__(message, field="quota")
+        self.retry_after_seconds = retry_after_seconds
+
+
+@dataclass(frozen=True)
+class BoothPolicy:
+    """Limits for a public booth. The defaults suit one 2-core box training one job at a time."""
+
+    max_running_per_owner: int = 1  # jobs a visitor may have unfinished (queued or running) at once
+    max_jobs_per_owner_per_hour: int = 6  # jobs a visitor may submit in any 60 minutes
+    max_concurrent_trainings: int = 1  # trainings at once on this machine (local backend); the rest queue
+    job_deadline_seconds: int = 900  # a local job running longer is stopped: Failed "deadline exceeded"
+    finished_ttl_seconds: int = 1800  # finished jobs and their servers are removed this long after the end
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            low = 0 if f.name == "finished_ttl_seconds" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UserError(
+                    f"booth setting {f.name} ({SETTINGS[f.name]}): {value!r} is not allowed; "
+                    f"allowed: an integer >= {low}",
+                    field=SETTINGS[f.name],
+                )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> BoothPolicy:
+        """The policy from ``PLAYGROUND_BOOTH_*`` settings (unset ones keep their defaults)."""
+        env = os.environ if env is None else env
+        values: dict[str, int] = {}
+        for name, setting in SETTINGS.items():
+            raw = env.get(setting)
+            if raw is None or not raw.strip():
+                continue
+            low = 0 if name == "finished_ttl_seconds" else 1
+            try:
+                values[name] = int(raw.strip())
+            except ValueError:
+                raise UserError(
+                    f"{setting}: {raw!r} is not an integer; allowed: an integer >= {low}", field=setting
+                ) from None
+            if values[name] < low:
+                message = f"{setting}: {raw.strip()} is out of range; allowed: an integer >= {low}"
+                raise UserError(message, field=setting)
+        return cls(**values)
+
+    @classmethod
+    def from_settings(cls, env: Mapping[str, str] | None = None) -> BoothPolicy | None:
+        """The policy when ``PLAYGROUND_BOOTH`` is on, else None (no limits: a personal machine)."""
+        env = os.environ if env is None else env
+        return cls.from_env(env) if booth_enabled(env) else None
+
+    # -- quotas ----------------------------------------------------------------------------------
+    def check_quota(self, jobs: Iterable, submitted_at: Iterable[float], now: float | None = None) -> None:
+        """Raise :class:`QuotaExceeded` if the owner of ``jobs`` may not submit another one now.
+
+        ``jobs``: the owner's jobs (anything with ``done``); ``submitted_at``: when the owner
+        submitted jobs (a ledger that survives deletes, or the jobs' ``created_at``).
+        """
+        now = time.time() if now is None else now
+        unfinished = [job for job in jobs if not job.done]
+        if len(unfinished) >= self.max_running_per_owner:
+            if self.max_running_per_owner == 1:
+                message = "you already have a job running; wait for it to finish or cancel it"
+            else:
+                message = (
+                    f"you already have {len(unfinished)} jobs running (the limit); wait for one to finish or cancel it"
+                )
+            raise QuotaExceeded(message)
+        recent = sorted(t for t in submitted_at if now - HOUR < t <= now + 60)
+        cap = self.max_jobs_per_owner_per_hour
+        if len(recent) >= cap:
+            free_at = recent[len(recent) - cap] + HOUR
+            wait = max(1.0, free_at - now)
+            minutes = max(1, math.ceil(wait / 60))
+            raise QuotaExceeded(
+                f"hourly limit of {cap} jobs reached; try again in {minutes} minute{'s' if minutes != 1 else ''}",
+                retry_after_seconds=wait,
+            )
+
+
+SETTINGS: dict[str, str] = {
+    "max_running_per_owner": "PLAYGROUND_BOOTH_MAX_RUNNING_PER_VISITOR",
+    "max_jobs_per_owner_per_hour": "PLAYGROUND_BOOTH_MAX_JOBS_PER_HOUR",
+    "max_concurrent_trainings": "PLAYGROUND_BOOTH_MAX_CONCURRENT_TRAININGS",
+    "job_deadline_seconds": "PLAYGROUND_BOOTH_JOB_DEADLINE_SECONDS",
+    "finished_ttl_seconds": "PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS",
+}
+
+
+def booth_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``PLAYGROUND_BOOTH`` turns booth mode on (a bad value is a one-line error)."""
+    env = os.environ if env is None else env
+    raw = env.get(ENABLE_SETTING, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    allowed = ", ".join(v for v in (*_TRUE, *_FALSE) if v)
+    raise UserError(f"{ENABLE_SETTING}: {raw!r} is not a boolean; allowed: {allowed}", field=ENABLE_SETTING)
+
+
+# -- owners ----------------------------------------------------------------------------------------
+def validate_owner(owner: str | None) -> str | None:
+    """A visitor id as given (None stays None); one-line error for anything that is not a short text."""
+    if owner is None:
+        return None
+    if not isinstance(owner, str) or not owner.strip() or len(owner) > _OWNER_MAX_LEN or not owner.isprintable():
+        raise UserError(
+            f"owner: {str(owner)[:40]!r} is not a valid visitor id; "
+            f"allowed: 1 to {_OWNER_MAX_LEN} printable characters",
+            field="owner",
+        )
+    return owner
+
+
+def owner_key(owner: str) -> str:
+    """A stable, label-safe digest of a visitor id (32 hex chars): Kubernetes labels, file names."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:32]
+
+
+def owns(job_owner: str | None, owner: str | None) -> bool:
+    """Whether a caller acting as ``owner`` may see a job owned by ``job_owner`` (None: the operator sees all)."""
+    return owner is None or job_owner == owner
+
+
+# -- one submit at a time, and who submitted when ------------------------------------------------------
+@contextlib.contextmanager
+def submit_lock(home: Path) -> Iterator[None]:
+    """Serialise quota check + job creation across threads and processes sharing ``home``.
+
+    Two Launch clicks at the same moment (two threads of a kernel, two kernels) make one job.
+    """
+    from filelock import FileLock, Timeout
+
+    lock_dir = Path(home) / "booth"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_dir / "submit.lock"))
+    try:
+        lock.acquire(timeout=_LOCK_TIMEOUT)
+    except Timeout:
+        raise UserError("the booth is busy starting other jobs; try again in a moment", field="quota") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+class SubmissionLedger:
+    """When each visitor submitted jobs in the last hour (``home/booth/submissions.json``).
+
+    Kept apart from the jobs themselves so that deleting a job does not give a visitor their
+    hourly quota back. Read and written only under :func:`submit_lock`.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.path = Path(home) / "booth" / "submissions.json"
+
+    def _read(self) -> dict[str, list[float]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: [float(t) for t in v] for k, v in data.items() if isinstance(v, list)}
+
+    def times(self, owner: str) -> list[float]:
+        return self._read().get(owner_key(owner), [])
+
+    def record(self, owner: str, when: float | None = None) -> None:
+        now = time.time() if when is None else when
+        data = {k: [t for t in v if t > now - HOUR] for k, v in self._read().items()}
+        data = {k: v for k, v in data.items() if v}
+        data.setdefault(owner_key(owner), []).append(now)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)

@@ -1,0 +1,111 @@
+"""The recipe's stages, each called on its own in this process (tiny-llama-cpu, a few steps)."""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from playground.events import Progress, parse_line
+from playground.train import recipe
+from playground.train.__main__ import prepare
+from playground.train.reporting import Reporter
+
+STEPS = 6
+
+
+def _spec(out: Path, *sets: str, resume: bool = False) -> recipe.TrainSpec:
+    args = ["--blueprint", "tiny-llama-cpu", "--output", str(out), "--set", f"max_steps={STEPS}"]
+    args += ["--set", "num_eval_examples=10", "--set", "batch_size=8", "--set", "checkpoint_every=0"]
+    for item in sets:
+        args += ["--set", item]
+    return prepare([*args, *(["--resume"] if resume else [])])
+
+
+def _reporter() -> tuple[Reporter, io.StringIO]:
+    stream = io.StringIO()
+    return Reporter(enabled=True, stream=stream), stream
+
+
+def _progress(stream: io.StringIO) -> list[Progress]:
+    events = [parse_line(line) for line in stream.getvalue().splitlines()]
+    return [e for e in events if isinstance(e, Progress)]
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory: pytest.TempPathFactory):
+    """Distributed setup, data, model and optimizer of one tiny run (built once)."""
+    spec = _spec(tmp_path_factory.mktemp("recipe") / "out", "log_every=2")
+    reporter, _ = _reporter()
+    settings = recipe.Settings.from_spec(spec)
+    runtime = recipe.setup_distributed(spec, reporter)
+    data = recipe.setup_data(spec, runtime, settings, reporter)
+    model = recipe.setup_model(spec, runtime, data, reporter)
+    return spec, settings, runtime, data, model
+
+
+def test_settings_resolve_parameters_then_training_block_then_defaults(tmp_path: Path) -> None:
+    settings = recipe.Settings.from_spec(_spec(tmp_path, "learning_rate=0.01"))
+    assert settings.learning_rate == 0.01  # a parameter
+    assert settings.warmup_steps == 20  # the blueprint's fixed training block
+    assert settings.gradient_accumulation_steps == 1 and settings.eval_every == 0  # DEFAULTS
+    assert (settings.max_steps, settings.batch_size, settings.log_every) == (STEPS, 8, 5)
+
+
+def test_setup_data_and_model(stages) -> None:
+    spec, settings, runtime, data, model = stages
+    assert runtime.dist.world_size == 1 and str(runtime.device) == "cpu" and not runtime.bf16
+    assert len(data.eval_set) == 10 and len(data.train_set) == STEPS * settings.batch_size
+    ids, labels, n_tokens = data.batches.batch(0)
+    assert ids.shape[0] == settings.batch_size and labels.shape == ids.shape
+    assert n_tokens == int(data.batches.lengths(0).sum())
+    assert model.train_model is model.model  # one process: no DDP wrapper
+    assert model.n_params == sum(p.numel() for p in model.model.parameters())
+    assert model.flops.frozen_matmul_params == 0 and model.flops.layers == 2  # full fine-tune
+    assert (spec.output / "base-model" / "model.safetensors").exists()  # the untrained scratch model
+
+
+def test_loop_checkpoint_restore_and_mfu_after_warmup(stages, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop emits Progress on its cadence; MFU (with a peak given) leaves the warm-up steps out;
+    a checkpoint written by the stage restores the same step, weights and history."""
+    import torch
+
+    spec, settings, runtime, data, model = stages
+    monkeypatch.setenv("PLAYGROUND_PEAK_FLOPS", "1e12")  # a made-up CPU peak, so MFU is computed
+    optim = recipe.setup_optimizer(runtime, settings, model)
+    state = recipe.restore(spec, model, optim, _reporter()[0])
+    assert state.start_step == 0
+    reporter, stream = _reporter()
+    state = recipe.train_loop(spec, runtime, settings, data, model, optim, state, reporter)
+    progress = _progress(stream)
+    assert [p.step for p in progress] == [2, 4, 6] and state.step == STEPS
+    assert all(math.isfinite(p.loss) and p.tokens_per_second > 0 for p in progress)
+    # warm-up is steps 1-3: the first window is all warm-up, the second is timed from step 4 only
+    assert progress[0].mfu is None and all(p.mfu > 0 for p in progress[1:])
+
+    state.history.append({"step": STEPS, "eval_loss": 1.0})
+    recipe.save_checkpoint(spec, runtime, settings, data, model, optim, state)
+    weights = {k: v.clone() for k, v in model.model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.model.parameters():
+            p.zero_()
+    fresh = recipe.setup_optimizer(runtime, settings, model)
+    restored = recipe.restore(replace(spec, resume=True), model, fresh, _reporter()[0])
+    assert (restored.start_step, restored.history) == (STEPS, state.history)
+    assert all(torch.equal(weights[k], v) for k, v in model.model.state_dict().items())
+    assert fresh.scheduler.last_epoch == STEPS
+
+
+def test_final_eval_and_save(stages) -> None:
+    spec, settings, runtime, data, model = stages
+    state = recipe.TrainState(start_step=STEPS, step=STEPS, last_loss=1.5)
+    reporter, stream = _reporter()
+    final = recipe.final_eval(spec, runtime, settings, data, model, state, reporter)
+    assert set(final) == {"eval_loss", "eval_exact_match"} and state.history[-1]["step"] == STEPS
+    assert "eval_loss" in stream.getvalue()  # reported as a Metric event too
+    metrics = recipe.save(spec, runtime, data, model, state, final, wall_start=0.0, reporter=reporter)
+    assert metrics["steps"] == STEPS and metrics["resumed_from_step"] == STEPS and metrics["train_loss"] == 1.5
+    assert (spec.output / "model" / "model.safetensors").exists() and (spec.output / "metrics.json").exists()

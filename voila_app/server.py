@@ -109,8 +109,9 @@ class BoothKernelManager(AsyncMappingKernelManager):
         if visitor:
             await self._make_room_for(visitor)
         if self.live_kernels >= self.max_kernels:
-            self.log.warning("Booth full: %d live kernels (max %d); page load refused", self.live_kernels, self.max_kernels)
-            raise HTTPError(503, "the booth is full (%d of %d places taken)", self.live_kernels, self.max_kernels)
+            live, cap = self.live_kernels, self.max_kernels
+            self.log.warning("Booth full: %d live kernels (max %d); page load refused", live, cap)
+            raise HTTPError(503, "the booth is full (%d of %d places taken)", live, cap)
         self._starting += 1
         try:
             kernel_id = await super().start_kernel(*args, **kwargs)
@@ -123,7 +124,7 @@ class BoothKernelManager(AsyncMappingKernelManager):
 
     async def _make_room_for(self, visitor: str) -> None:
         """Shut down the visitor's oldest kernels (unconnected ones first) beyond the per-visitor cap,
-    or one of them when the booth is full (a reload must not lock its owner out)."""
+        or one of them when the booth is full (a reload must not lock its owner out)."""
         mine = self.kernels_of(visitor)
         excess = len(mine) + 1 - max(1, self.max_kernels_per_visitor)
         if mine and self.live_kernels >= self.max_kernels:

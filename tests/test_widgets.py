@@ -77,6 +77,7 @@ def test_a_bad_value_is_an_inline_error_and_launches_nothing(name: str, value: s
     form.controls[name].set_state({"value": value})  # what an incoming comm message does
     assert why in form.errors[name].value and name in form.errors[name].value  # shown as soon as it changes
     assert form.launch() is None and launched == []
+    assert "nothing launched: fix" in form.status.value
     others = [n for n in form.errors if n != name]
     assert all(form.errors[n].value == "" for n in others)  # only the bad field lights up
     if why in ("out of range", "not valid"):  # the engine's own one-line message, allowed values included

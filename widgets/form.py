@@ -150,7 +150,12 @@ class LaunchForm(ipw.VBox):
                 self.status.value = _error_html(self.blocked_reason)
                 return None
             result = self.validate()
-            if not result.ok or self.on_launch is None:
+            if not result.ok:
+                if not self.status.value:
+                    bad = ", ".join(name.replace("_", " ") for name in result.errors)
+                    self.status.value = _error_html(f"nothing launched: fix {bad}")
+                return None
+            if self.on_launch is None:
                 return None
             self.launch_button.disabled = True
             self.status.value = "launching…"

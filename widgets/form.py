@@ -146,8 +146,8 @@ class LaunchForm(ipw.VBox):
         if not self._launching.acquire(blocking=False):
             return None  # another launch is in progress (a second thread)
         try:
-            if self.blocked_reason:
-                self.status.value = _error_html(self.blocked_reason)
+            if self.blocked_reason:  # e.g. the second click of a double-click: the first one launched
+                self.status.value = f"<span class='pg-help'>{html.escape(self.blocked_reason)}</span>"
                 return None
             result = self.validate()
             if not result.ok:

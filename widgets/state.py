@@ -408,8 +408,10 @@ METRIC_LABELS: dict[str, tuple[str, str]] = {
     "train_seconds": ("Training time", "seconds"),
     "num_train_examples": ("Training examples", "count"),
     "num_eval_examples": ("Held-out examples", "count"),
+    "steps": ("Optimizer steps", "count"),
+    "parameters": ("Parameters", "count"),
 }
-OPERATOR_METRICS = ("world_size", "train_cpu_seconds")
+OPERATOR_METRICS = ("world_size", "train_cpu_seconds", "wall_seconds", "resumed_from_step")
 
 
 def format_metric(name: str, value: float) -> str:

@@ -79,7 +79,8 @@ class LaunchForm(ipw.VBox):
             except Exception:  # a preset a checkbox/dropdown cannot hold: start from the default
                 control = make_control(spec, spec.default)
             control.add_class(f"pg-field-{spec.name}")
-            help_text = ipw.HTML(f"<span class='pg-help'>{html.escape(spec.help)}</span>")
+            hint = " · ".join(part for part in (spec.help, spec.allowed if spec.control == "Text" else "") if part)
+            help_text = ipw.HTML(f"<span class='pg-help'>{html.escape(hint)}</span>")
             error = ipw.HTML("").add_class("pg-error").add_class(f"pg-error-{spec.name}")
             control.observe(lambda _change, name=spec.name: self.check_field(name), names="value")
             self.controls[spec.name] = control

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from playground.blueprints import Blueprint, get_blueprint, load_catalog
+from playground.blueprints.loader import looks_like_file
 from playground.booth import validate_owner
 from playground.types import SourceOverrides, TrainRequest
 
@@ -26,12 +28,16 @@ def make_request(
 ) -> TrainRequest:
     """Validate ``params`` against the blueprint (one-line ParameterError) and build a request.
 
+    ``blueprint_id`` is a catalog id or a path to a blueprint YAML file; a file outside the catalog
+    stays a file (its absolute path) in the request, so the backend loads that same file.
+
     ``owner`` is the visitor the job belongs to (booth mode); None for an operator's job.
     """
     blueprint = get_blueprint(blueprint_id)
     resolved = blueprint.resolve_params(dict(params or {}))
+    reference = str(Path(blueprint_id).expanduser().resolve()) if looks_like_file(blueprint_id) else blueprint.id
     return TrainRequest(
-        blueprint_id=blueprint.id,
+        blueprint_id=reference,
         params=resolved,
         overrides=SourceOverrides(model=model_source, dataset=dataset_source),
         labels=dict(labels or {}),

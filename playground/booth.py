@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from playground.errors import UserError
+from playground.errors import UserError, shown
 
 ENABLE_SETTING = "PLAYGROUND_BOOTH"
 HOUR = 3600.0
@@ -64,6 +64,8 @@ class BoothPolicy:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BoothPolicy:
         """The policy from ``PLAYGROUND_BOOTH_*`` settings (unset ones keep their defaults)."""
+        from playground.blueprints.schema import parse_number
+
         env = os.environ if env is None else env
         values: dict[str, int] = {}
         for name, setting in SETTINGS.items():
@@ -72,10 +74,10 @@ class BoothPolicy:
                 continue
             low = 0 if name == "finished_ttl_seconds" else 1
             try:
-                values[name] = int(raw.strip())
+                values[name] = int(parse_number(raw, integer=True))  # the one parser: ASCII digits only
             except ValueError:
                 raise UserError(
-                    f"{setting}: {raw!r} is not an integer; allowed: an integer >= {low}", field=setting
+                    f"{setting}: {shown(raw)} is not an integer; allowed: an integer >= {low}", field=setting
                 ) from None
             if values[name] < low:
                 message = f"{setting}: {raw.strip()} is out of range; allowed: an integer >= {low}"

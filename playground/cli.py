@@ -27,6 +27,12 @@ def add_backend_options(parser: argparse.ArgumentParser, *, dry_run: bool = Fals
     group.add_argument("--namespace", default=None, help="kubernetes: namespace (default: the context's)")
     group.add_argument("--context", default=None, help="kubernetes: kubeconfig context")
     group.add_argument("--kubeconfig", default=None, help="kubernetes: kubeconfig file")
+    group.add_argument(
+        "--trainer",
+        default=None,
+        help="kubernetes: playground (default: the project's trainer) or builtin-torchtune (opt-in upstream "
+        "variant, no live progress); env PLAYGROUND_K8S_TRAINER",
+    )
     if dry_run:
         group.add_argument(
             "--dry-run", action="store_true", help="kubernetes: print the manifest as YAML, contact nothing"
@@ -41,11 +47,12 @@ def backend_from_args(args: argparse.Namespace):  # -> Backend (imported lazily)
 
     name = args.backend or os.environ.get("PLAYGROUND_BACKEND", "local")
     options: dict[str, Any] = {}
+    kubernetes_only = ("namespace", "context", "kubeconfig", "trainer")
     if name == "kubernetes":
-        options = {k: getattr(args, k, None) for k in ("namespace", "context", "kubeconfig")}
+        options = {k: getattr(args, k, None) for k in kubernetes_only}
         options = {k: v for k, v in options.items() if v is not None}
     else:
-        used = [f"--{k}" for k in ("namespace", "context", "kubeconfig") if getattr(args, k, None)]
+        used = [f"--{k}" for k in kubernetes_only if getattr(args, k, None)]
         if used:
             raise UserError(f"{used[0]} only applies to --backend kubernetes", field=used[0])
     return get_backend(name, **options)
@@ -74,12 +81,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away (`| head`) shows up here, not at interpreter exit
+        return code
     except UserError as exc:
         print(f"playground: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader closed the pipe: stop quietly, as a program stopped by SIGPIPE does (exit 141)."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # Python's final flush then has nowhere to fail
+    os.close(devnull)
+    return 128 + 13
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from playground.answers import answer_is_correct
 from playground.api import make_request
 from playground.blueprints import Blueprint, get_blueprint
 from playground.events import JobPhase, Metric, Phase, Progress
@@ -60,14 +61,6 @@ def build_standins(
     return model_source, dataset_source
 
 
-def answer_matches(answer: str, expected: str | None) -> bool | None:
-    """Exact match (case-insensitive, trimmed) for short answers; containment for long ones."""
-    if expected is None:
-        return None
-    got, want = answer.strip().lower(), expected.strip().lower()
-    return got == want or (len(got) > len(want) + 8 and want in got)
-
-
 def ask(endpoint: Any, prompt: str, blueprint: Blueprint, max_tokens: int | None = None) -> tuple[str, float]:
     """One streamed chat turn; returns the text and the seconds it took."""
     from playground.serving.client import chat
@@ -91,6 +84,19 @@ def write_result(out_dir: Path, result: Mapping[str, Any]) -> Path:
     tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
     tmp.replace(path)
     return path
+
+
+def _stop_job(backend: Any, job_id: str, say: Callable[[str], None]) -> bool:
+    """Cancel the job unless it has ended (cancel waits for it to end); whether it has ended."""
+    try:
+        job = backend.get(job_id)
+        if not job.done:
+            say(f"cancelling job {job_id} ({job.phase})")
+            job = backend.cancel(job_id)
+        return job.done
+    except Exception as exc:  # the cleanup must go on: report, keep what the job may still read
+        say(f"could not stop job {job_id}: {type(exc).__name__}: {exc}")
+        return False
 
 
 def run_blueprint(
@@ -213,7 +219,7 @@ def run_blueprint(
                 text, seconds = ask(endpoint, example.prompt, blueprint, max_new_tokens)
                 row[kind] = text
                 row[f"{kind}_seconds"] = round(seconds, 3)
-                row[f"{kind}_correct"] = answer_matches(text, example.expected)
+                row[f"{kind}_correct"] = answer_is_correct(text, example.expected)
             result["chat"].append(row)
             say(f"{example.prompt!r}: fine-tuned {_short(row['fine-tuned'])} · base {_short(row['base'])}")
         timings["chat_seconds"] = round(time.monotonic() - t, 3)
@@ -229,13 +235,21 @@ def run_blueprint(
     except BaseException as exc:
         result["passed"] = False
         result["error"] = f"{type(exc).__name__}: {exc}"
+        if job_id is not None:  # interrupted (a cell timeout, Ctrl-C) or failed: no job outlives the notebook
+            with contextlib.suppress(Exception):  # already finished: cancel is a no-op
+                be.cancel(job_id)
         raise
     finally:
         if job_id is not None:
             with contextlib.suppress(Exception):  # nothing was serving
                 be.unserve(job_id)
+        # The job reads the stand-ins until it ends: stop it first, and keep them if it will not stop.
+        stopped = job_id is None or _stop_job(be, job_id, say)
         if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if stopped:
+                shutil.rmtree(workdir, ignore_errors=True)
+            else:
+                say(f"job {job_id} is still running; its stand-ins stay in {workdir}")
         timings["total_seconds"] = round(time.time() - t0, 3)
         write_result(out, result)
         say(f"result: {'PASSED' if result['passed'] else 'FAILED'} → {out / RESULT_FILE}")

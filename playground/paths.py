@@ -8,7 +8,7 @@ from pathlib import Path
 
 import platformdirs
 
-from playground.errors import UserError
+from playground.errors import UserError, shown_path
 
 
 def playground_home() -> Path:
@@ -19,8 +19,12 @@ def playground_home() -> Path:
     return Path(platformdirs.user_data_dir("blueprint-playground", appauthor=False))
 
 
-def ensure_writable_dir(path: Path, *, what: str) -> Path:
-    """Create ``path`` if needed and check it is writable; raise a one-line UserError if not."""
+def ensure_writable_dir(
+    path: Path, *, what: str, hint: str = "choose another with PLAYGROUND_HOME or --output"
+) -> Path:
+    """Create ``path`` if needed and check it is writable; raise a one-line UserError (ending in ``hint``) if not."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{what} {shown_path(path)} is not a directory; {hint}", field=what)
     try:
         path.mkdir(parents=True, exist_ok=True)
         # A unique probe per call: threads of one process (serving base and fine-tuned at once)
@@ -29,8 +33,7 @@ def ensure_writable_dir(path: Path, *, what: str) -> Path:
             pass
     except OSError as exc:
         raise UserError(
-            f"{what} {str(path)!r} is not writable ({exc.strerror or exc}); "
-            "choose another with PLAYGROUND_HOME or --output",
+            f"{what} {shown_path(path)} is not writable ({exc.strerror or exc}); {hint}",
             field=what,
         ) from None
     return path

@@ -22,7 +22,7 @@ class SourceOverrides:
 
 @dataclass(frozen=True)
 class TrainRequest:
-    """What ``submit`` takes: a blueprint id and validated parameters.
+    """What ``submit`` takes: a blueprint (catalog id, or absolute path of a YAML file) and validated parameters.
 
     Build one with :func:`playground.api.make_request`, which validates ``params``.
     """

@@ -20,6 +20,9 @@ ruff check .
 ruff format --check .
 # A private base temp dir: other pytest sessions on the machine prune /tmp/pytest-of-$USER/pytest-N
 # dirs (keeping the newest 3), which would delete this run's session fixtures under it.
+# Removed however pytest ends (failure, Ctrl-C, kill); the script still exits with pytest's status.
 basetemp="$(mktemp -d "${TMPDIR:-/tmp}/playground-tests.XXXXXX")"
+trap 'rm -rf "$basetemp"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 python -m pytest -ra --basetemp="$basetemp" "$@"
-rm -rf "$basetemp"

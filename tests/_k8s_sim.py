@@ -135,6 +135,18 @@ def field_match(selector: str | None, obj: dict[str, Any]) -> bool:
     return True
 
 
+def invalid(plural: str, name: str, problems: list[tuple[str, str]]) -> KubernetesError:
+    """The API server's 422 for an object that fails its schema (one cause per problem)."""
+    causes = [{"reason": "FieldValueInvalid", "field": f, "message": msg} for f, msg in problems]
+    text = "; ".join(f"{f}: {msg}" for f, msg in problems)
+    return KubernetesError(
+        status=422,
+        reason="Invalid",
+        message=f'{KINDS.get(plural, plural)} "{name}" is invalid: {text}',
+        details={"name": name, "kind": KINDS.get(plural, plural), "causes": causes},
+    )
+
+
 @dataclass
 class Fault:
     """Answer matching requests with an API error (``times`` < 0: forever)."""
@@ -147,6 +159,7 @@ class Fault:
     details: dict[str, Any] | None = None
     times: int = -1
     name: str | None = None
+    subresource: str | None = None  # e.g. "log": only pods/log requests
 
 
 @attrs.define(kw_only=True)
@@ -168,6 +181,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     max_log_drops: int | None = None  # ...this many times in all
     proxies: dict[tuple[str, str], tuple[str, str]] = attrs.field(factory=dict)  # isvc -> (url, model)
     change_rvs: list[int] = attrs.field(factory=list)
+    log_read: dict[tuple[str, str], int] = attrs.field(factory=dict)  # (ns, pod) -> lines a follower was sent
+    _read_pulse: asyncio.Event | None = attrs.field(default=None)
     _pulse: asyncio.Event | None = attrs.field(default=None)
     _log_pulse: asyncio.Event | None = attrs.field(default=None)
     _session: aiohttp.ClientSession | None = attrs.field(default=None)
@@ -175,6 +190,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     dropped: int = 0
     dropped_watches: int = 0
     dropped_logs: int = 0
+    kueue_visibility: bool = False  # serve Kueue's visibility API (pendingworkloads); else 404 like most clusters
+    pending_workloads: dict[tuple[str, str], list[dict[str, Any]]] = attrs.field(factory=dict)  # (ns, queue)
 
     def pulse(self, logs: bool = False) -> asyncio.Event:
         """The event the next change sets (objects, or pod logs): waiters take it before looking."""
@@ -244,6 +261,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if "metadata" in patch:
             patch["metadata"] = {k: v for k, v in patch["metadata"].items() if k not in ("resourceVersion", "uid")}
         obj = merge_patch(self.store[key], patch)
+        check = self.validators.get(plural)  # an update is validated too (status included)
+        problems = check(obj) if check else []
+        if problems:
+            raise invalid(plural, name, problems)
         if obj.get("spec") != self.store[key].get("spec"):
             obj["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
         self._stamp(obj)
@@ -271,6 +292,19 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return [o for (p, n, _), o in self.store.items() if p == plural and (ns is None or n == ns)]
 
     # -- pod logs ------------------------------------------------------------------------------
+    async def wait_log_read(self, ns: str, pod: str, lines: int) -> None:
+        """Until a follower has been sent ``lines`` lines of the pod's log (no polling: each send wakes us)."""
+        while self.log_read.get((ns, pod), 0) < lines:
+            if self._read_pulse is None:
+                self._read_pulse = asyncio.Event()
+            await self._read_pulse.wait()
+
+    def _sent(self, ns: str, pod: str, index: int) -> None:
+        self.log_read[(ns, pod)] = max(index, self.log_read.get((ns, pod), 0))
+        pulse, self._read_pulse = self._read_pulse, None
+        if pulse is not None:
+            pulse.set()
+
     def append_log(self, ns: str, pod: str, line: str) -> None:
         entry = self.pod_logs.setdefault((ns, pod), {"lines": [], "done": False})
         ts = time.time()
@@ -306,6 +340,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self.counts["total"] += 1
         for fault in self.faults:
             hit = fault.method in (method, "*") and fault.plural in (plural, "*") and fault.times != 0
+            hit = hit and fault.subresource in (None, sub)
             if hit and (fault.name is None or fault.name == request.name):
                 fault.times -= 1
                 raise KubernetesError(
@@ -314,6 +349,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         ns = request.namespace
         if plural in CLUSTER_SCOPED:
             ns = None
+        if method == "GET" and plural == "localqueues" and sub == "pendingworkloads":
+            return self._pending_workloads(ns or "default", request.name or "")
         if method == "GET" and kind == "log":
             return await self._serve_log(request, ns or "default", request.name or "")
         if method == "GET" and kind == "watch":
@@ -337,15 +374,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             check = self.validators.get(plural)
             problems = check(request.data or {}) if check else []
             if problems:
-                name = ((request.data or {}).get("metadata") or {}).get("name", "")
-                causes = [{"reason": "FieldValueInvalid", "field": f, "message": msg} for f, msg in problems]
-                text = "; ".join(f"{f}: {msg}" for f, msg in problems)
-                raise KubernetesError(
-                    status=422,
-                    reason="Invalid",
-                    message=f'{KINDS.get(plural, plural)} "{name}" is invalid: {text}',
-                    details={"name": name, "kind": KINDS.get(plural, plural), "causes": causes},
-                )
+                raise invalid(plural, ((request.data or {}).get("metadata") or {}).get("name", ""), problems)
             obj = self.create(plural, ns, request.data or {})
             await self.notify()
             return aiohttp.web.json_response(obj, status=201)
@@ -362,6 +391,19 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             await self.notify()
             return aiohttp.web.json_response(obj)
         return await super()._handle(request)
+
+    def _pending_workloads(self, ns: str, queue: str) -> aiohttp.web.StreamResponse:
+        """Kueue's visibility API: a LocalQueue's pending Workloads with their positions (0 = next)."""
+        if not self.kueue_visibility:
+            raise KubernetesError(
+                status=404, reason="NotFound", message="the server could not find the requested resource"
+            )
+        items = [
+            {**w, "positionInLocalQueue": i, "positionInClusterQueue": i}
+            for i, w in enumerate(self.pending_workloads.get((ns, queue), []))
+        ]
+        summary = {"kind": "PendingWorkloadsSummary", "apiVersion": "visibility.kueue.x-k8s.io/v1beta1"}
+        return aiohttp.web.json_response({**summary, "metadata": {}, "items": items})
 
     def _select(self, plural: str, ns: str | None, params: dict[str, str]) -> list[dict[str, Any]]:
         out = []
@@ -484,6 +526,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 while index < len(lines):
                     await resp.write(render(*lines[index]))
                     index += 1
+                self._sent(ns, name, index)
                 budget = self.max_log_drops is None or self.dropped_logs < self.max_log_drops
                 if self.drop_log_every is not None and time.monotonic() - opened >= self.drop_log_every and budget:
                     self.dropped += 1
@@ -551,6 +594,12 @@ class Scenario:
     unschedulable_for: float = 0.0  # node pod Unschedulable this long first
     hold_queue: bool = False  # Kueue keeps the job suspended until admit() is called
     start_delay: float = 0.0
+    # status.trainerStatus as the trainer posts it (kubeflow's update_trainjob_status): every N progress
+    # lines, and always the last one; 0: never (a Trainer without the TrainJobStatus gate)
+    trainer_status_every: int = 0
+    # once a follower has read this many node-0 log lines, reading that pod's log is forbidden (403) and
+    # open streams drop: the reader loses the log mid-run
+    forbid_log_after: int | None = None
 
 
 class TrainerSimulator:
@@ -677,12 +726,24 @@ class TrainerSimulator:
         await self._pod_state(ns, name, "Running", {"running": {"startedAt": now_iso()}})
         await self._event(ns, "Pod", name, "Started", f"Started container {container}")
         job_name = job["metadata"]["name"]
-        total_progress = [parse_line(x) for x in lines]
+        parsed = [parse_line(x) for x in lines]
+        points = [e for e in parsed if isinstance(e, Progress)]
         for i, line in enumerate(lines):
             self.emu.append_log(ns, name, line)
-            event = total_progress[i]
-            if isinstance(event, Progress) and rjob == "node":
-                await self._trainer_status(ns, job_name, event)
+            event = parsed[i]
+            if isinstance(event, Progress) and rjob == "node" and sc.trainer_status_every:
+                index = points.index(event)
+                if (index + 1) % sc.trainer_status_every == 0 or index == len(points) - 1:
+                    await self._trainer_status(ns, job_name, event)
+            if rjob == "node" and sc.forbid_log_after is not None and i + 1 == sc.forbid_log_after:
+                await self.emu.notify_logs()
+                await self.emu.wait_log_read(ns, name, i + 1)  # the follower has these lines; then it loses access
+                self.emu.faults.append(
+                    Fault("GET", "pods", 403, "Forbidden", "pods/log is forbidden", name=name, subresource="log")
+                )
+                self.emu.generation += 1  # open streams close (after what was written): the reader reconnects
+                await self.emu.notify_logs()
+                await self.emu.notify()
             if i % 20 == 0 or sc.line_delay:
                 await self.emu.notify_logs()
             if sc.line_delay:
@@ -697,14 +758,14 @@ class TrainerSimulator:
         return code
 
     async def _trainer_status(self, ns: str, name: str, p: Progress) -> None:
-        """What kubeflow's update_trainjob_status does from inside the trainer (throttled)."""
-        if p.step % 50 and p.step != p.total_steps:
-            return
-        metrics = [{"name": "loss", "value": f"{p.loss:.4f}"}] if p.loss is not None else []
+        """What the trainer posts through kubeflow's update_trainjob_status (values as strings)."""
+        metrics = {"step": p.step, "total_steps": p.total_steps}
+        if p.loss is not None:
+            metrics["loss"] = round(p.loss, 5)
         status = {
             "progressPercentage": int(100 * p.step / max(1, p.total_steps)),
             "lastUpdatedTime": now_iso(),
-            "metrics": metrics,
+            "metrics": [{"name": k, "value": str(v)} for k, v in metrics.items()],
         }
         if p.eta_seconds is not None:
             status["estimatedRemainingSeconds"] = int(p.eta_seconds)
@@ -724,7 +785,14 @@ class TrainerSimulator:
                 msg = "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu"
                 msg += " in flavor gpu, 1 more needed"
                 await self._event(ns, "Workload", workload, "Pending", msg)
-                await self.admitted.setdefault(queue, asyncio.Event()).wait()
+                owner = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name}
+                entry = {"metadata": {"name": workload, "namespace": ns, "ownerReferences": [owner]}, "priority": 0}
+                waiting = self.emu.pending_workloads.setdefault((ns, queue), [])
+                waiting.append({**entry, "localQueueName": queue})
+                try:
+                    await self.admitted.setdefault(queue, asyncio.Event()).wait()
+                finally:  # admitted, cancelled or deleted: no longer pending
+                    waiting[:] = [w for w in waiting if w["metadata"]["name"] != workload]
             await self._event(
                 ns, "Workload", workload, "QuotaReserved", f"Quota reserved in ClusterQueue cluster-{queue}"
             )
@@ -982,8 +1050,49 @@ def _unknown_fields(schema: dict[str, Any], data: Any, path: str) -> list[tuple[
     return out
 
 
+def cel_violations(schema: dict[str, Any], data: Any, path: str = "") -> list[tuple[str, str]]:
+    """The CRD's CEL rules (``x-kubernetes-validations``) that ``data`` breaks, evaluated with cel-python.
+
+    Transition rules (those reading ``oldSelf``) only apply to updates and are skipped; a rule applies
+    where its field is present, as on the API server.
+    """
+    import celpy
+
+    out: list[tuple[str, str]] = []
+    for rule in schema.get("x-kubernetes-validations") or []:
+        if "oldSelf" in rule["rule"]:
+            continue
+        result = _cel_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(data)})
+        if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+            out.append((path or "(root)", rule.get("message") or f"failed rule: {rule['rule']}"))
+    if isinstance(data, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        for key, value in data.items():
+            sub = props.get(key) or (extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                out += cel_violations(sub, value, f"{path}.{key}" if path else key)
+    elif isinstance(data, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(data):
+            out += cel_violations(schema["items"], item, f"{path}[{i}]")
+    return out
+
+
+_CEL_PROGRAMS: dict[str, Any] = {}
+
+
+def _cel_program(rule: str) -> Any:
+    if rule not in _CEL_PROGRAMS:
+        import celpy
+
+        env = celpy.Environment()
+        _CEL_PROGRAMS[rule] = env.program(env.compile(rule))
+    return _CEL_PROGRAMS[rule]
+
+
 def crd_validator(crd_file: Path, version: str) -> Callable[[dict[str, Any]], list[tuple[str, str]]]:
-    """Check an object against a CRD's openAPIV3Schema (jsonschema) and for unknown fields."""
+    """Check an object as the API server would on create: the CRD's openAPIV3Schema (jsonschema),
+    unknown fields (pruned / rejected by strict field validation) and its CEL rules."""
     import jsonschema
 
     schema = crd_schema(crd_file, version)
@@ -994,6 +1103,6 @@ def crd_validator(crd_file: Path, version: str) -> Callable[[dict[str, Any]], li
             (".".join(str(p) for p in err.absolute_path) or "(root)", err.message)
             for err in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
         ]
-        return problems + _unknown_fields(schema, obj, "")
+        return problems + _unknown_fields(schema, obj, "") + cel_violations(schema, obj)
 
     return check

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ class TrainRun:
     stdout: str
     stderr: str
     events: list[Event]
+    seconds: float = 0.0  # wall time of the whole process
 
     @property
     def phases(self) -> list[str]:
@@ -46,6 +48,7 @@ def run_trainer(*args: str, timeout: float = 300, env: dict[str, str] | None = N
     """Run the entrypoint in a child process (as every backend does) and parse stdout into events."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "playground.train", *args],
         capture_output=True,
@@ -55,7 +58,7 @@ def run_trainer(*args: str, timeout: float = 300, env: dict[str, str] | None = N
         cwd=REPO_ROOT,
     )
     events = [parse_line(line) for line in proc.stdout.splitlines() if line.strip()]
-    return TrainRun(proc.returncode, proc.stdout, proc.stderr, events)
+    return TrainRun(proc.returncode, proc.stdout, proc.stderr, events, time.monotonic() - started)
 
 
 def describe(run: TrainRun) -> str:

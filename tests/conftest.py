@@ -13,7 +13,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DIR = REPO_ROOT.parent / "shared"
+# ../shared beside the clone (as in CI); PLAYGROUND_SHARED_DIR points elsewhere (e.g. from a git worktree)
+SHARED_DIR = Path(os.environ.get("PLAYGROUND_SHARED_DIR") or REPO_ROOT.parent / "shared")
 ARTIFACTS_DIR = REPO_ROOT / "test-artifacts"
 
 

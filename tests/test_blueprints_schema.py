@@ -15,11 +15,26 @@ SHIPPED = {"tiny-llama-cpu", "llama-3.2-1b-lora-alpaca", "qwen2.5-1.5b-lora-alpa
 
 
 def test_every_shipped_blueprint_validates_and_has_examples():
+    """Every catalog file loads; with no overrides, the parameters are the YAML's own defaults
+    (read from the file here, not from the schema), typed as the parameter says."""
+    import yaml
+
+    from playground.blueprints.loader import CATALOG_DIR, catalog_problems
+
     catalog = load_catalog()
-    assert SHIPPED <= set(catalog)
+    assert SHIPPED <= set(catalog) and catalog_problems() == []
+    assert {f.stem for f in CATALOG_DIR.glob("*.yaml")} <= set(catalog)
     for blueprint in catalog.values():
         assert blueprint.examples, blueprint.id
-        assert blueprint.resolve_params() == blueprint.defaults()
+        raw = yaml.safe_load((CATALOG_DIR / f"{blueprint.id}.yaml").read_text())["parameters"]
+        resolved = blueprint.resolve_params()
+        assert set(resolved) == set(raw), blueprint.id
+        kinds = {"int": int, "float": float, "bool": bool}
+        for name, spec in raw.items():
+            default = float(spec["default"]) if spec["type"] == "float" else spec["default"]  # YAML may say 1e-4
+            assert resolved[name] == default, (blueprint.id, name, resolved[name], default)
+            if spec["type"] in kinds:
+                assert type(resolved[name]) is kinds[spec["type"]], (blueprint.id, name, resolved[name])
 
 
 def test_tiny_examples_carry_expected_answers():

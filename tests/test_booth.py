@@ -52,6 +52,10 @@ def test_policy_defaults_and_env_settings():
             r"^PLAYGROUND_BOOTH_MAX_JOBS_PER_HOUR: 'six' is not an integer; allowed: an integer >= 1$",
         ),
         (
+            {"PLAYGROUND_BOOTH": "1", "PLAYGROUND_BOOTH_MAX_JOBS_PER_HOUR": "\uff16"},  # fullwidth 6: ASCII only
+            r"^PLAYGROUND_BOOTH_MAX_JOBS_PER_HOUR: '\uff16' is not an integer; allowed: an integer >= 1$",
+        ),
+        (
             {"PLAYGROUND_BOOTH": "on", "PLAYGROUND_BOOTH_MAX_CONCURRENT_TRAININGS": "0"},
             r"^PLAYGROUND_BOOTH_MAX_CONCURRENT_TRAININGS: 0 is out of range; allowed: an integer >= 1$",
         ),

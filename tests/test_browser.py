@@ -59,7 +59,7 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 90) -> Non
             return True
         return False
 
-    wait_for(listening, timeout, f"playground app listening on {port}", interval=0.3)
+    wait_for(listening, timeout, f"playground app listening on port {port}", interval=0.3)
 
 
 @dataclass

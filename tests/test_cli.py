@@ -49,7 +49,7 @@ def test_blueprints_table_and_json(capsys, isolated_home):
     llama = next(r for r in rows if r.startswith("llama-3.2-1b-lora-alpaca "))
     assert "lora r8" in llama and "hf://meta-llama/Llama-3.2-1B-Instruct" in llama
     if detect_gpus() == 0:
-        assert "needs 1 GPU; none here" in llama
+        assert "needs 1 GPU and this machine has none" in llama
 
     code, out, _ = run(capsys, "blueprints", "--json")
     items = {b["id"]: b for b in json.loads(out)}
@@ -99,12 +99,52 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(capsys, isolated_home, 
     assert no_jobs(isolated_home)
 
 
-def test_gpu_blueprint_on_a_cpu_machine_suggests_tiny(capsys, isolated_home):
+def test_can_it_run_here_has_one_wording_everywhere(capsys, isolated_home, tmp_path, monkeypatch):
+    """The catalog table, `blueprints show`, the CLI refusal, the trainer's own refusal and the app's
+    card all say what playground.blueprints.fit.local_fit says."""
+    from playground.blueprints.fit import local_fit
+    from playground.train.__main__ import main as trainer_main
+    from widgets.state import blueprint_notes
+
     if detect_gpus():
-        pytest.skip("this machine has a GPU")
-    code, _, err = run(capsys, "train", "llama-3.2-1b-lora-alpaca")
-    assert_one_line_error(code, err, "'llama-3.2-1b-lora-alpaca'", "needs 1 GPU(s), none found", "tiny-llama-cpu")
+        pytest.skip("this machine has a GPU: nothing refuses")
+    llama = get_blueprint("llama-3.2-1b-lora-alpaca")
+    fit = local_fit(llama, 0)
+    assert not fit.runnable and fit.note == "needs 1 GPU and this machine has none"
+    assert fit.advice() == f"{fit.note}; try 'tiny-llama-cpu' (runs on CPU) or the kubernetes backend"
+
+    code, _, err = run(capsys, "train", llama.id)
+    assert_one_line_error(code, err)
+    assert err.strip() == f"playground: error: blueprint {llama.id!r} {fit.advice()}"
     assert no_jobs(isolated_home)
+    code, out, _ = run(capsys, "blueprints")
+    assert next(r for r in out.splitlines() if r.startswith(llama.id)).endswith(fit.note)
+    code, out, _ = run(capsys, "blueprints", "show", llama.id)
+    assert f"[{fit.note}]" in out and out.rstrip().endswith(f"note: {fit.advice()}")
+    assert fit.advice() in blueprint_notes(llama, "local", gpus=0)
+
+    monkeypatch.chdir(tmp_path)
+    assert trainer_main(["--blueprint", llama.id, "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == f"playground.train: error: blueprint {llama.id!r} {fit.advice()}"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("need", "have", "stand_in", "runnable", "processes", "note"),
+    [
+        (0, 0, False, True, 1, "runs here (CPU)"),
+        (1, 0, False, False, 1, "needs 1 GPU and this machine has none"),
+        (2, 1, False, False, 2, "needs 2 GPUs and this machine has 1"),
+        (2, 4, False, True, 2, "runs here (4 GPUs)"),
+        (1, 0, True, True, 1, "runs here with the local stand-in model"),
+        (4, 2, True, True, 2, "runs here with the local stand-in model"),
+    ],
+)
+def test_local_fit_rule(need, have, stand_in, runnable, processes, note):
+    from playground.blueprints.fit import LocalFit
+
+    fit = LocalFit("bp", need, have, stand_in)
+    assert (fit.runnable, fit.processes, fit.note) == (runnable, processes, note)
 
 
 def test_unwritable_state_dir_names_the_dir(capsys, tmp_path, monkeypatch):
@@ -135,13 +175,20 @@ def test_unwritable_state_dir_names_the_dir(capsys, tmp_path, monkeypatch):
     ],
 )
 def test_malformed_blueprint_yaml_names_file_and_field(capsys, isolated_home, tmp_path, monkeypatch, text, needles):
+    """A bad file in PLAYGROUND_BLUEPRINTS is reported for that blueprint only; the rest keeps working."""
     extra = tmp_path / "blueprints"
     extra.mkdir()
     (extra / "broken.yaml").write_text(text)
     monkeypatch.setenv("PLAYGROUND_BLUEPRINTS", str(extra))
-    for argv in (["train", "tiny-llama-cpu"], ["blueprints"]):
+    for argv in (["train", "broken", "--dry-run"], ["blueprints", "show", "broken"]):
         code, _, err = run(capsys, *argv)
         assert_one_line_error(code, err, *needles)
+    code, out, _ = run(capsys, "train", "tiny-llama-cpu", "--dry-run")
+    assert code == 0 and "tiny-llama-cpu" in out
+    code, out, err = run(capsys, "blueprints")
+    assert code == 0 and any(row.startswith("tiny-llama-cpu ") for row in out.splitlines())
+    (warning,) = err.strip().splitlines()
+    assert warning.startswith("playground: warning: skipped ") and all(n in warning for n in needles), warning
     assert no_jobs(isolated_home)
 
 
@@ -150,6 +197,101 @@ def test_dry_run_prints_the_plan_and_starts_nothing(capsys, isolated_home):
     assert code == 0
     assert "- max_steps=7" in out and "playground.train" in out and "backend: local" in out
     assert no_jobs(isolated_home)
+
+
+@pytest.mark.parametrize("text", ["\u0663", "\uff13", "1_0", "0x10", "1e2", "3.0"])
+def test_numbers_are_ascii_digits_only_in_the_cli_the_form_and_notebooks(capsys, isolated_home, text):
+    """`max_steps=٣` / `３` / `1_0`: refused with the same line by --set, the launch form and the
+    notebooks' path (make_request), because all three call the one parser."""
+    from playground.api import make_request
+    from playground.errors import ParameterError
+    from widgets.state import FormModel
+
+    code, _, err = run(capsys, "train", "tiny-llama-cpu", "--set", f"max_steps={text}")
+    assert_one_line_error(code, err, "parameter 'max_steps'", repr(text), "allowed: an integer from 1 to 5000")
+    cli_message = err.strip().removeprefix("playground: error: ")
+    form = FormModel(get_blueprint("tiny-llama-cpu")).validate({"max_steps": text})
+    assert form.errors == {"max_steps": cli_message}
+    with pytest.raises(ParameterError) as notebook:
+        make_request("tiny-llama-cpu", {"max_steps": text})
+    assert str(notebook.value) == cli_message
+    assert no_jobs(isolated_home)
+    assert get_blueprint("tiny-llama-cpu").resolve_params({"max_steps": " +7 "})["max_steps"] == 7
+
+
+def test_error_lines_cap_what_they_echo(capsys, isolated_home):
+    huge = "9" * 131_072
+    code, _, err = run(capsys, "train", "tiny-llama-cpu", "--set", f"max_steps={huge}")
+    assert_one_line_error(code, err, "parameter 'max_steps'", "(131,072 characters)", "an integer from 1 to 5000")
+    assert len(err) < 300
+    for argv in (["train", "x" * 200_000], ["logs", "y" * 200_000], ["train", "tiny-llama-cpu", "--set", "z" * 10**6]):
+        code, _, err = run(capsys, *argv)
+        assert_one_line_error(code, err)
+        assert len(err) < 1200, len(err)
+    with pytest.raises(Exception) as api:  # the Python API: a 1 MB value, typed
+        get_blueprint("tiny-llama-cpu").resolve_params({"learning_rate": "1" * 10**6})
+    assert len(str(api.value)) < 300 and "(1,000,000 characters)" in str(api.value)
+    with pytest.raises(Exception) as api:
+        get_blueprint("tiny-llama-cpu").resolve_params({"max_steps": 10**5000})
+    assert str(api.value).startswith("parameter 'max_steps': a 5001-digit integer is out of range")
+
+
+def test_shown_caps_any_echo():
+    from playground.errors import UserError, shown
+
+    assert shown("abc") == "'abc'" and shown(42) == "42"
+    assert shown("a" * 100, 10) == "'aaaaaaaaaa'… (100 characters)"
+    assert shown("/p" * 200, 10, quoted=False) == "/p/p/p/p/p… (400 characters)"
+    line = str(UserError("head " + "x" * 5000 + " tail\nsecond"))
+    assert "\n" not in line and line.startswith("head ") and line.endswith(" tail second") and len(line) < 1100
+
+
+@pytest.mark.slow
+def test_train_a_blueprint_file_outside_the_catalog(capsys, home, tmp_path, monkeypatch):
+    """`playground train FILE.yaml`: the backend trains that file, not a catalog id it was swapped for."""
+    text = (Path(__file__).parents[1] / "playground/blueprints/catalog/tiny-llama-cpu.yaml").read_text()
+    (tmp_path / "my-reverse.yaml").write_text(text.replace("id: tiny-llama-cpu", "id: my-reverse"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "my-reverse.yaml", "--set", "max_steps=3", "--set", "num_eval_examples=10", "--follow"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, out + err
+    job_id = out.splitlines()[0]
+    assert job_id.startswith("my-reverse-") and f"job {job_id} Succeeded" in out
+    spec = json.loads((home / "jobs" / job_id / "spec.json").read_text())
+    assert spec["blueprint_id"] == "my-reverse" and spec["params"]["max_steps"] == 3
+    code, _, err = run(capsys, "train", "no-such-file.yaml")
+    assert_one_line_error(code, err, "no-such-file.yaml", "cannot read")
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback(tmp_path):
+    """`playground blueprints --json | head -0`: the pipe is closed before anything is written."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: EPIPE, deterministically
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "playground.cli", "blueprints", "--json"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    os.close(write_end)
+    assert proc.stderr == "" and proc.returncode == 141
+
+
+def test_trainer_refuses_an_empty_output(capsys, tmp_path, monkeypatch):
+    from playground.train.__main__ import main as trainer_main
+
+    monkeypatch.chdir(tmp_path)
+    assert trainer_main(["--blueprint", "tiny-llama-cpu", "--output", ""]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "playground.train: error: --output is empty; allowed: a directory path (created if missing)"
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- train --follow, jobs, logs, cancel, delete ---------------------------------------------------

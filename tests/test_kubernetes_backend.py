@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 from _k8s_sim import Cluster, Scenario, crd_validator, synthetic_trainer_log
+from _waiting import wait_for
+from conftest import SHARED_DIR as SHARED
 
 from playground.api import make_request
 from playground.backends.kubernetes import KubernetesBackend
@@ -21,7 +22,6 @@ from playground.errors import BackendError, JobNotFound, UserError
 from playground.events import ClusterEvent, JobPhase, Log, Metric, Phase, Progress, parse_line
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 NS = "ml"
 
 
@@ -31,7 +31,7 @@ synthetic_log = synthetic_trainer_log
 @pytest.fixture(scope="module")
 def cluster():
     with Cluster(namespace=NS) as c:
-        c.install_runtimes(REPO / "deploy" / "runtimes" / "playground-torch.yaml")
+        c.install_runtimes(*sorted((REPO / "deploy" / "runtimes").glob("*.yaml")))
         if (SHARED / "runtimes").is_dir():
             c.install_runtimes(*sorted((SHARED / "runtimes").glob("trainer-*.yaml")))
         if (SHARED / "crds").is_dir():  # the API server's schema validation, from the real CRDs
@@ -94,7 +94,8 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
     servers = LocalServers(tmp_path / "kserve-home")
     cluster.sim.output_dir = LocalBackend(home=session_home).job_dir(trained_tiny_job.id) / "output"
     cluster.sim.servers = servers
-    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.001)
+    # the trainer also posts trainerStatus (every 2nd point): the stream still has each log point once
+    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.001, trainer_status_every=2)
     request = make_request("tiny-llama-cpu", labels={"owner": "alice@example.com", "session": "booth-7"})
     try:
         job = k8s.submit(request)
@@ -102,7 +103,7 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
 
         # What was created is what --dry-run renders (same SDK builder), with our labels.
         created = cluster.get("trainjobs", job.id)
-        rendered = m.build_trainjob(k8s._plan(request, name=job.id), m.sdk_backend(NS))
+        rendered = m.build_trainjob(k8s._plan(request, name=job.id))
         assert created["spec"] == rendered["spec"]
         labels = created["metadata"]["labels"]
         assert labels[m.LABEL_BLUEPRINT] == "tiny-llama-cpu" and labels[m.LABEL_PREFIX + "session"] == "booth-7"
@@ -121,9 +122,10 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
             JobPhase.SAVING,
             JobPhase.SUCCEEDED,
         ], phases
-        # Progress comes from the replayed trainer log, point for point.
+        # Progress comes from the replayed trainer log, point for point (trainerStatus adds no duplicates).
         expected = [e for e in map(parse_line, real_log) if isinstance(e, Progress)]
         assert strip_time(parts["progress"]) == strip_time(expected)
+        assert cluster.get("trainjobs", job.id)["status"]["trainerStatus"]["progressPercentage"] == 100
         assert parts["progress"][-1].step == trained_tiny_job.params["max_steps"]
         assert {m_.name for m_ in parts["metric"]} >= {"eval_exact_match"}
         reasons = {e.reason for e in parts["cluster"]}
@@ -161,10 +163,8 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
         assert cluster.items("inferenceservices") == []
         with pytest.raises(JobNotFound):
             k8s.get(job.id)
+        wait_for(lambda: not servers.list(), 20, "the deleted InferenceServices' model servers to stop")
     finally:
-        deadline = time.time() + 20
-        while servers.list() and time.time() < deadline:
-            time.sleep(0.2)
         servers.stop_all()
 
 
@@ -183,7 +183,7 @@ def _follow_collect(k8s: KubernetesBackend, job_id: str) -> list:
 
 
 def test_dropped_streams_resume_without_loss_or_repeats(cluster, k8s, real_log):
-    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.01)
+    cluster.sim.scenario = Scenario(node_log=real_log, line_delay=0.01, trainer_status_every=2)
     baseline = split(_follow_collect(k8s, k8s.submit(make_request("tiny-llama-cpu")).id))
 
     def flaky() -> None:
@@ -297,26 +297,83 @@ def test_cancel_then_ttl_cleanup(cluster, k8s):
     assert cluster.get("trainjobs", short.id) is None
 
 
+def test_hub_blueprint_runs_the_project_trainer_with_initializers(cluster, k8s, monkeypatch):
+    """Qwen on Kubernetes: Kubeflow's initializers, then the project's trainer; its @@playground lines give
+    phases, progress and eval metrics (trainerStatus is posted at every point too: no duplicates)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_do_not_leak_me")
+    log = synthetic_log(20)
+    cluster.sim.scenarios["qwen2.5-1.5b-lora-alpaca"] = Scenario(node_log=log, line_delay=0.002, trainer_status_every=1)
+    job = k8s.submit(make_request("qwen2.5-1.5b-lora-alpaca", {"max_steps": 20}))
+    created = cluster.get("trainjobs", job.id)
+    assert "hf_do_not_leak_me" not in yaml.safe_dump(created)
+    spec = created["spec"]
+    assert spec["runtimeRef"]["name"] == "playground-torch-hf"
+    assert spec["trainer"]["command"] == ["python", "-m", "playground.train"]
+    assert spec["initializer"]["model"]["storageUri"] == "hf://Qwen/Qwen2.5-1.5B-Instruct"
+    events = list(k8s.events(job.id, follow=True))
+    parts = split(events)
+    assert {"dataset-initializer", "model-initializer"} <= {e.source for e in parts["log"]}
+    assert [e.phase for e in parts["phase"]] == [
+        JobPhase.PENDING,
+        JobPhase.INITIALIZING,
+        JobPhase.TRAINING,
+        JobPhase.SAVING,
+        JobPhase.SUCCEEDED,
+    ]
+    assert [p.step for p in parts["progress"]] == [5, 10, 15, 20]
+    assert [(x.name, x.value) for x in parts["metric"]] == [("eval_exact_match", 0.97)]
+    done = k8s.get(job.id)
+    assert done.model_dir == f"pvc://workspace-{job.id}/output/model"
+    assert done.base_model == f"pvc://workspace-{job.id}/model"  # what the model initializer downloaded
+    assert (done.progress.step, done.progress.total_steps) == (20, 20)  # from trainerStatus
+    assert cluster.sim.errors == []  # every status the simulated trainer posted passed the CRD (and CEL) checks
+    k8s.delete(job.id)
+
+
+def test_progress_continues_from_trainer_status_when_the_log_is_lost(cluster, k8s):
+    """Both sources, merged: node-0's log lines until reading them is forbidden mid-run, then
+    status.trainerStatus; each step at most once, always forward, up to the last step."""
+    log = synthetic_log(60)  # Initializing, a plain line, Training, progress 5..60, metric, Saving
+    cut = 7  # the follower reads up to the progress line of step 20, then pods/log is forbidden
+    cluster.sim.scenario = Scenario(node_log=log, line_delay=0.01, trainer_status_every=1, forbid_log_after=cut)
+    job = k8s.submit(make_request("tiny-llama-cpu"))
+    parts = split(list(k8s.events(job.id, follow=True)))
+    steps = [p.step for p in parts["progress"]]
+    assert steps[:4] == [5, 10, 15, 20]  # from the log, before it was lost
+    assert steps[-1] == 60 and len(steps) > 4  # ...then from trainerStatus: the log never showed these
+    assert steps == sorted(set(steps))  # no duplicates, never backwards
+    # (trainerStatus carries the loss rounded to 5 decimals, as the trainer posts it)
+    assert all(p.total_steps == 60 and p.loss == pytest.approx(3.0 / p.step, abs=1e-5) for p in parts["progress"])
+    assert [e.line for e in parts["log"]] == ["tokenizer: 30 tokens"]  # nothing after the cut was readable
+    assert [e.phase for e in parts["phase"]][-1] == JobPhase.SUCCEEDED
+    # A reloaded page with the log unreadable: the history still ends at the last trainerStatus point.
+    history = split(list(k8s.events(job.id)))
+    assert [p.step for p in history["progress"]] == [60]
+    assert [e.phase for e in history["phase"]][-1] == JobPhase.SUCCEEDED
+
+
 @pytest.mark.skipif(not (SHARED / "runtimes").is_dir(), reason="../shared/runtimes (torchtune runtimes) absent")
-def test_builtin_torchtune_initializers_and_secret_token(cluster, k8s, monkeypatch):
+def test_builtin_torchtune_opt_in_variant(cluster, k8s, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_do_not_leak_me")
     cluster.sim.scenarios["qwen2.5-1.5b-lora-alpaca"] = Scenario(node_log=["tune: step 1 loss 1.9"], line_delay=0.001)
+    tune = KubernetesBackend(kubeconfig=k8s.kubeconfig, trainer="builtin-torchtune", drain_timeout=5)
     request = make_request("qwen2.5-1.5b-lora-alpaca", {"max_steps": 20, "lora_rank": 16})
-    job = k8s.submit(request)
+    job = tune.submit(request)
     created = cluster.get("trainjobs", job.id)
     assert "hf_do_not_leak_me" not in yaml.safe_dump(created)
     spec = created["spec"]
     assert spec["runtimeRef"] == {"name": "torchtune-qwen2.5-1.5b", "kind": "ClusterTrainingRuntime"}
     assert spec["initializer"]["model"]["storageUri"] == "hf://Qwen/Qwen2.5-1.5B-Instruct"
     assert {"max_steps_per_epoch=20", "model.lora_rank=16"} <= set(spec["trainer"]["args"])
-    patches = yaml.safe_dump(spec["runtimePatches"])
-    assert "secretKeyRef" in patches and "ACCESS_TOKEN" in patches
-    events = list(k8s.events(job.id, follow=True))
+    token = spec["initializer"]["model"]["env"][0]
+    assert token["name"] == "ACCESS_TOKEN" and token["valueFrom"]["secretKeyRef"]["name"] == "hf-token"
+    events = list(tune.events(job.id, follow=True))
     sources = {e.source for e in events if isinstance(e, Log)}
     assert {"dataset-initializer", "model-initializer", "node-0"} <= sources
     phases = [e.phase for e in events if isinstance(e, Phase)]
     assert phases == [JobPhase.PENDING, JobPhase.INITIALIZING, JobPhase.TRAINING, JobPhase.SUCCEEDED]
-    assert k8s.get(job.id).model_dir == f"pvc://initializer-{job.id}/output/epoch_0"
+    assert not any(isinstance(e, Progress) for e in events)  # what this variant cannot show
+    assert tune.get(job.id).model_dir == f"pvc://initializer-{job.id}/output/epoch_0"
 
 
 # -- errors: one line each ---------------------------------------------------------------------
@@ -439,3 +496,67 @@ def test_cli_dry_run_prints_yaml_without_a_cluster(tmp_path, monkeypatch, capsys
     assert main(["train", "tiny-llama-cpu", "--backend", "kubernetes"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("playground: error: no kubeconfig found") and "\n" not in err
+
+    # the opt-in TorchTune variant, and settings checked before anything is rendered
+    tune = ["train", "qwen2.5-1.5b-lora-alpaca", "--backend", "kubernetes", "--dry-run", "--trainer"]
+    assert main([*tune, "builtin-torchtune"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["spec"]["runtimeRef"]["name"] == "torchtune-qwen2.5-1.5b"
+    assert main([*tune, "deepspeed"]) == 2
+    assert "trainer 'deepspeed' is unknown; allowed: playground, builtin-torchtune" in capsys.readouterr().err
+    assert main(["train", "tiny-llama-cpu", "--trainer", "builtin-torchtune"]) == 2
+    assert "--trainer only applies to --backend kubernetes" in capsys.readouterr().err
+    monkeypatch.setenv("PLAYGROUND_KUEUE_QUEUE", "bad queue!!")
+    assert main(["train", "tiny-llama-cpu", "--backend", "kubernetes", "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("playground: error: PLAYGROUND_KUEUE_QUEUE 'bad queue!!'")
+
+
+# -- nothing outlives an interrupted run ---------------------------------------------------------
+def _running(backend: KubernetesBackend, job_id: str) -> None:
+    """Follow until the first progress point (the job is training), then close the stream."""
+    stream = backend.events(job_id, follow=True)
+    for event in stream:
+        if isinstance(event, Progress):
+            break
+    stream.close()
+
+
+def test_e2e_cleanup_cancels_the_runs_trainjobs(cluster, k8s, monkeypatch, tmp_path):
+    """A killed `playground e2e --backend kubernetes`: its cleanup cancels the TrainJobs that notebook run
+    started (found by the run's label) and stops their InferenceServices; other jobs are left alone."""
+    from playground.e2e import runner
+
+    cluster.sim.scenario = Scenario(node_log=synthetic_log(400), line_delay=0.05)
+    home = tmp_path / "playground-e2e-nb-x1" / "playground-home"  # what run_notebook passes
+    monkeypatch.setenv("KUBECONFIG", k8s.kubeconfig)
+    monkeypatch.setenv("PLAYGROUND_E2E_RUN", runner._run_label(home))  # what run_notebook gives the kernel
+    mine = KubernetesBackend(drain_timeout=5).submit(make_request("tiny-llama-cpu"))
+    monkeypatch.delenv("PLAYGROUND_E2E_RUN")
+    other = k8s.submit(make_request("tiny-llama-cpu"))
+    _running(k8s, mine.id)
+    said: list[str] = []
+    runner._cleanup_jobs(home, "kubernetes", said.append, "nb")
+    assert said == [f"[nb] cancelled job {mine.id} left running by the notebook"]
+    assert k8s.get(mine.id).phase == JobPhase.CANCELLED
+    assert cluster.get("trainjobs", mine.id)["spec"]["suspend"] is True  # its pods are gone, the GPU is free
+    assert not k8s.get(other.id).done
+    for job in (mine, other):
+        k8s.delete(job.id)
+
+
+def test_interrupted_headless_run_cancels_its_job(cluster, k8s, tmp_path):
+    """A notebook interrupted while following (papermill's cell timeout, Ctrl-C) leaves no TrainJob running."""
+    from playground.headless import run_blueprint
+
+    cluster.sim.scenario = Scenario(node_log=synthetic_log(400), line_delay=0.05)
+
+    def interrupt_at_first_step(message: str) -> None:
+        if message.startswith("step "):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_blueprint("tiny-llama-cpu", backend=k8s, out_dir=tmp_path, say=interrupt_at_first_step)
+    result = yaml.safe_load((tmp_path / "result.json").read_text())
+    assert result["passed"] is False and result["error"].startswith("KeyboardInterrupt")
+    assert k8s.get(result["job_id"]).phase == JobPhase.CANCELLED
+    k8s.delete(result["job_id"])

@@ -1,5 +1,6 @@
 """Every object the Kubernetes backend emits or the project ships, checked against the real CRD schemas
-(../shared/crds), the SDK / KServe API models, and (core objects in deploy/) kubernetes-validate."""
+and their CEL rules (../shared/crds), the SDK / KServe API models, and (core objects in deploy/)
+kubernetes-validate."""
 
 from __future__ import annotations
 
@@ -12,22 +13,27 @@ from _k8s_sim import crd_validator
 from playground.api import make_request
 from playground.backends.kubernetes import manifests as m
 from playground.blueprints import get_blueprint, load_catalog
+from playground.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
-RUNTIME = DEPLOY / "runtimes" / "playground-torch.yaml"
+RUNTIMES = sorted((DEPLOY / "runtimes").glob("*.yaml"))
 BLUEPRINTS = sorted(load_catalog())
+HUB_BLUEPRINTS = [b for b in BLUEPRINTS if get_blueprint(b).model.source.startswith("hf://")]
+DOCUMENTED_NAMESPACE = "blueprint-playground"  # deploy/kustomization.yaml
 
 
-def rendered(blueprint_id: str, **opts) -> tuple[dict, dict, dict]:
+def rendered(blueprint_id: str, namespace: str = "ml", blueprint=None, **opts) -> tuple[dict, dict, dict]:
     """(TrainJob, fine-tuned InferenceService, base InferenceService) for a blueprint."""
-    blueprint = get_blueprint(blueprint_id)
-    options = m.ClusterOptions(namespace="ml", queue="team-queue", **opts)
+    blueprint = blueprint or get_blueprint(blueprint_id)
+    options = m.ClusterOptions(namespace=namespace, queue="team-queue", **opts)
     request = make_request(blueprint_id, labels={"owner": "alice", "session": "s1"})
     name = m.new_job_name(blueprint_id)
-    trainjob = m.build_trainjob(m.plan_trainjob(blueprint, request, options, name), m.sdk_backend("ml"))
-    ft = m.build_inferenceservice(name, blueprint, m.output_uri(name, blueprint), options, base=False)
-    base = m.build_inferenceservice(name, blueprint, m.base_model_uri(name, blueprint), options, base=True)
+    trainjob = m.build_trainjob(m.plan_trainjob(blueprint, request, options, name))
+    kind = options.trainer
+    ft = m.build_inferenceservice(name, blueprint, m.output_uri(name, blueprint, kind), options, base=False)
+    base_uri = m.base_model_uri(name, blueprint, kind=kind)
+    base = m.build_inferenceservice(name, blueprint, base_uri, options, base=True)
     return trainjob, ft, base
 
 
@@ -43,14 +49,71 @@ def schemas(shared_dir: Path):
 
 @pytest.mark.parametrize("blueprint_id", BLUEPRINTS)
 def test_trainjob_and_inferenceservices_match_the_crds(schemas, blueprint_id):
+    """Schema, unknown fields and the CEL rules (name format and length, numProcPerNode >= 1, storageUri)."""
     trainjob, ft, base = rendered(blueprint_id)
     assert schemas["TrainJob"](trainjob) == []
     assert schemas["InferenceService"](ft) == []
     assert schemas["InferenceService"](base) == []
 
 
+@pytest.mark.parametrize("blueprint_id", HUB_BLUEPRINTS)
+def test_hub_blueprints_run_the_project_trainer_fed_by_initializers(schemas, blueprint_id, monkeypatch):
+    """Llama/Qwen: the project's entrypoint on playground-torch-hf; Kubeflow's initializers download the
+    model and dataset (token from the Secret) into the workspace the trainer reads; multi-GPU picks torchrun."""
+    monkeypatch.setenv("HF_TOKEN", "hf_inline_would_leak")
+    blueprint = get_blueprint(blueprint_id)
+    trainjob, _, base = rendered(blueprint_id)
+    spec = trainjob["spec"]
+    assert spec["runtimeRef"] == {"name": "playground-torch-hf", "kind": "ClusterTrainingRuntime"}
+    trainer = spec["trainer"]
+    assert trainer["command"] == ["python", "-m", "playground.train"]
+    args = trainer["args"]
+    assert args[:2] == ["--blueprint", blueprint_id]
+    pairs = dict(zip(args[::2], args[1::2], strict=True)) | {"--set": None}
+    assert pairs["--model-source"] == m.MODEL_DIR and pairs["--dataset-source"] == m.DATASET_DIR
+    assert pairs["--output"] == m.OUTPUT_DIR
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (1, 1)
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
+    init = spec["initializer"]
+    assert init["model"]["storageUri"] == blueprint.model.source
+    assert init["dataset"]["storageUri"] == blueprint.dataset.source
+    token = init["model"]["env"][0]
+    assert (
+        token["name"] == "ACCESS_TOKEN" and token["valueFrom"]["secretKeyRef"]["optional"] is not blueprint.model.gated
+    )
+    assert "hf_inline_would_leak" not in yaml.safe_dump(trainjob)
+    assert trainjob["metadata"]["annotations"][m.ANN_TRAINER] == "playground"
+    # side by side: the base model the initializer already downloaded, not a second hub download
+    assert base["spec"]["predictor"]["model"]["storageUri"] == f"pvc://workspace-{trainjob['metadata']['name']}/model"
+
+    # the same blueprint on 2 nodes x 4 GPUs: torchrun with the counts the Trainer hands it (PET_*)
+    big = blueprint.model_copy(
+        update={"resources": blueprint.resources.model_copy(update={"nodes": 2, "gpus_per_node": 4})}
+    )
+    trainjob, _, _ = rendered(blueprint_id, blueprint=big)
+    trainer = trainjob["spec"]["trainer"]
+    assert trainer["command"] == ["torchrun", "-m", "playground.train"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 4)
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "4"
+    assert schemas["TrainJob"](trainjob) == []
+
+
+@pytest.mark.parametrize("blueprint_id", HUB_BLUEPRINTS)
+def test_builtin_torchtune_is_an_opt_in_variant(schemas, blueprint_id):
+    blueprint = get_blueprint(blueprint_id)
+    trainjob, ft, _ = rendered(blueprint_id, trainer=m.TORCHTUNE)
+    assert schemas["TrainJob"](trainjob) == []
+    spec = trainjob["spec"]
+    assert spec["runtimeRef"]["name"] == blueprint.kubernetes.torchtune_runtime
+    assert spec["trainer"]["command"] == ["tune", "run"]
+    assert {"max_steps_per_epoch=200", "model.lora_rank=8"} <= set(spec["trainer"]["args"])
+    assert ft["spec"]["predictor"]["model"]["storageUri"].endswith("/output/epoch_0")
+    with pytest.raises(UserError, match=r"'tiny-llama-cpu' has no builtin-torchtune variant"):
+        rendered("tiny-llama-cpu", trainer=m.TORCHTUNE)
+
+
 def test_the_schema_check_catches_mistakes(schemas):
-    """The validator is not vacuous: a bad value and an unknown field are both reported."""
+    """The validator is not vacuous: a bad value, an unknown field and broken CEL rules are all reported."""
     trainjob, ft, _ = rendered("tiny-llama-cpu")
     trainjob["spec"]["trainer"]["numNodes"] = "two"
     trainjob["spec"]["trainer"]["gpus"] = 1
@@ -58,14 +121,31 @@ def test_the_schema_check_catches_mistakes(schemas):
     assert "spec.trainer.numNodes" in problems and problems["spec.trainer.gpus"] == "unknown field"
     ft["spec"]["predictor"]["model"]["storageURI"] = "typo"
     assert ("spec.predictor.model.storageURI", "unknown field") in schemas["InferenceService"](ft)
+    trainjob, _, _ = rendered("qwen2.5-1.5b-lora-alpaca")
+    trainjob["metadata"]["name"] = "Qwen_" + "x" * 60
+    trainjob["spec"]["trainer"]["numProcPerNode"] = 0
+    trainjob["spec"]["initializer"]["model"]["storageUri"] = "Qwen/Qwen2.5-1.5B-Instruct"
+    assert set(schemas["TrainJob"](trainjob)) == {
+        ("(root)", "metadata.name must match RFC 1035 DNS label format"),
+        ("(root)", "metadata.name must be no more than 63 characters"),
+        ("spec.trainer.numProcPerNode", "numProcPerNode must be greater than or equal to 1"),
+        ("spec.initializer.model.storageUri", "storageUri may be empty, or it must be a valid URI (scheme://...)"),
+    }
+    status = {"trainerStatus": {"progressPercentage": 50}}  # what a trainer must not post: no lastUpdatedTime
+    trainjob["metadata"]["name"], trainjob["spec"]["trainer"]["numProcPerNode"] = "ok", 1
+    trainjob["spec"]["initializer"]["model"]["storageUri"] = "hf://Qwen/Qwen2.5-1.5B-Instruct"
+    assert schemas["TrainJob"]({**trainjob, "status": status}) == [
+        ("status.trainerStatus", "lastUpdatedTime is required when trainerStatus is present")
+    ]
 
 
-def test_shipped_runtime_matches_the_crd_and_the_sdk(schemas):
+@pytest.mark.parametrize("path", RUNTIMES, ids=lambda p: p.stem)
+def test_shipped_runtimes_match_the_crd_and_the_sdk(schemas, path):
     from kubeflow.trainer.backends.kubernetes import utils
     from kubeflow.trainer.types import types
     from kubeflow_trainer_api import models
 
-    runtime = yaml.safe_load(RUNTIME.read_text())
+    runtime = yaml.safe_load(path.read_text())
     assert schemas["ClusterTrainingRuntime"](runtime) == []
     model = models.TrainerV1alpha1ClusterTrainingRuntime.from_dict(runtime)
     trainer = utils.get_runtime_trainer(
@@ -73,13 +153,82 @@ def test_shipped_runtime_matches_the_crd_and_the_sdk(schemas):
         model.spec.template.spec.replicated_jobs,
         model.spec.ml_policy,
     )
-    # The SDK accepts CustomTrainerContainer on it, and the TrainJob's PVC is the one we serve from.
+    # The SDK reads it as a custom-trainer torch runtime, and the TrainJob's PVC is the one we serve from.
     assert trainer.trainer_type == types.TrainerType.CUSTOM_TRAINER and trainer.framework == "torch"
     claims = runtime["spec"]["template"]["spec"]["volumeClaimPolicies"][0]["templates"]
     assert [c["metadata"]["name"] for c in claims] == [m.WORKSPACE_CLAIM["playground"]]
-    node = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-    mounts = {v["mountPath"] for v in node["containers"][0]["volumeMounts"]}
-    assert m.WORKSPACE in mounts
+    jobs = {j["name"]: j for j in runtime["spec"]["template"]["spec"]["replicatedJobs"]}
+    for job in jobs.values():
+        pod = job["template"]["spec"]["template"]["spec"]
+        mounts = {v["mountPath"] for c in pod["containers"] for v in c["volumeMounts"]}
+        assert m.WORKSPACE in mounts and pod["securityContext"]["runAsNonRoot"] is True
+    uses = {get_blueprint(b).kubernetes.runtime: get_blueprint(b).kubernetes.initializers for b in BLUEPRINTS}
+    if uses.get(runtime["metadata"]["name"]):  # initializers first, then the trainer
+        assert set(jobs) == {"dataset-initializer", "model-initializer", "node"}
+        assert {d["name"] for d in jobs["node"]["dependsOn"]} == {"dataset-initializer", "model-initializer"}
+    else:
+        assert set(jobs) == {"node"}
+
+
+def test_every_catalog_runtime_is_shipped():
+    shipped = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in RUNTIMES}
+    assert {get_blueprint(b).kubernetes.runtime for b in BLUEPRINTS} <= shipped
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert {f"runtimes/{p.name}" for p in RUNTIMES} <= set(kustomization["resources"])
+
+
+@pytest.mark.parametrize("blueprint_id", BLUEPRINTS)
+def test_kserve_host_label_fits_the_documented_namespace(blueprint_id):
+    """KServe's ``{{ .Name }}-{{ .Namespace }}`` on ``<isvc>-predictor`` must stay a DNS label (<= 63)."""
+    for kind in ("fine-tuned", "base"):
+        _, ft, base = rendered(blueprint_id, namespace=DOCUMENTED_NAMESPACE)
+        isvc = ft if kind == "fine-tuned" else base
+        host = f"{isvc['metadata']['name']}{m.KSERVE_HOST_INFIX}{DOCUMENTED_NAMESPACE}"
+        assert len(host) <= m.DNS_LABEL_MAX, host
+        assert isvc["metadata"]["name"].startswith(isvc["metadata"]["labels"][m.LABEL_JOB])  # not shortened
+
+
+def test_inferenceservice_names_shorten_in_long_namespaces():
+    job = m.new_job_name("qwen2.5-1.5b-lora-alpaca")
+    assert len(job) == m.JOB_NAME_MAX
+    namespace = "team-" + "n" * 30
+    names = {m.isvc_name(job, base, namespace) for base in (True, False)}
+    assert len(names) == 2
+    assert all(len(f"{n}{m.KSERVE_HOST_INFIX}{namespace}") <= m.DNS_LABEL_MAX for n in names)
+    assert m.isvc_name(job, True, namespace) != m.isvc_name(m.new_job_name("qwen2.5-1.5b-lora-alpaca"), True, namespace)
+    with pytest.raises(UserError, match=r"namespace 'n{50}' is too long to serve from"):
+        m.isvc_name(job, True, "n" * 50)
+
+
+def test_kueue_queue_setting_is_validated(monkeypatch):
+    monkeypatch.setenv("PLAYGROUND_KUEUE_QUEUE", "bad queue!!")
+    with pytest.raises(UserError) as err:
+        m.ClusterOptions.from_env()
+    text = str(err.value)
+    assert text.startswith("PLAYGROUND_KUEUE_QUEUE 'bad queue!!' is not valid; allowed: a Kueue LocalQueue name")
+    assert err.value.field == "PLAYGROUND_KUEUE_QUEUE" and "\n" not in text
+    monkeypatch.setenv("PLAYGROUND_KUEUE_QUEUE", "x" * 5000)
+    with pytest.raises(UserError) as err:
+        m.ClusterOptions.from_env()
+    assert len(str(err.value)) < 300  # the echo is capped
+    monkeypatch.setenv("PLAYGROUND_KUEUE_QUEUE", "gpu-queue.team-a")
+    assert m.ClusterOptions.from_env().queue == "gpu-queue.team-a"
+    with pytest.raises(UserError, match=r"^queue 'Team' is not valid"):
+        m.ClusterOptions.from_env(queue="Team")
+
+
+def test_initializer_data_layout_loads_in_the_trainer(tmp_path):
+    """What Kubeflow's dataset initializer leaves (a hub repo snapshot, parquet under data/) is what
+    the trainer's ``--dataset-source /workspace/dataset`` reads, with the blueprint's split."""
+    import datasets
+
+    from playground.train.data import load_rows
+
+    rows = [{"instruction": f"say {i}", "input": "", "output": str(i)} for i in range(12)]
+    (tmp_path / "data").mkdir()
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "data" / "train-00000-of-00001.parquet"))
+    (tmp_path / "README.md").write_text("---\nlicense: cc-by-nc-4.0\n---\n")
+    assert load_rows(str(tmp_path), "train[:5]") == rows[:5]
 
 
 def kserve_model(isvc: dict):
@@ -145,7 +294,8 @@ def test_secrets_never_inline_and_kueue_label(blueprint_id, monkeypatch):
                 yield from envs(value)
 
     token_envs = [e for e in envs([trainjob, ft, base]) if "TOKEN" in e["name"]]
-    assert token_envs, "the HF token must reach the pods"
+    hub = blueprint_id in HUB_BLUEPRINTS
+    assert bool(token_envs) == hub, "the HF token reaches the pods that download from the hub, and only those"
     assert all("value" not in e and e["valueFrom"]["secretKeyRef"]["name"] == "hf-token" for e in token_envs)
 
 
@@ -185,7 +335,16 @@ def test_kustomization_lists_existing_files_and_least_privilege_rbac():
             for rule in doc["rules"]:
                 for resource in rule["resources"]:
                     rules[resource] = set(rule["verbs"])
-    assert set(rules) == {"trainjobs", "trainingruntimes", "inferenceservices", "pods", "pods/log", "events"}
+    assert set(rules) == {
+        "trainjobs",
+        "trainingruntimes",
+        "inferenceservices",
+        "pods",
+        "pods/log",
+        "events",
+        "localqueues/pendingworkloads",
+    }
+    assert rules["localqueues/pendingworkloads"] == {"get"}
     assert all("*" not in verbs for verbs in rules.values())
     assert rules["pods"] == {"get", "list", "watch"} and rules["pods/log"] == {"get"}
     cluster_role = next(yaml.safe_load_all((DEPLOY / "rbac" / "clusterrole.yaml").read_text()))

@@ -6,15 +6,18 @@ Only the accuracy test trains long (the shared ``trained_tiny_job``); the others
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
+from _hooks import install_sitecustomize
 from _waiting import wait_for
 
 from playground.api import make_request
@@ -30,6 +33,62 @@ FAST = {"num_eval_examples": 10, "checkpoint_every": 0}
 # Still running when a test acts on it after its first step, yet cheap to start: the trainer builds
 # max_steps x batch_size synthetic rows up front, so thousands of steps would cost minutes of setup.
 LONG = {"max_steps": 400, "log_every": 1, **FAST}
+
+
+# Installed as sitecustomize.py for the supervisor: it holds the new process where the kernel leaves
+# it right after Popen has returned (/proc/PID/cmdline not yet the supervisor's: exec is still under
+# way, see playground/processes.py) until the test lets it go. The gate variable is removed so the
+# trainer the supervisor starts does not stop there too.
+START_GATE_HOOK = """
+import ctypes, os
+gate = os.environ.pop("PLAYGROUND_TEST_START_GATE", None)
+if gate:
+    fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: what /proc/PID/cmdline shows
+    argv = ctypes.string_at(start, end - start)
+    ctypes.memset(start, 0, end - start)
+    open(gate + ".ready", "w").close()
+    with open(gate) as fifo:  # blocks until the test opens the FIFO, reads until it closes it
+        fifo.read()
+    ctypes.memmove(start, argv, len(argv))
+"""
+
+
+class StartGate:
+    """Supervisors submitted while it is installed stop at start-up until :meth:`release`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.fifo = directory / "gate"
+        os.mkfifo(self.fifo)
+
+    def wait_until_held(self) -> None:
+        wait_for(Path(f"{self.fifo}.ready").exists, 60, "the supervisor to stop at its start-up gate")
+
+    def try_release(self) -> bool:
+        try:
+            fd = os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody waits at the gate
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            return False
+        os.close(fd)  # end of file for the waiting supervisor: it goes on
+        return True
+
+    def release(self) -> None:
+        wait_for(self.try_release, 30, "the held supervisor to take the gate's release")
+
+
+@pytest.fixture
+def start_gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    install_sitecustomize(tmp_path / "start-gate-hook", START_GATE_HOOK, monkeypatch)
+    gate = StartGate(tmp_path)
+    monkeypatch.setenv("PLAYGROUND_TEST_START_GATE", str(gate.fifo))
+    yield gate
+    gate.try_release()  # a failed test leaves no supervisor waiting forever
+
+
+def supervisor_pid_of(backend: LocalBackend, job_id: str) -> int:
+    return int((backend.job_dir(job_id) / "supervisor.pid").read_text())
 
 
 def status_of(backend: LocalBackend, job_id: str) -> dict:
@@ -165,3 +224,70 @@ def test_a_dead_supervisor_is_reconciled_to_failed(home: Path):
     assert job.phase == JobPhase.FAILED and job.message.startswith("supervisor exited unexpectedly")
     assert job.log_tail and job.model_dir is None
     wait_for(lambda: not process_alive(status["trainer_pid"]), 10, "the orphaned trainer to be stopped")
+
+
+def test_a_supervisor_still_starting_is_not_declared_dead(home: Path, start_gate: StartGate):
+    """Issue 14: a job was reconciled to Failed 0.02 s after submit because its supervisor's command
+    line did not show it yet; the supervisor then ran on, its inputs deleted by the caller's cleanup."""
+    backend = LocalBackend(home=home)
+    job = backend.submit(make_request("tiny-llama-cpu", {"max_steps": 4, "log_every": 1, **FAST}))
+    start_gate.wait_until_held()
+    pid = supervisor_pid_of(backend, job.id)
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert process_alive(pid) and b"playground.backends.local.supervisor" not in cmdline, cmdline  # the race's state
+
+    for reader in (backend, LocalBackend(home=home)):  # this process and a fresh one: get, list, events
+        assert reader.get(job.id).phase == JobPhase.PENDING
+        assert [j.phase for j in reader.list() if j.id == job.id] == [JobPhase.PENDING]
+        assert [e.phase for e in reader.events(job.id) if isinstance(e, Phase)] == [JobPhase.PENDING]
+    status = status_of(backend, job.id)
+    assert status["phase"] == "Pending" and "finished_at" not in status, status
+
+    start_gate.release()
+    last = list(backend.events(job.id, follow=True))[-1]
+    job = backend.get(job.id)
+    assert job.phase == JobPhase.SUCCEEDED and last == Phase(JobPhase.SUCCEEDED, "", time=job.finished_at), (
+        job.message,
+        job.log_tail[-5:],
+    )
+    assert Path(job.model_dir, "config.json").is_file()
+
+
+def test_cancel_of_a_supervisor_still_starting_stops_it_and_ends_cancelled(home: Path, start_gate: StartGate):
+    backend = LocalBackend(home=home, cancel_grace=2)
+    job = backend.submit(make_request("tiny-llama-cpu", LONG))
+    start_gate.wait_until_held()
+    pid = supervisor_pid_of(backend, job.id)
+
+    job = backend.cancel(job.id)  # SIGTERM reaches it before it has a handler: it dies at once
+    assert job.phase == JobPhase.CANCELLED and job.message == "cancelled by user", job.message
+    assert not process_alive(pid), "cancel returned with the supervisor still running"
+    assert LocalBackend(home=home).get(job.id).phase == JobPhase.CANCELLED
+
+
+def test_headless_cleanup_stops_the_job_before_removing_its_inputs(
+    home: Path, start_gate: StartGate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Interrupted right after submit (here: by the progress callback), the notebook path cancels the
+    job and waits for it to end before it deletes the stand-ins the job reads."""
+    from playground.headless import run_blueprint
+
+    workdirs = tmp_path / "workdirs"
+    workdirs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(workdirs))
+    backend = LocalBackend(home=home, cancel_grace=2)
+
+    def interrupt_after_submit(message: str) -> None:
+        if " submitted " in message:
+            start_gate.wait_until_held()
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_blueprint(
+            "tiny-llama-cpu", LONG, backend=backend, dataset_source="standin",
+            out_dir=tmp_path / "out", say=interrupt_after_submit,
+        )  # fmt: skip
+    (job,) = backend.list()
+    assert job.phase == JobPhase.CANCELLED, (job.phase, job.message)
+    assert not process_alive(supervisor_pid_of(backend, job.id))
+    assert list(workdirs.iterdir()) == [], "the stand-ins were kept although the job has ended"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _waiting import wait_for
 
 from playground.errors import UserError
 from playground.serving.client import base_url, chat, complete, list_models
@@ -154,6 +155,11 @@ def test_completions_models_and_the_official_openai_client(served, trained_tiny_
         (json.dumps({"messages": [{"role": "user", "content": "hi"}], "temperature": 9}).encode(), 400, "temperature"),
         (json.dumps({"messages": [{"role": "user", "content": "hi"}], "bogus": 1}).encode(), 422, "bogus"),
         (json.dumps({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}).encode(), 404, "nope"),
+        (
+            json.dumps({"model": "m" * 10**6, "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            404,
+            "(1,000,000 ",
+        ),
         ("PROMPT_OVER_CONTEXT", 400, "context window is CONTEXT tokens"),
         (json.dumps({"messages": [{"role": "user", "content": "a" * (2 << 20)}]}).encode(), 413, "at most"),
     ],
@@ -170,6 +176,7 @@ def test_completions_models_and_the_official_openai_client(served, trained_tiny_
         "temperature-9",
         "unknown-field",
         "unknown-model",
+        "unknown-model-1MB",
         "prompt-over-context",
         "body-over-1MiB",
     ],
@@ -182,8 +189,8 @@ def test_bad_requests_get_4xx_with_the_reason_and_the_server_keeps_serving(serve
     response = httpx.post(
         fine.url + "/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=60
     )
-    assert response.status_code == status, response.text
-    assert needle in response.text
+    assert response.status_code == status, response.text[:2000]
+    assert needle in response.text and len(response.text) < 2000  # the reason, never the whole input echoed
     assert _ask(fine, "reverse: kube") == "ebuk"
 
 
@@ -356,9 +363,8 @@ def test_a_running_job_serves_its_base_model_but_not_a_fine_tuned_one_and_delete
             backend.serve(job.id)
         result = _cli("serve", job.id, home=session_home)
         assert result.returncode == 2 and "once it has Succeeded" in result.stderr
-        deadline = time.monotonic() + 180
-        while not backend.get(job.id).base_model and time.monotonic() < deadline:
-            time.sleep(0.5)  # the trainer writes the untrained weights before its first step
+        # the trainer writes the untrained weights before its first step
+        wait_for(lambda: backend.get(job.id).base_model, 180, "the job's base model", interval=0.5)
         base = backend.serve(job.id, base=True)  # compare against the base while the job trains
         assert base.kind == "base" and chat(base, "reverse: kube", max_tokens=MAX_TOKENS) != "ebuk"
         port = int(base.url.rsplit(":", 1)[1].split("/")[0])
@@ -370,10 +376,17 @@ def test_a_running_job_serves_its_base_model_but_not_a_fine_tuned_one_and_delete
 
 def test_unserve_by_job_id_stops_both_servers(served, backend, trained_tiny_job):
     urls = [ep.url for ep in served.values()]
-    result = _cli("unserve", trained_tiny_job.id, home=backend.home)
+    job = trained_tiny_job.id
+    result = _cli("unserve", job, home=backend.home)
     assert result.returncode == 0, result.stderr
+    said = sorted(result.stdout.splitlines())  # what stopped, one line per server
+    expected = sorted(f"stopped {ep.kind} server {ep.name} of job {job} ({ep.url})" for ep in served.values())
+    assert said == expected
     assert not any(e.job_id == trained_tiny_job.id for e in backend.endpoints())
     for url in urls:
         assert not port_in_use(int(url.rsplit(":", 1)[1].split("/")[0]))
         with pytest.raises(UserError, match="cannot reach"):
             chat(url, "hi", model="m")
+    result = _cli("chat", job, "reverse: kube", home=backend.home)  # the job is known; its servers are gone
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert f"job {job} has no running model server; start one with `playground serve {job}`" in result.stderr

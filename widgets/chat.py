@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import ipywidgets as ipw
 
+from playground.answers import answer_is_correct
 from playground.backends.base import Backend
 from playground.blueprints import Blueprint
 from playground.types import Endpoint, Job
@@ -51,7 +52,7 @@ class Turn:
     def correct(self) -> bool | None:
         if self.expected is None or not self.done or self.error:
             return None
-        return self.answer.strip().lower() == self.expected.strip().lower()
+        return answer_is_correct(self.answer, self.expected)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from playground.blueprints import Blueprint
+from playground.blueprints.fit import local_fit
 from playground.errors import ParameterError, UserError
 from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress, Queued
 from playground.types import Job
@@ -137,13 +138,14 @@ class Coalescer:
         max_rate: float = 10.0,
         state: JobState | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.render = render
         self.interval = 1.0 / max_rate
         self.state = state or JobState()
         self.renders = 0
         self.error: BaseException | None = None
-        self._clock = clock
+        self._clock, self._sleep = clock, sleep  # injectable: tests drive time by hand
         self._cond = threading.Condition()
         self._dirty = False
         self._closed = False
@@ -176,9 +178,8 @@ class Coalescer:
                     self._cond.wait()
                 if not self._dirty:
                     return
-            wait = self._last + self.interval - self._clock()
-            if wait > 0:
-                time.sleep(wait)
+            while (wait := self._last + self.interval - self._clock()) > 0:
+                self._sleep(wait)
             with self._cond:
                 self._dirty = False
             snapshot = self.state.snapshot()
@@ -462,13 +463,9 @@ def blueprint_notes(blueprint: Blueprint, backend: str = "local", gpus: int | No
     """Why ``blueprint`` cannot run as it is on ``backend`` here (empty: it can)."""
     notes: list[str] = []
     if backend == "local":
-        have = local_gpu_count() if gpus is None else gpus
-        need = blueprint.resources.gpus_per_node
-        if need > have:
-            notes.append(
-                f"needs {need} GPU{'s' if need > 1 else ''} and this machine has "
-                f"{have or 'none'}: use the kubernetes backend, or try tiny-llama-cpu"
-            )
+        fit = local_fit(blueprint, local_gpu_count() if gpus is None else gpus)
+        if not fit.runnable:
+            notes.append(fit.advice())
     if blueprint.model.gated and not os.environ.get("HF_TOKEN"):
         notes.append("gated model on the Hugging Face hub: set HF_TOKEN in the environment")
     elif blueprint.model.source.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE") == "1":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from playground.backends.base import Backend
-from playground.errors import UserError
+from playground.errors import UserError, shown
 
 BACKENDS = ("local", "kubernetes")
 
@@ -20,7 +20,7 @@ def get_backend(name: str = "local", **options: Any) -> Backend:
         from playground.backends.kubernetes import KubernetesBackend
 
         return KubernetesBackend(**options)
-    raise UserError(f"unknown backend {name!r}; allowed: {', '.join(BACKENDS)}", field="backend")
+    raise UserError(f"unknown backend {shown(name)}; allowed: {', '.join(BACKENDS)}", field="backend")
 
 
 __all__ = ["BACKENDS", "Backend", "get_backend"]

@@ -1,6 +1,6 @@
 """Blueprint catalog: one YAML file per blueprint under ``catalog/``, validated by :mod:`.schema`."""
 
-from playground.blueprints.loader import get_blueprint, load_blueprint_file, load_catalog
+from playground.blueprints.loader import catalog_problems, get_blueprint, load_blueprint_file, load_catalog
 from playground.blueprints.schema import (
     KNOWN_PARAMETERS,
     Blueprint,
@@ -14,6 +14,7 @@ __all__ = [
     "Blueprint",
     "Example",
     "ParameterSpec",
+    "catalog_problems",
     "get_blueprint",
     "load_blueprint_file",
     "load_catalog",

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from playground.blueprints.schema import Blueprint
-from playground.errors import BlueprintError
+from playground.errors import BlueprintError, shown, shown_path
 
 CATALOG_DIR = Path(__file__).with_name("catalog")
 
@@ -22,26 +22,29 @@ def _field_path(loc: tuple) -> str:
 def load_blueprint_file(path: str | Path) -> Blueprint:
     """Parse and validate one YAML file; errors name the file and the field."""
     path = Path(path)
+    where = shown_path(path, quoted=False)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise BlueprintError(f"{path}: cannot read ({exc.strerror})", field=str(path)) from None
+        raise BlueprintError(f"{where}: cannot read ({exc.strerror or exc})", field="blueprint") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
+        line = f" line {mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise BlueprintError(f"{path}:{where} malformed YAML: {problem}", field=str(path)) from None
+        raise BlueprintError(f"{where}:{line} malformed YAML: {problem}", field="blueprint") from None
     if not isinstance(data, dict):
-        raise BlueprintError(f"{path}: expected a mapping at the top level", field=str(path))
+        raise BlueprintError(f"{where}: expected a mapping at the top level", field="blueprint")
     try:
         blueprint = Blueprint.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         field = _field_path(err["loc"])
-        raise BlueprintError(f"{path}: field {field!r}: {err['msg']}{more}", field=field) from None
+        raise BlueprintError(f"{where}: field {field!r}: {err['msg']}{more}", field=field) from None
     if path.stem != blueprint.id:
-        raise BlueprintError(f"{path}: field 'id': {blueprint.id!r} must match the file name {path.stem!r}", field="id")
+        raise BlueprintError(
+            f"{where}: field 'id': {blueprint.id!r} must match the file name {path.stem!r}", field="id"
+        )
     return blueprint
 
 
@@ -52,29 +55,51 @@ def catalog_dirs() -> list[Path]:
 
 
 @lru_cache(maxsize=8)
-def _load_dirs(dirs: tuple[Path, ...]) -> dict[str, Blueprint]:
+def _load_dirs(dirs: tuple[Path, ...]) -> tuple[dict[str, Blueprint], dict[str, BlueprintError]]:
+    """(blueprints by id, the error of each file that did not load, by file stem)."""
     found: dict[str, Blueprint] = {}
+    problems: dict[str, BlueprintError] = {}
     for directory in dirs:
         for file in sorted(directory.glob("*.yaml")):
-            blueprint = load_blueprint_file(file)
+            try:
+                blueprint = load_blueprint_file(file)
+            except BlueprintError as exc:  # one bad file costs that blueprint only
+                problems.setdefault(file.stem, exc)
+                continue
             if blueprint.id in found:
-                raise BlueprintError(f"{file}: field 'id': duplicate blueprint id {blueprint.id!r}", field="id")
+                message = f"{shown_path(file, quoted=False)}: field 'id': duplicate blueprint id {blueprint.id!r}"
+                problems.setdefault(file.stem, BlueprintError(message, field="id"))
+                continue
             found[blueprint.id] = blueprint
-    return found
+    return found, problems
 
 
 def load_catalog() -> dict[str, Blueprint]:
-    """All blueprints by id, in file-name order."""
-    return dict(_load_dirs(tuple(catalog_dirs())))
+    """All blueprints that load, by id, in file-name order (see :func:`catalog_problems` for the rest)."""
+    return dict(_load_dirs(tuple(catalog_dirs()))[0])
 
 
-def get_blueprint(blueprint_id: str) -> Blueprint:
-    """One blueprint by id, or by path to a YAML file; unknown ids list the known ones."""
-    if blueprint_id.endswith((".yaml", ".yml")) and Path(blueprint_id).exists():
-        return load_blueprint_file(blueprint_id)
-    catalog = load_catalog()
-    try:
-        return catalog[blueprint_id]
-    except KeyError:
-        known = ", ".join(catalog) or "(none)"
-        raise BlueprintError(f"unknown blueprint {blueprint_id!r}; known: {known}", field="blueprint") from None
+def catalog_problems() -> list[BlueprintError]:
+    """One error per catalog file that did not load (malformed YAML, invalid field, duplicate id)."""
+    return list(_load_dirs(tuple(catalog_dirs()))[1].values())
+
+
+def looks_like_file(reference: str) -> bool:
+    """Whether a blueprint reference is a path to a YAML file rather than a catalog id."""
+    return reference.endswith((".yaml", ".yml")) or "/" in reference or os.sep in reference
+
+
+def get_blueprint(reference: str) -> Blueprint:
+    """One blueprint by catalog id, or by path to a YAML file; unknown ids list the known ones.
+
+    A catalog file that did not load is reported when its blueprint is asked for, and only then.
+    """
+    if looks_like_file(reference):
+        return load_blueprint_file(Path(reference).expanduser())
+    found, problems = _load_dirs(tuple(catalog_dirs()))
+    if reference in found:
+        return found[reference]
+    if reference in problems:
+        raise problems[reference]
+    known = ", ".join(found) or "(none)"
+    raise BlueprintError(f"unknown blueprint {shown(reference)}; known: {known}", field="blueprint")

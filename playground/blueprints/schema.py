@@ -4,11 +4,13 @@ the CLI ``--set``, notebook parameters and the TrainJob are all derived from it.
 from __future__ import annotations
 
 import math
+import numbers
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from playground.errors import ParameterError
+from playground.errors import ParameterError, shown
 
 # Parameters the training entrypoint understands. A blueprint exposes a bounded subset.
 KNOWN_PARAMETERS: dict[str, str] = {
@@ -66,9 +68,16 @@ class ParameterSpec(_Strict):
         return f"{kind} from {_fmt(self.min)} to {_fmt(self.max)}"
 
     def coerce(self, name: str, value: Any) -> Any:
-        """Convert ``value`` (typed, or a string from ``--set``/a form) and check bounds."""
+        """Convert ``value`` (typed, or a string from ``--set``/a form/a notebook) and check bounds.
+
+        Text is parsed by :func:`parse_number`: ASCII digits only, the same rule everywhere.
+        """
         allowed = self.describe_allowed()
-        bad = ParameterError(f"parameter {name!r}: {value!r} is not valid; allowed: {allowed}", field=name)
+
+        def bad(why: str = "") -> ParameterError:
+            message = f"parameter {name!r}: {shown(value)} is not valid{why}; allowed: {allowed}"
+            return ParameterError(message, field=name)
+
         if self.type == "bool":
             if isinstance(value, bool):
                 return value
@@ -77,37 +86,71 @@ class ParameterSpec(_Strict):
                 return True
             if text in ("false", "0", "no", "off"):
                 return False
-            raise bad
+            raise bad()
         if self.type == "choice":
             for choice in self.choices or []:
                 if value == choice or str(value).strip() == str(choice):
                     return choice
-            raise bad
+            raise bad()
         if isinstance(value, bool):
-            raise bad
-        try:
+            raise bad()
+        number: int | float
+        if isinstance(value, numbers.Integral):
+            number = int(value)  # compared exactly; a float parameter gets float() once in range
+        elif isinstance(value, numbers.Real):
+            number = float(value)
             if self.type == "int":
-                if isinstance(value, float):
-                    if not value.is_integer():
-                        raise ValueError
-                    number: float = int(value)
-                else:
-                    number = int(str(value).strip())
-            else:
-                number = float(str(value).strip()) if not isinstance(value, int | float) else float(value)
-        except (TypeError, ValueError):
-            raise bad from None
+                if not number.is_integer():
+                    raise bad()
+                number = int(number)
+        elif isinstance(value, str):
+            try:
+                number = parse_number(value, integer=self.type == "int")
+            except ValueError as exc:
+                raise bad(f" ({exc})" if str(exc) else "") from None
+        else:
+            raise bad()
         if isinstance(number, float) and not math.isfinite(number):
-            raise bad
+            raise bad()
         assert self.min is not None and self.max is not None
         if not (self.min <= number <= self.max):
             raise ParameterError(f"parameter {name!r}: {_fmt(number)} is out of range; allowed: {allowed}", field=name)
+        if self.type == "float":
+            number = float(number)
         return number
 
 
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def parse_number(text: str, *, integer: bool) -> int | float:
+    """The one parser for numbers typed as text (``--set``, the form, notebook and e2e parameters).
+
+    ASCII digits only, surrounding whitespace ignored: ``12``, ``+3``, ``5e-3``, ``.5``. Refused
+    with ValueError: other scripts' digits (``٣``, ``３``), ``1_0``, hex, ``inf``/``nan``, and for
+    integers a decimal point or an exponent.
+    """
+    stripped = text.strip()
+    if not stripped.isascii():
+        raise ValueError("use the ASCII digits 0-9")
+    if "_" in stripped:
+        raise ValueError("no '_' separators")
+    if not (_INT_TEXT if integer else _FLOAT_TEXT).fullmatch(stripped):
+        raise ValueError("")
+    if integer:
+        if len(stripped.lstrip("+-")) > 18:  # far beyond any bound; also keeps int() cheap
+            raise ValueError("too many digits")
+        return int(stripped)
+    return float(stripped)
+
+
 def _fmt(x: float | None) -> str:
+    """A bound or a parsed number for a message: ``5000``, ``0.003``, ``1e-05``; huge integers by size."""
     if x is None:
         return "?"
+    if isinstance(x, int) and abs(x) >= 10**15:  # typed from the API: say its size, never its digits
+        return f"a {math.floor(math.log10(abs(x))) + 1}-digit integer"
     if float(x).is_integer() and abs(x) < 1e15:
         return str(int(x))
     return f"{x:g}"
@@ -163,11 +206,16 @@ class ResourcesSpec(_Strict):
 
 
 class KubernetesSpec(_Strict):
-    """How the blueprint runs as a TrainJob."""
+    """How the blueprint runs as a TrainJob: always the project's trainer (``python -m playground.train``)."""
 
-    trainer: Literal["playground", "builtin-torchtune"] = "playground"
+    trainer: Literal["playground"] = "playground"
     runtime: str = "playground-torch"
     image: str | None = None
+    # Download the hf:// model and dataset with Kubeflow's initializers into the job's workspace
+    # before the trainer starts (needs a runtime with those steps: playground-torch-hf).
+    initializers: bool = False
+    # The opt-in upstream variant (`--trainer builtin-torchtune`): its TorchTune runtime.
+    torchtune_runtime: str | None = None
     active_deadline_seconds: int = Field(default=3600, ge=60)
     storage: str = "10Gi"
 
@@ -246,7 +294,7 @@ class Blueprint(_Strict):
             if spec is None:
                 known = ", ".join(sorted(self.parameters)) or "(none)"
                 raise ParameterError(
-                    f"unknown parameter {name!r} for blueprint {self.id!r}; allowed: {known}", field=name
+                    f"unknown parameter {shown(name)} for blueprint {self.id!r}; allowed: {known}", field=name
                 )
             params[name] = spec.coerce(name, value)
         return params
@@ -258,6 +306,6 @@ def parse_set_options(items: list[str] | None) -> dict[str, str]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ParameterError(f"--set {item!r}: expected KEY=VALUE", field="--set")
+            raise ParameterError(f"--set {shown(item)}: expected KEY=VALUE", field="--set")
         result[key.strip()] = value.strip()
     return result

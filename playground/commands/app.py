@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import playground
-from playground.errors import UserError
+from playground.errors import UserError, shown
 
 APP_NOTEBOOK = "playground.ipynb"
 BOOTH_MAX_KERNELS = 16  # ~165 MB per visitor kernel: 16 fit a 4 GB app budget with the Voila server
@@ -57,6 +57,7 @@ def voila_command(
         "voila",
         str(notebook),
         f"--port={port}",
+        "--Voila.port_retries=0",  # the port printed is the port served: we pick a free one first
         f"--Voila.ip={ip}",
         "--strip_sources=True",
         "--show_tracebacks=False",
@@ -81,7 +82,7 @@ def cmd_app(args: argparse.Namespace) -> int:
     from playground.backends import BACKENDS
 
     if args.backend and args.backend not in BACKENDS:
-        raise UserError(f"--backend {args.backend!r}: allowed: {', '.join(BACKENDS)}", field="--backend")
+        raise UserError(f"--backend {shown(args.backend)}: allowed: {', '.join(BACKENDS)}", field="--backend")
     notebooks = notebooks_dir()
     if args.blueprint:
         from playground.blueprints import get_blueprint
@@ -99,15 +100,18 @@ def cmd_app(args: argparse.Namespace) -> int:
         env["PLAYGROUND_BACKEND"] = args.backend
     if args.blueprint:
         env["PLAYGROUND_BLUEPRINT"] = args.blueprint
+    port = first_free_port(args.ip, args.port)
+    if port != args.port:
+        print(f"port {args.port} is in use; using {port}", flush=True)
     command = voila_command(
         notebooks / APP_NOTEBOOK,
-        port=args.port,
+        port=port,
         ip=args.ip,
         open_browser=not args.no_browser,
         cull_idle_seconds=args.booth_cull_seconds if args.booth else 600,
         booth_max_kernels=args.booth_max_kernels if args.booth else None,
     )
-    print(f"Blueprint Playground on http://{args.ip}:{args.port}/  (Ctrl-C stops it)", flush=True)
+    print(f"Blueprint Playground on http://{args.ip}:{port}/  (Ctrl-C stops it)", flush=True)
     os.chdir(notebooks)
     os.execvpe(command[0], command, env)  # Voila takes over this process (signals, exit code)
     return 0  # pragma: no cover
@@ -129,6 +133,19 @@ def booth_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     except IdentityError as exc:
         raise UserError(str(exc), field=SECRET_ENV) from None
     return {"PLAYGROUND_BOOTH": "1", SECRET_ENV: secret}
+
+
+def first_free_port(ip: str, start: int, tries: int = 20) -> int:
+    """``start`` when nothing listens there, else the next free port above it (deterministic, unlike
+    Voila's own retries, which jump to random ports and leave the printed URL wrong)."""
+    from playground.serving.local import port_in_use
+
+    for port in range(start, min(start + tries, 65536)):
+        if not port_in_use(port, ip):
+            return port
+    last = min(start + tries, 65536) - 1
+    message = f"--port {start}: ports {start} to {last} are all in use on {ip}; choose another --port"
+    raise UserError(message, field="--port")
 
 
 def _has_module(name: str) -> bool:

@@ -32,16 +32,31 @@ def _table(rows: list[list[str]], out=None) -> None:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
+def _fit(blueprint):
+    from playground.backends.local.gpus import detect_gpus
+    from playground.blueprints.fit import local_fit
+
+    return local_fit(blueprint, detect_gpus())
+
+
+def _warn_problems() -> None:
+    """Catalog files that did not load: one line each on stderr; the rest of the catalog still lists."""
+    from playground.blueprints import catalog_problems
+
+    for problem in catalog_problems():
+        print(f"playground: warning: skipped {problem}", file=sys.stderr)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from playground.api import blueprints
-    from playground.backends.local.gpus import runnable_here
 
     catalog = blueprints()
+    _warn_problems()
     if args.json:
         items = []
         for bp in catalog:
-            ok, note = runnable_here(bp)
-            items.append({**bp.model_dump(mode="json"), "runnable_here": ok, "note": note})
+            fit = _fit(bp)
+            items.append({**bp.model_dump(mode="json"), "runnable_here": fit.runnable, "note": fit.note})
         print_json(items)
         return 0
     rows = [["ID", "TITLE", "TASK", "MODEL", "METHOD", "GPUS", "HERE"]]
@@ -54,7 +69,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 bp.model.source,
                 _method(bp),
                 str(bp.resources.nodes * bp.resources.gpus_per_node),
-                runnable_here(bp)[1],
+                _fit(bp).note,
             ]
         )
     _table(rows)
@@ -66,7 +81,6 @@ def _allowed(spec) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from playground.backends.local.gpus import runnable_here
     from playground.blueprints import KNOWN_PARAMETERS, get_blueprint
 
     bp = get_blueprint(args.id)
@@ -74,7 +88,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print_json(bp.model_dump(mode="json"))
         return 0
     out = sys.stdout
-    ok, note = runnable_here(bp)
+    fit = _fit(bp)
     res = bp.resources
     out.write(f"{bp.id}: {bp.title}\n")
     if bp.description:
@@ -96,7 +110,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         ("model", model),
         ("dataset", dataset),
         ("method", method),
-        ("resources", f"{gpus}" + (f", {extras}" if extras else "") + f"  [{note}]"),
+        ("resources", f"{gpus}" + (f", {extras}" if extras else "") + f"  [{fit.note}]"),
         ("kubernetes", f"trainer {k8s.trainer}, runtime {k8s.runtime}, deadline {k8s.active_deadline_seconds}s"),
         ("serving", f"{bp.serving.runtime}, max_new_tokens {bp.serving.max_new_tokens}"),
         ("quality bar", quality),
@@ -112,6 +126,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     out.write("\nexamples:\n")
     for example in bp.examples:
         out.write(f"  {example.prompt!r}" + (f" -> {example.expected!r}" if example.expected else "") + "\n")
-    if not ok:
-        out.write(f"\nnote: {note}; try tiny-llama-cpu, or --backend kubernetes\n")
+    if not fit.runnable:
+        out.write(f"\nnote: {fit.advice()}\n")
     return 0

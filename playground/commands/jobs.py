@@ -30,8 +30,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_backend_options(train, dry_run=True)
     train.set_defaults(func=cmd_train)
 
-    jobs = subparsers.add_parser("jobs", help="list jobs, newest first")
+    jobs = subparsers.add_parser(
+        "jobs",
+        help="list jobs, newest first (every visitor's: the operator view)",
+        description="List jobs, newest first: every job on the backend, with its owner (booth visitors).",
+    )
     jobs.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    jobs.add_argument("--owner", default=None, metavar="VISITOR", help="only this visitor's jobs")
+    jobs.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="first remove finished jobs (and their servers) older than PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS",
+    )
     add_backend_options(jobs)
     jobs.set_defaults(func=cmd_jobs)
 
@@ -199,9 +209,13 @@ class ProgressPrinter:
             self.last_draw = now
 
     def event(self, event) -> None:
-        from playground.events import ClusterEvent, Metric, Phase, Progress
+        from playground.backends.local.state import describe_event
+        from playground.events import ClusterEvent, Metric, Phase, Progress, Queued
 
-        if isinstance(event, Progress):
+        if isinstance(event, Queued):
+            if event.position > 0:
+                self.line(describe_event(event).removeprefix("[queue] "))
+        elif isinstance(event, Progress):
             self.latest = event
             self._draw()
         elif isinstance(event, Phase):
@@ -233,23 +247,42 @@ def _age(created: float) -> str:
     return f"{int(seconds)}s ago"
 
 
+def _owner_cell(owner: str | None) -> str:
+    if owner is None:
+        return "-"
+    return owner if len(owner) <= 14 else owner[:13] + "…"
+
+
+def _phase_cell(job) -> str:
+    if job.queue_position:
+        return f"{job.phase} (queued #{job.queue_position})"
+    return str(job.phase)
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     backend = backend_from_args(args)
-    jobs = backend.list()
+    if args.cleanup:
+        removed = backend.cleanup()
+        print(f"removed {len(removed)} finished job(s) past their TTL" + (f": {', '.join(removed)}" if removed else ""))
+    jobs = backend.list(owner=args.owner)
     if args.json:
         print_json([job.to_dict() for job in jobs])
         return 0
     if not jobs:
-        print("no jobs yet; start one with: playground train tiny-llama-cpu --follow")
+        if args.owner is not None:
+            print(f"no jobs of {args.owner!r}")
+        else:
+            print("no jobs yet; start one with: playground train tiny-llama-cpu --follow")
         return 0
-    rows = [["ID", "BLUEPRINT", "PHASE", "PROGRESS", "LOSS", "METRICS", "CREATED"]]
+    rows = [["ID", "BLUEPRINT", "OWNER", "PHASE", "PROGRESS", "LOSS", "METRICS", "CREATED"]]
     for job in jobs:
         p = job.progress
         progress = f"{p.step}/{p.total_steps} ({p.fraction * 100:.0f}%)" if p else "-"
         loss = f"{p.loss:.4f}" if p and p.loss is not None else "-"
         evals = sorted((k, v) for k, v in job.metrics.items() if k.startswith("eval_"))
         metrics = " ".join(f"{k}={v:.3g}" for k, v in evals[:3]) or "-"
-        rows.append([job.id, job.blueprint_id, str(job.phase), progress, loss, metrics, _age(job.created_at)])
+        owner = _owner_cell(job.owner)
+        rows.append([job.id, job.blueprint_id, owner, _phase_cell(job), progress, loss, metrics, _age(job.created_at)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from playground.errors import UserError
+from playground.errors import UserError, shown
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="default: every notebook in notebooks/ but the app")
     p.add_argument("--profile", default="smoke", help="smoke (CPU, stand-ins) or gpu (real blueprints, bounded steps)")
-    p.add_argument("--out", required=True, type=Path, help="output folder for the run's artifacts")
+    p.add_argument("--out", required=True, help="output folder for the run's artifacts (created; must be writable)")
     p.add_argument("--timeout-cell", type=int, default=None, metavar="S", help="seconds per cell (default: profile's)")
     p.add_argument("--timeout", type=int, default=None, metavar="S", help="seconds per whole notebook; then kill it")
     p.add_argument("--backend", default=None, help="local (default) or kubernetes: the backend the notebooks use")
@@ -43,8 +43,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:
-    import yaml
-
     from playground.e2e.scrub import check_parameter_names
 
     params: dict[str, Any] = {}
@@ -52,13 +50,35 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
         name, sep, value = item.partition("=")
         name = name.strip()
         if not sep or not name.isidentifier():
-            raise UserError(f"--param {item!r}: expected NAME=VALUE with a Python identifier as NAME", field="--param")
+            raise UserError(
+                f"--param {shown(item)}: expected NAME=VALUE with a Python identifier as NAME", field="--param"
+            )
         check_parameter_names([name])
-        try:
-            params[name] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
-            params[name] = value
+        params[name] = parse_value(value)
     return params
+
+
+def parse_value(text: str) -> Any:
+    """A ``-p`` value as YAML (``true``, ``[1, 2]``, ``3``), except that numbers follow the blueprint
+    parameters' one parser: YAML's ``1_0`` or ``0x10`` stay text for the notebook to refuse."""
+    import yaml
+
+    from playground.blueprints.schema import parse_number
+
+    if not text.strip():
+        return ""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        for integer in (True, False):
+            try:
+                return parse_number(text, integer=integer)
+            except ValueError:
+                continue
+        return text
+    return value
 
 
 def cmd_e2e(args: argparse.Namespace) -> int:
@@ -67,20 +87,23 @@ def cmd_e2e(args: argparse.Namespace) -> int:
 
     from playground.backends import BACKENDS
     from playground.e2e.profiles import get_profile
-    from playground.e2e.runner import RunOptions, default_notebooks, run_e2e
+    from playground.e2e.runner import default_notebooks, run_e2e
+    from playground.e2e.types import RunOptions
 
     profile = get_profile(args.profile)
     backend = args.backend or os.environ.get("PLAYGROUND_BACKEND", "local")
     if backend not in BACKENDS:
-        raise UserError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}", field="--backend")
+        raise UserError(f"unknown backend {shown(backend)}; allowed: {', '.join(BACKENDS)}", field="--backend")
     for flag, value in (("--timeout-cell", args.timeout_cell), ("--timeout", args.timeout), ("--jobs", args.jobs)):
         if value is not None and value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value}", field=flag)
+    if not args.out.strip():
+        raise UserError("--out is empty; allowed: a folder path (created if missing)", field="--out")
     params = _parse_params(args.param)
     notebooks = [Path(n) for n in args.notebooks] or default_notebooks()
     options = RunOptions(
         profile=profile,
-        out=args.out,
+        out=Path(args.out).expanduser(),
         backend=backend,
         cell_timeout=args.timeout_cell,
         run_timeout=args.timeout,

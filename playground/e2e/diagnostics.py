@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from playground.e2e.scrub import Scrubber
 
 if TYPE_CHECKING:
-    from playground.e2e.runner import NotebookRun
+    from playground.e2e.types import NotebookRun
 
 MAX_EVENTS = 20000
 LOG_LINES = 120

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from playground.errors import UserError
+from playground.errors import UserError, shown
 
 PROFILES = ("smoke", "gpu")
 
@@ -88,4 +88,4 @@ def get_profile(name: str) -> Profile:
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise UserError(f"unknown profile {name!r}; allowed: {', '.join(PROFILES)}", field="--profile") from None
+        raise UserError(f"unknown profile {shown(name)}; allowed: {', '.join(PROFILES)}", field="--profile") from None

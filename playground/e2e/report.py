@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from playground.e2e.scrub import Scrubber
 
 if TYPE_CHECKING:
-    from playground.e2e.runner import RunReport
+    from playground.e2e.types import RunReport
 
 METRICS_SCHEMA = "playground-e2e-metrics/v1"
 

@@ -22,17 +22,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import psutil
-import yaml
 
-from playground.e2e.metrics import GpuInfo, ResourceSummary, Sampler, gpu_info, job_timings
-from playground.e2e.profiles import Profile
+from playground.e2e.metrics import Sampler, gpu_info, job_timings
 from playground.e2e.scrub import Scrubber, check_parameter_names
-from playground.errors import UserError
+from playground.e2e.types import FAILED, PASSED, TIMEOUT, NotebookRun, PapermillOutcome, RunOptions, RunReport
+from playground.errors import UserError, shown_path
+from playground.paths import ensure_writable_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -40,122 +39,10 @@ APP_NOTEBOOK = "playground.ipynb"
 # Parameters every per-blueprint notebook is expected to declare; the runner always passes them.
 CORE_PARAMETERS = ("headless", "out_dir")
 
-PASSED, FAILED, TIMEOUT, ERROR = "passed", "failed", "timeout", "error"
-
 
 def default_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
     """Every per-blueprint notebook in ``notebooks/`` (all ``*.ipynb`` but the Voila app)."""
     return sorted(p for p in directory.glob("*.ipynb") if p.name != APP_NOTEBOOK)
-
-
-@dataclass
-class RunOptions:
-    """How to run: the profile plus what the command line overrides."""
-
-    profile: Profile
-    out: Path
-    backend: str = "local"
-    cell_timeout: int | None = None  # None: the profile's
-    run_timeout: int | None = None
-    fail_fast: bool = False
-    jobs: int = 1
-    extra_parameters: dict[str, Any] = field(default_factory=dict)
-    kernel: str = "python3"
-    keep_home: bool = False  # keep each notebook's PLAYGROUND_HOME (models, logs) for inspection
-    log: TextIO | None = None  # live output (default: stderr); None-like sink with log=False
-    live: bool = True
-
-    @property
-    def effective_cell_timeout(self) -> int:
-        return self.cell_timeout or self.profile.cell_timeout
-
-    @property
-    def effective_run_timeout(self) -> int:
-        return self.run_timeout or self.profile.run_timeout
-
-
-@dataclass
-class NotebookRun:
-    """One notebook's outcome."""
-
-    name: str
-    notebook: Path
-    out_dir: Path
-    blueprint_id: str | None
-    parameters: dict[str, Any]
-    dropped_parameters: list[str] = field(default_factory=list)
-    status: str = ERROR
-    message: str = ""
-    returncode: int | None = None
-    started_at: float = 0.0
-    wall_seconds: float = 0.0
-    result: dict[str, Any] | None = None
-    job: dict[str, Any] | None = None
-    timings: dict[str, float | None] = field(default_factory=dict)
-    resources: ResourceSummary = field(default_factory=ResourceSummary)
-    log_tail: list[str] = field(default_factory=list)
-    diagnostics: Path | None = None
-
-    @property
-    def passed(self) -> bool:
-        return self.status == PASSED
-
-    @property
-    def executed(self) -> Path:
-        return self.out_dir / self.notebook.name
-
-    @property
-    def log_path(self) -> Path:
-        return self.out_dir / "papermill.log"
-
-    @property
-    def result_path(self) -> Path:
-        return self.out_dir / "result.json"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "notebook": str(self.notebook),
-            "blueprint": self.blueprint_id,
-            "status": self.status,
-            "message": self.message,
-            "returncode": self.returncode,
-            "parameters": self.parameters,
-            "dropped_parameters": self.dropped_parameters,
-            "started_at": self.started_at,
-            "wall_seconds": round(self.wall_seconds, 3),
-            **self.timings,
-            **self.resources.to_dict(),
-            "job_id": (self.job or {}).get("id"),
-            "executed_notebook": str(self.executed),
-            "result_json": str(self.result_path) if self.result_path.exists() else None,
-            "diagnostics": str(self.diagnostics) if self.diagnostics else None,
-        }
-
-
-@dataclass
-class RunReport:
-    """The whole run: every notebook plus run-level figures."""
-
-    profile: str
-    backend: str
-    out: Path
-    started_at: float
-    wall_seconds: float
-    gpu: GpuInfo
-    resources: ResourceSummary
-    notebooks: list[NotebookRun]
-    cell_timeout: int
-    run_timeout: int
-    skipped: list[str] = field(default_factory=list)  # not run after --fail-fast stopped the run
-
-    @property
-    def failed(self) -> list[NotebookRun]:
-        return [n for n in self.notebooks if not n.passed]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed and not self.skipped
 
 
 # --------------------------------------------------------------------------------------------- setup
@@ -167,8 +54,12 @@ def inspect_parameters(notebook: Path) -> dict[str, dict[str, Any]]:
 
     try:
         return dict(papermill.inspect_notebook(str(notebook)))
-    except Exception as exc:  # malformed notebook, no such file
-        raise UserError(f"{notebook}: cannot read its parameters cell ({exc})", field="NOTEBOOK") from None
+    except Exception as exc:  # malformed notebook: name the file, never echo its content
+        raise UserError(
+            f"{shown_path(notebook, quoted=False)}: not a readable notebook ({type(exc).__name__}); "
+            "allowed: a Jupyter .ipynb file",
+            field="NOTEBOOK",
+        ) from None
 
 
 def notebook_blueprint(notebook: Path, declared: dict[str, dict[str, Any]]) -> str | None:
@@ -215,7 +106,9 @@ def run_e2e(notebooks: Sequence[Path], options: RunOptions) -> RunReport:
         raise UserError("no notebooks to run (none given and none found in notebooks/)", field="NOTEBOOK")
     for nb in notebooks:
         if not nb.is_file():
-            raise UserError(f"notebook {str(nb)!r} does not exist", field="NOTEBOOK")
+            raise UserError(f"notebook {shown_path(nb)} does not exist", field="NOTEBOOK")
+        if nb.suffix != ".ipynb":
+            raise UserError(f"{shown_path(nb)} is not a notebook; allowed: a Jupyter .ipynb file", field="NOTEBOOK")
     names = [nb.stem for nb in notebooks]
     if len(set(names)) != len(names):
         raise UserError("two notebooks share a file name; their output folders would clash", field="NOTEBOOK")
@@ -229,8 +122,7 @@ def run_e2e(notebooks: Sequence[Path], options: RunOptions) -> RunReport:
             f"({gpu.error or 'no device'}); use --profile smoke, or --backend kubernetes to run on the cluster's GPUs",
             field="--profile",
         )
-    out = options.out
-    out.mkdir(parents=True, exist_ok=True)
+    out = ensure_writable_dir(options.out, what="--out", hint="choose another folder with --out")
     scrubber = Scrubber()
     log = options.log if options.log is not None else sys.stderr
     lock = threading.Lock()
@@ -300,170 +192,225 @@ def run_notebook(
     scrubber: Scrubber,
     emit: Callable[[str], None],
 ) -> NotebookRun:
-    """Execute one notebook in its own papermill process and kernel; never raises for notebook failures."""
+    """Execute one notebook in its own papermill process and kernel; never raises for notebook failures.
+
+    Three parts: :class:`PapermillProcess` (start, wait with the whole-run timeout, kill the tree),
+    :class:`LogPump` (scrubbed lines to ``papermill.log``, the console and a tail) and :func:`verdict`
+    (papermill's outcome, then the notebook's ``result.json``).
+    """
     from playground.e2e import diagnostics
 
-    name = notebook.stem
-    out_dir = options.out / name
+    run = _new_run(notebook, options, plan)
+    if run.dropped_parameters:
+        emit(f"[{run.name}] note: the notebook does not declare {', '.join(run.dropped_parameters)}; not passed")
+    workdir = Path(tempfile.mkdtemp(prefix=f"playground-e2e-{run.name}-"))
+    home = workdir / "playground-home"  # the notebook's private PLAYGROUND_HOME
+    backend = run.parameters.get("backend", options.backend)
+    emit(f"[{run.name}] start: blueprint={run.blueprint_id} parameters={json.dumps(run.parameters, default=str)}")
+    run.started_at = time.time()
+    t0 = time.monotonic()
+    sampler = Sampler(gpu=None)
+    sampler.start()
+    process = PapermillProcess(run, options, workdir)
+    with LogPump(run, scrubber, emit) as pump:
+        try:
+            process.start(pump)
+            timed_out = not process.wait(options.effective_run_timeout)
+            if timed_out:
+                limit = options.effective_run_timeout
+                emit(f"[{run.name}] whole-run timeout ({limit}s): killing papermill and its kernel")
+                process.kill(before=lambda: _cleanup_jobs(home, backend, emit, run.name))
+        except BaseException:  # Ctrl-C, or SIGTERM when CI cancels the run: leave nothing running
+            process.kill(before=lambda: _cleanup_jobs(home, backend, emit, run.name, quiet=True))
+            sampler.stop()
+            if not options.keep_home:
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
+    run.resources = sampler.stop()
+    run.wall_seconds = time.monotonic() - t0
+    run.returncode = process.returncode
+    run.log_tail = pump.tail[-40:]
+    run.result = _read_json(run.result_path)
+    run.status, run.message = verdict(run, process.outcome(), timed_out=timed_out, options=options)
+    run.job = diagnostics.find_job(run, home, default_backend=options.backend)
+    run.timings = job_timings(run.job, run.result)
+    if not run.passed:
+        try:
+            run.diagnostics = diagnostics.write(run, home, scrubber=scrubber)
+        except Exception as exc:  # diagnostics must never hide the failure itself
+            emit(f"[{run.name}] diagnostics failed: {exc}")
+    if not timed_out:  # the notebook should clean up after itself; make sure no trainer or server outlives it
+        _cleanup_jobs(home, backend, emit, run.name, quiet=True)
+    scrubber.tree(run.out_dir)
+    if options.keep_home:
+        emit(f"[{run.name}] PLAYGROUND_HOME kept at {home}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    emit(f"[{run.name}] {run.status.upper()} in {run.wall_seconds:.1f}s{': ' + run.message if run.message else ''}")
+    return run
+
+
+def _new_run(notebook: Path, options: RunOptions, plan: tuple[str | None, dict[str, Any], list[str]]) -> NotebookRun:
+    """A fresh output folder and the run record, with ``out_dir`` passed to the notebook."""
+    out_dir = options.out / notebook.stem
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     blueprint_id, params, dropped = plan[0], dict(plan[1]), plan[2]
     params["out_dir"] = str(out_dir.resolve())
-    run = NotebookRun(
-        name=name, notebook=notebook.resolve(), out_dir=out_dir, blueprint_id=blueprint_id, parameters=params
+    return NotebookRun(
+        name=notebook.stem,
+        notebook=notebook.resolve(),
+        out_dir=out_dir,
+        blueprint_id=blueprint_id,
+        parameters=params,
+        dropped_parameters=dropped,
     )
-    run.dropped_parameters = dropped
-    if dropped:
-        emit(f"[{name}] note: the notebook does not declare {', '.join(dropped)}; not passed")
-    home = Path(tempfile.mkdtemp(prefix=f"playground-e2e-{name}-"))
-    params_file = home / "e2e-parameters.yaml"
-    params_file.write_text(yaml.safe_dump(params, sort_keys=True))
-    env = {
-        **os.environ,
-        **options.profile.env,
-        "PLAYGROUND_HOME": str(home / "playground-home"),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "papermill",
-        str(notebook.resolve()),
-        str(run.executed.resolve()),
-        "-f",
-        str(params_file),
-        "--log-output",
-        "--no-progress-bar",
-        "--request-save-on-cell-execute",
-        "--execution-timeout",
-        str(options.effective_cell_timeout),
-        "--kernel",
-        options.kernel,
-        "--cwd",
-        str(notebook.resolve().parent),
-    ]
-    emit(f"[{name}] start: blueprint={blueprint_id} parameters={json.dumps(params, default=str)}")
-    run.started_at = time.time()
-    t0 = time.monotonic()
-    timed_out = False
-    tail: list[str] = []
-    sampler = Sampler(gpu=None)
-    sampler.start()
-    with run.log_path.open("w", encoding="utf-8") as log_file:
-        proc = subprocess.Popen(
-            cmd,
+
+
+# ------------------------------------------------------------------------------- process control
+
+
+class PapermillProcess:
+    """``python -m playground.e2e.execute`` for one notebook, in its own session (process group), so
+    a timeout or a cancelled run kills papermill, its kernel and anything the kernel started."""
+
+    def __init__(self, run: NotebookRun, options: RunOptions, workdir: Path) -> None:
+        self.run = run
+        self.outcome_path = workdir / "papermill-outcome.json"
+        self.request_path = workdir / "papermill-request.json"
+        request = {
+            "input": str(run.notebook),
+            "output": str(run.executed.resolve()),
+            "parameters": run.parameters,
+            "kernel": options.kernel,
+            "cwd": str(run.notebook.parent),
+            "cell_timeout": options.effective_cell_timeout,
+            "outcome": str(self.outcome_path),
+        }
+        self.request_path.write_text(json.dumps(request, default=str), encoding="utf-8")
+        self.env = {
+            **os.environ,
+            **options.profile.env,
+            "PLAYGROUND_HOME": str(workdir / "playground-home"),
+            "PLAYGROUND_E2E_RUN": _run_label(workdir / "playground-home"),  # labels its TrainJobs for the cleanup
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, pump: LogPump) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "playground.e2e.execute", str(self.request_path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=self.env,
             text=True,
             encoding="utf-8",
             errors="replace",
-            start_new_session=True,  # its own process group: a timeout kills papermill and its kernel
+            start_new_session=True,
         )
+        assert self.proc.stdout is not None
+        pump.follow(self.proc.stdout)
 
-        def pump() -> None:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                line = scrubber.text(raw.rstrip("\n"))
-                log_file.write(line + "\n")
-                log_file.flush()
-                tail.append(line)
-                del tail[:-200]
-                emit(f"[{name}] {line}")
-
-        reader = threading.Thread(target=pump, name=f"e2e-log-{name}", daemon=True)
-        reader.start()
+    def wait(self, timeout: float) -> bool:
+        """True when papermill ended within ``timeout`` seconds."""
+        assert self.proc is not None
         try:
-            proc.wait(timeout=options.effective_run_timeout)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            timed_out = True
-            emit(f"[{name}] whole-run timeout ({options.effective_run_timeout}s): killing papermill and its kernel")
-            descendants = _descendants(proc.pid)
-            _cleanup_jobs(home / "playground-home", params.get("backend", options.backend), emit, name)
-            _kill_tree(proc, descendants)
-        except BaseException:  # Ctrl-C, or SIGTERM when CI cancels the run: leave nothing running
-            descendants = _descendants(proc.pid)
-            _cleanup_jobs(home / "playground-home", params.get("backend", options.backend), emit, name, quiet=True)
-            _kill_tree(proc, descendants)
-            sampler.stop()
-            if not options.keep_home:
-                shutil.rmtree(home, ignore_errors=True)
-            raise
-        finally:
-            reader.join(timeout=10)
-            if proc.poll() is None:
-                _kill_tree(proc, _descendants(proc.pid))
-    run.resources = sampler.stop()
-    run.wall_seconds = time.monotonic() - t0
-    run.returncode = proc.returncode
-    cell_timed_out = any("CellTimeoutError" in line for line in tail)
-    run.log_tail = clean_log_tail(tail)[-40:]
-    run.result = _read_json(run.result_path)
-    run.status, run.message = _verdict(run, timed_out, options.effective_run_timeout)
-    if cell_timed_out and not timed_out:
-        run.status = TIMEOUT
-        run.message = (
+            return False
+        return True
+
+    def kill(self, *, before: Callable[[], None] | None = None) -> None:
+        """Kill papermill and every descendant; ``before`` runs once they are known (cancel jobs)."""
+        if self.proc is None or self.proc.poll() is not None:
+            if before:
+                before()
+            return
+        descendants = _descendants(self.proc.pid)
+        if before:
+            before()
+        _kill_tree(self.proc, descendants)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc else None
+
+    def outcome(self) -> PapermillOutcome | None:
+        """What papermill ended with, as the child recorded it (None: it was killed or crashed first)."""
+        data = _read_json(self.outcome_path)
+        return PapermillOutcome.from_dict(data) if data is not None else None
+
+
+# ------------------------------------------------------------------------------------- log pump
+
+
+class LogPump:
+    """Reads papermill's output on a thread: every line scrubbed, written to ``papermill.log``,
+    emitted live with the notebook's name, and kept in a bounded tail for the reports."""
+
+    TAIL = 200
+
+    def __init__(self, run: NotebookRun, scrubber: Scrubber, emit: Callable[[str], None]) -> None:
+        self.run, self.scrubber, self.emit = run, scrubber, emit
+        self.tail: list[str] = []
+        self._file: TextIO | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> LogPump:
+        self._file = self.run.log_path.open("w", encoding="utf-8")
+        return self
+
+    def follow(self, stream: TextIO) -> None:
+        self._thread = threading.Thread(target=self._pump, args=(stream,), name=f"e2e-log-{self.run.name}", daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: TextIO) -> None:
+        assert self._file is not None
+        for raw in stream:
+            line = self.scrubber.text(raw.rstrip("\n"))
+            self._file.write(line + "\n")
+            self._file.flush()
+            self.tail.append(line)
+            del self.tail[: -self.TAIL]
+            self.emit(f"[{self.run.name}] {line}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._file is not None:
+            self._file.close()
+
+
+# ---------------------------------------------------------------------------------------- verdict
+
+
+def verdict(
+    run: NotebookRun, outcome: PapermillOutcome | None, *, timed_out: bool, options: RunOptions
+) -> tuple[str, str]:
+    """(status, message) from papermill's outcome, then the notebook's own ``result.json``."""
+    if timed_out:
+        return TIMEOUT, f"whole-run timeout: still running after {options.effective_run_timeout}s; kernel killed"
+    if outcome is None:  # the child died before papermill returned or raised
+        last = next((line for line in reversed(run.log_tail) if line.strip()), "")
+        return FAILED, f"papermill exited with code {run.returncode}" + (f": {last.strip()}" if last else "")
+    if outcome.cell_timed_out:
+        return TIMEOUT, (
             f"cell timeout: a cell ran longer than {options.effective_cell_timeout}s (--timeout-cell); "
             "papermill interrupted the kernel"
         )
-    run.job = diagnostics.find_job(run, home / "playground-home", default_backend=options.backend)
-    run.timings = job_timings(run.job, run.result)
-    if not run.passed:
-        try:
-            run.diagnostics = diagnostics.write(run, home / "playground-home", scrubber=scrubber)
-        except Exception as exc:  # diagnostics must never hide the failure itself
-            emit(f"[{name}] diagnostics failed: {exc}")
-    if not timed_out:
-        # the notebook should clean up after itself; make sure no trainer or server outlives it
-        _cleanup_jobs(home / "playground-home", params.get("backend", options.backend), emit, name, quiet=True)
-    scrubber.tree(out_dir)
-    if not options.keep_home:
-        shutil.rmtree(home, ignore_errors=True)
-    else:
-        emit(f"[{name}] PLAYGROUND_HOME kept at {home / 'playground-home'}")
-    emit(f"[{name}] {run.status.upper()} in {run.wall_seconds:.1f}s{': ' + run.message if run.message else ''}")
-    return run
-
-
-def _verdict(run: NotebookRun, timed_out: bool, run_timeout: int) -> tuple[str, str]:
-    if timed_out:
-        return TIMEOUT, f"whole-run timeout: still running after {run_timeout}s; kernel killed"
-    error = notebook_error(run.executed)
-    if run.returncode != 0:
-        if error:
-            return FAILED, error
-        last = next((line for line in reversed(run.log_tail) if line.strip()), "")
-        return FAILED, f"papermill exited with code {run.returncode}" + (f": {last.strip()}" if last else "")
+    if not outcome.ok:
+        if outcome.ename:  # a cell raised: the notebook's own error
+            return FAILED, f"{outcome.ename}: {' '.join((outcome.evalue or '').split())}"[:500]
+        return FAILED, f"{outcome.exception}: {outcome.message}"[:500]
     if run.result is None:
         return FAILED, "the notebook finished but wrote no result.json in out_dir"
-    verdict = result_passed(run.result)
-    if verdict is False:
-        return FAILED, "result.json reports failure" + (
-            f": {run.result.get('message') or run.result.get('error')}"
-            if run.result.get("message") or run.result.get("error")
-            else ""
-        )
+    if result_passed(run.result) is False:
+        reason = run.result.get("message") or run.result.get("error")
+        return FAILED, "result.json reports failure" + (f": {reason}" if reason else "")
     return PASSED, ""
-
-
-def clean_log_tail(lines: list[str]) -> list[str]:
-    """Drop papermill's own Python traceback (its CLI frames) and keep the notebook's error after it."""
-    out: list[str] = []
-    skipping = False
-    for line in lines:
-        if line.startswith("Traceback (most recent call last):"):
-            skipping = True
-            start = len(out)
-            out.append(line)
-            continue
-        if skipping and ("papermill.exceptions." in line or "nbclient.exceptions." in line):
-            del out[start:]
-            skipping = False
-        out.append(line)
-    return out
 
 
 def result_passed(result: dict[str, Any]) -> bool | None:
@@ -476,20 +423,6 @@ def result_passed(result: dict[str, Any]) -> bool | None:
         return True
     if status in ("failed", "failure", "error", "cancelled"):
         return False
-    return None
-
-
-def notebook_error(executed: Path) -> str | None:
-    """``ename: evalue`` of the first error output in an executed notebook (papermill's failure cell)."""
-    try:
-        nb = json.loads(executed.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    for cell in nb.get("cells", []):
-        for output in cell.get("outputs", []) or []:
-            if output.get("output_type") == "error":
-                value = " ".join(str(output.get("evalue", "")).split())
-                return f"{output.get('ename', 'Error')}: {value}"[:500]
     return None
 
 
@@ -527,21 +460,39 @@ def _kill_tree(proc: subprocess.Popen, descendants: list[psutil.Process]) -> Non
         proc.wait(timeout=10)
 
 
+def _run_label(home: Path) -> str:
+    """The label value that marks a notebook run's cluster jobs (its private temp dir's name)."""
+    from playground.backends.kubernetes.manifests import label_value
+
+    return label_value(home.parent.name)
+
+
 def _cleanup_jobs(home: Path, backend: str, emit: Callable[[str], None], name: str, *, quiet: bool = False) -> None:
-    """Cancel jobs and stop servers a notebook left behind in its private local state dir."""
-    if backend != "local" or not home.exists():
+    """Cancel jobs and stop servers a notebook left behind: in its private local state dir, or on the
+    cluster the TrainJobs labelled with this run (and their InferenceServices)."""
+    if backend == "local" and not home.exists():
         return
     try:
         from playground.backends import get_backend
 
-        be = get_backend("local", home=home)
-        for job in be.list():
+        if backend == "local":
+            be = get_backend("local", home=home)
+            jobs = be.list()
+        else:
+            from playground.backends.kubernetes.manifests import LABEL_E2E_RUN, LABEL_PREFIX
+
+            be = get_backend(backend)
+            run = _run_label(home)
+            jobs = [job for job in be.list() if job.labels.get(LABEL_E2E_RUN.removeprefix(LABEL_PREFIX)) == run]
+        ours = {job.id for job in jobs}
+        for job in jobs:
             if not job.done:
                 be.cancel(job.id)
                 emit(f"[{name}] cancelled job {job.id} left running by the notebook")
         for endpoint in be.endpoints():
-            be.unserve(endpoint.url)
-            emit(f"[{name}] stopped server {endpoint.url} left running by the notebook")
+            if backend == "local" or endpoint.job_id in ours:
+                be.unserve(endpoint.url)
+                emit(f"[{name}] stopped server {endpoint.url} left running by the notebook")
     except Exception as exc:
         if not quiet:
-            emit(f"[{name}] cleanup of local jobs failed: {exc}")
+            emit(f"[{name}] cleanup of {backend} jobs failed: {exc}")

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from playground.errors import UserError
+from playground.errors import UserError, shown
 
 REDACTED = "***"
 
@@ -48,7 +48,7 @@ def check_parameter_names(names: Iterable[str]) -> None:
     for name in names:
         if looks_like_secret_name(name):
             raise UserError(
-                f"parameter {name!r} looks like a secret; secrets are never notebook parameters: "
+                f"parameter {shown(name)} looks like a secret; secrets are never notebook parameters: "
                 "set it in the environment (e.g. HF_TOKEN) and the notebook reads it from there",
                 field=name,
             )

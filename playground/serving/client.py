@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from playground.errors import UserError
+from playground.errors import UserError, shown_path
 from playground.types import Endpoint
 
 DEFAULT_TIMEOUT = 300.0
@@ -26,7 +26,7 @@ def base_url(endpoint: Endpoint | str) -> str:
     url = (endpoint.url if isinstance(endpoint, Endpoint) else str(endpoint)).strip().rstrip("/")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UserError(f"endpoint URL {url!r} must look like http://HOST:PORT/v1", field="url")
+        raise UserError(f"endpoint URL {shown_path(url)} must look like http://HOST:PORT/v1", field="url")
     if parts.path in ("", "/"):
         url += "/v1"
     return url

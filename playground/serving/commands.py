@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from playground.cli import add_backend_options, backend_from_args, print_json
-from playground.errors import UserError
+from playground.errors import UserError, shown
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -81,17 +81,30 @@ def cmd_servers(args: argparse.Namespace) -> int:
 
 def _local_endpoint(target: str):
     """A local server by name or job id (fine-tuned first), for ``chat NAME``."""
+    from playground.backends.local import LocalBackend
+    from playground.errors import JobNotFound
     from playground.paths import playground_home
     from playground.serving.local import LocalServers
 
-    matches = [e for e in LocalServers(playground_home()).list() if target in (e.name, e.job_id)]
-    if not matches:
+    home = playground_home()
+    matches = [e for e in LocalServers(home).list() if target in (e.name, e.job_id)]
+    if matches:
+        return sorted(matches, key=lambda e: e.kind != "fine-tuned")[0]
+    try:
+        job = LocalBackend(home=home).get(target)
+    except JobNotFound:
+        job = None
+    if job is not None:
         raise UserError(
-            f"{target!r} is neither an endpoint URL (http://HOST:PORT/v1) nor a local server name or job id "
-            "(see `playground servers`)",
+            f"job {job.id} has no running model server; start one with `playground serve {job.id}` "
+            f"(add --base for its base model), then chat again",
             field="url",
         )
-    return sorted(matches, key=lambda e: e.kind != "fine-tuned")[0]
+    raise UserError(
+        f"{shown(target)} is neither an endpoint URL (http://HOST:PORT/v1) nor a local server name or job id "
+        "(see `playground servers` and `playground jobs`)",
+        field="url",
+    )
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -116,5 +129,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_unserve(args: argparse.Namespace) -> int:
-    backend_from_args(args).unserve(args.target)
+    backend = backend_from_args(args)
+    before = backend.endpoints()
+    backend.unserve(args.target)
+    still = {(e.name, e.url) for e in backend.endpoints()}
+    stopped = [e for e in before if (e.name, e.url) not in still]
+    for endpoint in stopped:
+        job = f" of job {endpoint.job_id}" if endpoint.job_id else ""
+        print(f"stopped {endpoint.kind} server {endpoint.name or endpoint.url}{job} ({endpoint.url})")
+    if not stopped:  # stopped between the two listings, or a backend that lists nothing
+        print(f"stopped the servers matching {shown(args.target)}")
     return 0

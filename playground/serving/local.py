@@ -2,7 +2,7 @@
 
 Each server is one process (``python -m playground.serving.server``) pinned to one model directory,
 listening on ``127.0.0.1`` on a free port. Its record ``servers/<name>.json`` (pid, port, url, model
-dir, job id, kind, log path) lets any later process list and stop it; records whose process is gone
+dir, job id, kind, owner, log path) lets any later process list and stop it; records whose process is gone
 are dropped when listed.
 """
 
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from playground.errors import UserError
+from playground.errors import UserError, shown_path
 from playground.paths import ensure_writable_dir
 from playground.processes import process_alive
 from playground.types import Endpoint
@@ -80,7 +80,9 @@ def _resolve_model(model_dir: str) -> tuple[str, bool]:
     if model_dir.startswith("hf://"):
         return model_dir[len("hf://") :], False
     if "://" in model_dir:
-        raise UserError(f"cannot serve {model_dir!r} locally: give a model directory or hf://org/name", field="model")
+        raise UserError(
+            f"cannot serve {shown_path(model_dir)} locally: give a model directory or hf://org/name", field="model"
+        )
     path = Path(model_dir).expanduser().resolve()
     if "@" in str(path):
         raise UserError(f"model directory {str(path)!r} contains '@', which transformers reads as a revision")
@@ -125,6 +127,7 @@ class LocalServers:
             kind=record.get("kind", "fine-tuned"),
             backend="local",
             name=record["name"],
+            owner=record.get("owner"),
         )
 
     def list(self) -> list[Endpoint]:
@@ -145,11 +148,12 @@ class LocalServers:
         timeout: float = 180,
         port: int | None = None,
         name: str | None = None,
+        owner: str | None = None,
     ) -> Endpoint:
         """Serve ``model_dir`` and wait until it answers; return its endpoint.
 
         Serving what is already served (same name and model) returns the running endpoint.
-        A ``port`` in use is replaced by a free one.
+        A ``port`` in use is replaced by a free one. ``owner`` (the visitor owning the job) is recorded.
         """
         from playground.serving.validate import check_model_dir
 
@@ -162,10 +166,21 @@ class LocalServers:
         name = _slug(name)
         ensure_writable_dir(self.dir, what="server state directory")
         with _locked(self.dir / f".{name}.lock"):  # two callers serving the same thing get one server
-            return self._start_locked(model, local, name, job_id=job_id, kind=kind, timeout=timeout, port=port)
+            return self._start_locked(
+                model, local, name, job_id=job_id, kind=kind, timeout=timeout, port=port, owner=owner
+            )
 
     def _start_locked(
-        self, model: str, local: bool, name: str, *, job_id: str | None, kind: str, timeout: float, port: int | None
+        self,
+        model: str,
+        local: bool,
+        name: str,
+        *,
+        job_id: str | None,
+        kind: str,
+        timeout: float,
+        port: int | None,
+        owner: str | None = None,
     ) -> Endpoint:
         for record in self._records():
             if record["name"] == name:
@@ -186,6 +201,7 @@ class LocalServers:
                 "model_dir": model,
                 "job_id": job_id,
                 "kind": kind,
+                "owner": owner,
                 "log": str(log_path),
                 "started_at": time.time(),
                 "ready": False,
@@ -255,11 +271,16 @@ class LocalServers:
                 time.sleep(0.25)
 
     # -- stop --------------------------------------------------------------------------------
-    def stop(self, target: str) -> list[Endpoint]:
-        """Stop the servers matching ``target``: an endpoint URL, a server name or a job id (all its servers)."""
+    def stop(self, target: str, *, owner: str | None = None) -> list[Endpoint]:
+        """Stop the servers matching ``target``: an endpoint URL, a server name or a job id (all its servers).
+
+        With ``owner``, only that owner's servers match (a visitor cannot stop another's).
+        """
         wanted = target.strip().rstrip("/")
         matched = []
         for record in self._records():
+            if owner is not None and record.get("owner") != owner:
+                continue
             url = record["url"].rstrip("/")
             if wanted in (url, url.removesuffix("/v1"), record["name"], record.get("job_id")):
                 matched.append(record)

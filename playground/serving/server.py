@@ -30,6 +30,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from playground.errors import shown
+
 log = logging.getLogger("playground.serving.server")
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB
@@ -190,7 +192,7 @@ class RequestGuard:
             raise _Reject(400, f"invalid request: {message}", param) from None
         if request.model is not None and request.model != self.model_name:
             raise _Reject(
-                404, f"model {request.model!r} is not served here; this server serves {self.model_name!r}", "model"
+                404, f"model {shown(request.model)} is not served here; this server serves {self.model_name!r}", "model"
             )
         n_prompt = await asyncio.to_thread(self._prompt_tokens, request)
         ctx = self.context_len

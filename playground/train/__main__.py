@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from playground.blueprints import get_blueprint, parse_set_options
-from playground.errors import UserError
+from playground.blueprints.fit import local_fit
+from playground.errors import UserError, shown_path
 from playground.events import JobPhase
 from playground.paths import ensure_writable_dir
 
@@ -52,23 +53,25 @@ def check_dataset_source(source: str) -> None:
         task = source.removeprefix("synthetic://")
         if task not in SYNTHETIC_TASKS:
             raise UserError(
-                f"dataset source {source!r}: unknown synthetic task; allowed: {', '.join(SYNTHETIC_TASKS)}",
+                f"dataset source {shown_path(source)}: unknown synthetic task; allowed: {', '.join(SYNTHETIC_TASKS)}",
                 field="dataset",
             )
         return
     if source.startswith("hf://"):
         if source.removeprefix("hf://").strip("/").count("/") != 1:
-            raise UserError(f"dataset source {source!r}: expected hf://ORG/NAME", field="dataset")
+            raise UserError(f"dataset source {shown_path(source)}: expected hf://ORG/NAME", field="dataset")
         return
     path = Path(source).expanduser()
     if not (path.is_dir() or (path.is_file() and path.suffix in (".json", ".jsonl"))):
-        raise UserError(f"dataset source {source!r}: no such .json/.jsonl file or directory; allowed: {DATASET_FORMS}")
+        raise UserError(
+            f"dataset source {shown_path(source)}: no such .json/.jsonl file or directory; allowed: {DATASET_FORMS}"
+        )
 
 
-def gpu_available() -> bool:
+def gpu_count() -> int:
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def prepare(argv: list[str] | None):
@@ -83,14 +86,14 @@ def prepare(argv: list[str] | None):
     parse_source(model_source)
     dataset_source = args.dataset_source or blueprint.dataset.source
     if blueprint.dataset.format == "synthetic" and not dataset_source.startswith("synthetic://"):
-        raise UserError(f"dataset source {dataset_source!r}: blueprint {blueprint.id!r} needs synthetic://TASK")
-    check_dataset_source(dataset_source)
-    if blueprint.needs_gpu and not args.model_source and not gpu_available():
         raise UserError(
-            f"blueprint {blueprint.id!r} needs a GPU and none is available here; try tiny-llama-cpu "
-            "(or pass --model-source with a small local model)",
-            field="blueprint",
+            f"dataset source {shown_path(dataset_source)}: blueprint {blueprint.id!r} needs synthetic://TASK"
         )
+    check_dataset_source(dataset_source)
+    if blueprint.needs_gpu:
+        local_fit(blueprint, gpu_count(), model_source=args.model_source).check()
+    if not args.output.strip():
+        raise UserError("--output is empty; allowed: a directory path (created if missing)", field="--output")
     output = Path(args.output).expanduser().resolve()
     ensure_writable_dir(output, what="output directory")
     return TrainSpec(blueprint, params, output, model_source, dataset_source, resume=args.resume)

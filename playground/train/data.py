@@ -105,7 +105,8 @@ def chat_sample(row: dict[str, Any]) -> Sample:
 
 def load_rows(source: str, split: str) -> list[dict[str, Any]]:
     """Rows of ``hf://org/name`` (``datasets.load_dataset``; token from ``HF_TOKEN``), a local
-    ``.json``/``.jsonl`` file, a ``save_to_disk`` directory, or a directory of json files."""
+    ``.json``/``.jsonl`` file, a ``save_to_disk`` directory, a directory of json files, or a downloaded
+    hub dataset repo (e.g. parquet under ``data/``, as Kubeflow's dataset initializer leaves it)."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -117,9 +118,11 @@ def load_rows(source: str, split: str) -> list[dict[str, Any]]:
         if path.is_dir() and (path / "dataset_info.json").exists():
             loaded = datasets.load_from_disk(str(path))
             dataset = loaded[split.split("[")[0]] if isinstance(loaded, datasets.DatasetDict) else loaded
-        elif path.is_dir():
+        elif path.is_dir() and any(p.suffix in (".json", ".jsonl") for p in path.iterdir()):
             files = sorted(str(p) for p in path.iterdir() if p.suffix in (".json", ".jsonl"))
             dataset = datasets.load_dataset("json", data_files=files, split=_local_split(split))
+        elif path.is_dir():  # a downloaded hub repo (what Kubeflow's dataset initializer writes): its own splits
+            dataset = datasets.load_dataset(str(path), split=split)
         else:
             dataset = datasets.load_dataset("json", data_files=str(path), split=_local_split(split))
     return [dict(row) for row in dataset]

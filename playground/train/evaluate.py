@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from playground.answers import exact_match  # the one rule, shared with result.json and the chat panel
 from playground.train.data import TokenizedSet
+
+__all__ = ["eval_loss", "exact_match", "generate_answers"]
 
 
 def eval_loss(model: Any, data: TokenizedSet, *, batch_size: int, device: Any, autocast: Any) -> float:
@@ -66,11 +69,3 @@ def generate_answers(
                     answers[i] = tokenizer.decode(row, skip_special_tokens=True)
     model.train(was_training)
     return answers
-
-
-def exact_match(answers: list[str], expected: list[str]) -> float:
-    """Share of answers equal to the expected text (surrounding whitespace ignored)."""
-    if not expected:
-        return float("nan")
-    hits = sum(a.strip() == e.strip() for a, e in zip(answers, expected, strict=True))
-    return hits / len(expected)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from playground.errors import UserError
+from playground.errors import UserError, shown_path
 
 SCRATCH_ARCHS = ("llama", "qwen2")
 SOURCE_FORMS = "hf://ORG/NAME, scratch://llama, scratch://qwen2, or a local model directory"
@@ -19,20 +19,23 @@ def parse_source(source: str) -> tuple[str, str]:
     if source.startswith("hf://"):
         repo = source.removeprefix("hf://").strip("/")
         if repo.count("/") != 1 or not all(repo.split("/")):
-            raise UserError(f"model source {source!r}: expected hf://ORG/NAME; allowed: {SOURCE_FORMS}", field="model")
+            raise UserError(
+                f"model source {shown_path(source)}: expected hf://ORG/NAME; allowed: {SOURCE_FORMS}", field="model"
+            )
         return "hf", repo
     if source.startswith("scratch://"):
         arch = source.removeprefix("scratch://")
         if arch not in SCRATCH_ARCHS:
             raise UserError(
-                f"model source {source!r}: unknown architecture; allowed: {', '.join(SCRATCH_ARCHS)}", field="model"
+                f"model source {shown_path(source)}: unknown architecture; allowed: {', '.join(SCRATCH_ARCHS)}",
+                field="model",
             )
         return "scratch", arch
     path = Path(source).expanduser()
     if path.is_dir() and (path / "config.json").exists():
         return "local", str(path)
     raise UserError(
-        f"model source {source!r}: not a model directory (no config.json there); allowed: {SOURCE_FORMS}",
+        f"model source {shown_path(source)}: not a model directory (no config.json there); allowed: {SOURCE_FORMS}",
         field="model",
     )
 

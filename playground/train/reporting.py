@@ -27,6 +27,7 @@ class Reporter:
         self.enabled = enabled
         self.stream = stream or sys.stdout
         self.metrics: dict[str, float] = {}
+        self._position: dict[str, int] = {}  # the last step/total_steps, carried into the final status
         self._status = _TrainJobStatus() if enabled and os.environ.get(TRAINJOB_ENV) else None
 
     def _emit(self, event: Any) -> None:
@@ -37,7 +38,7 @@ class Reporter:
     def phase(self, phase: JobPhase, reason: str = "") -> None:
         self._emit(Phase(phase=phase, reason=reason))
         if self._status and phase == JobPhase.SUCCEEDED:
-            self._status.push(100, 0, self.metrics, final=True)
+            self._status.push(100, 0, {**self.metrics, **self._position}, final=True)
 
     def log(self, line: str) -> None:
         """A plain, human-readable line (becomes a Log event on the reading side)."""
@@ -55,7 +56,9 @@ class Reporter:
     def progress(self, progress: Progress) -> None:
         self._emit(_finite(progress))
         if self._status:
-            metrics = dict(self.metrics)
+            # step/total_steps let a reader merge this summary with the log lines step for step
+            self._position = {"step": progress.step, "total_steps": progress.total_steps}
+            metrics = {**self.metrics, **self._position}
             if progress.loss is not None and math.isfinite(progress.loss):
                 metrics["loss"] = round(progress.loss, 5)
             if progress.tokens_per_second is not None:

@@ -47,9 +47,10 @@ def save_model_dir(model: Any, tokenizer: Any, target: Path, *, dtype: Any = Non
     if dtype is not None and next(final_model.parameters()).dtype != dtype:
         final_model = final_model.to(dtype)
     final_model.save_pretrained(str(tmp), safe_serialization=True)
-    save_tokenizer(tokenizer, tmp)
+    save_tokenizer(tokenizer, tmp, context=model_context(final_model))
     for stale in tmp.glob("adapter_*"):  # never ship half of a LoRA layout next to merged weights
         stale.unlink()
+    make_readable(tmp)
     _fsync_dir(tmp)
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -59,6 +60,22 @@ def save_model_dir(model: Any, tokenizer: Any, target: Path, *, dtype: Any = Non
     else:
         tmp.rename(target)
     return target
+
+
+def model_context(model: Any) -> int | None:
+    """The model's context window in tokens (``max_position_embeddings``), when its config says."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def make_readable(directory: Path) -> None:
+    """Directories 0755, files 0644: a model server running under another uid (a KServe pod) can
+    read the weights (safetensors writes them 0600)."""
+    for root, _dirs, files in os.walk(directory):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
 
 
 def _fsync_dir(directory: Path) -> None:

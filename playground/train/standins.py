@@ -145,5 +145,5 @@ def build_standin(
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(out), safe_serialization=True)
-    save_tokenizer(tokenizer, out)
+    save_tokenizer(tokenizer, out, context=config.max_position_embeddings)
     return out

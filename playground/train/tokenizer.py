@@ -11,6 +11,8 @@ from typing import Any
 
 PAD, EOS, USER, ASSISTANT, SYSTEM, UNK = "<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|unk|>"
 CHAR_SPECIAL_TOKENS = [PAD, EOS, USER, ASSISTANT, SYSTEM, UNK]
+# What a causal LM's forward takes; written into tokenizer_config.json so no loader adds token_type_ids.
+MODEL_INPUT_NAMES = ("input_ids", "attention_mask")
 # Printable ASCII plus newline: enough for the synthetic tasks and for anything a visitor types
 # (other characters become <|unk|>).
 CHAR_ALPHABET = [chr(i) for i in range(32, 127)] + ["\n"]
@@ -79,9 +81,12 @@ def render(tokenizer: Any, messages: list[dict[str, str]], *, add_generation_pro
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def save_tokenizer(tokenizer: Any, directory: Path) -> None:
-    """``save_pretrained`` plus the chat template inlined in ``tokenizer_config.json`` too, so
-    loaders that predate ``chat_template.jinja`` (older KServe images) still find it."""
+def save_tokenizer(tokenizer: Any, directory: Path, *, context: int | None = None) -> None:
+    """``save_pretrained``, then ``tokenizer_config.json`` made explicit for loaders of every
+    transformers version (KServe images still run 4.x): the chat template inlined (4.x predates
+    ``chat_template.jinja``), ``model_input_names`` without ``token_type_ids`` (4.x's fast tokenizer
+    returns them by default and ``generate`` rejects them) and ``model_max_length`` no longer than
+    the model's ``context`` (its ``max_position_embeddings``)."""
     import json
 
     tokenizer.save_pretrained(str(directory))
@@ -91,4 +96,8 @@ def save_tokenizer(tokenizer: Any, directory: Path) -> None:
         config["chat_template"] = tokenizer.chat_template
     if config.get("tokenizer_class") == "TokenizersBackend":
         config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers version knows
+    config["model_input_names"] = list(MODEL_INPUT_NAMES)
+    if context:
+        stated = config.get("model_max_length")
+        config["model_max_length"] = min(int(stated), int(context)) if isinstance(stated, int | float) else int(context)
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")

@@ -1,9 +1,12 @@
 """The Kubernetes backend: Kubeflow Trainer v2 TrainJobs (kubeflow SDK) and KServe InferenceServices.
 
-Submitting uses the SDK (``TrainerClient.train`` / its spec builder and API client); following a
-job holds one watch per resource kind (the TrainJob, its pods, Events) plus one log stream per
-step pod, all resuming after a dropped connection. Nothing contacts the cluster before it is needed,
-so ``render_train``/``render_serve`` (``--dry-run``) work without a kubeconfig.
+The kubeflow SDK's ``TrainerClient`` holds the connection and checks the runtime (``get_runtime``)
+and deletes jobs (``delete_job``); the TrainJob itself is assembled from the Trainer API models in
+``manifests`` (the SDK's ``train()`` has no field for ``numProcPerNode``, Secret-backed env or the
+TorchTune settings we pass), so ``--dry-run`` prints exactly what ``submit`` creates. Following a job
+holds one watch per resource kind (the TrainJob, its pods, Events) plus one log stream per step pod,
+all resuming after a dropped connection (``follow``). Nothing contacts the cluster before it is
+needed, so ``render_train``/``render_serve`` work without a kubeconfig.
 """
 
 from __future__ import annotations
@@ -21,22 +24,24 @@ from typing import Any
 
 from playground.backends.base import Backend
 from playground.backends.kubernetes import manifests as m
+from playground.backends.kubernetes import queue as kueue
 from playground.backends.kubernetes.errors import api_error
+from playground.backends.kubernetes.follow import JobFollow, LogSource, history
 from playground.backends.kubernetes.status import (
     StreamState,
     cluster_phase,
     conditions,
     container_name,
     failure,
-    finished,
-    started,
     step_name,
     trainer_progress,
 )
-from playground.backends.kubernetes.watch import LogFollower, ResourceWatcher, WatchStats
+from playground.backends.kubernetes.watch import ObjectChanged, ResourceWatcher, WatchFailed, WatchStats
 from playground.blueprints import Blueprint, get_blueprint, load_catalog
+from playground.booth import BoothPolicy, SubmissionLedger, owner_key, submit_lock
 from playground.errors import BackendError, JobNotFound, UserError
 from playground.events import EVENT_PREFIX, Event, JobPhase, Phase
+from playground.paths import ensure_writable_dir, playground_home
 from playground.types import Endpoint, Job, TrainRequest
 
 TRAINJOBS = "trainjobs.trainer.kubeflow.org"
@@ -58,6 +63,7 @@ class KubernetesBackend(Backend):
     """Blueprint jobs as TrainJobs, served by KServe. Options fall back to env (PLAYGROUND_*)."""
 
     name = "kubernetes"
+    queue_poll_seconds = kueue.POLL_SECONDS  # how often a follower asks Kueue for a queued job's position
 
     def __init__(
         self,
@@ -68,12 +74,17 @@ class KubernetesBackend(Backend):
         queue: str | None = None,
         hf_token_secret: str | None = None,
         image: str | None = None,
+        trainer: str | None = None,
         ttl_seconds_after_finished: int | None = None,
         watch_timeout: int = 600,
         serve_timeout: float = 600.0,
         drain_timeout: float = 15.0,
         labels: dict[str, str] | None = None,
+        policy: BoothPolicy | None = None,
     ) -> None:
+        self.policy = policy if policy is not None else BoothPolicy.from_settings()
+        if ttl_seconds_after_finished is None and self.policy is not None:
+            ttl_seconds_after_finished = self.policy.finished_ttl_seconds
         self.context = context
         self.kubeconfig = kubeconfig
         self._namespace = namespace
@@ -82,6 +93,7 @@ class KubernetesBackend(Backend):
             queue=queue,
             hf_token_secret=hf_token_secret,
             image=image,
+            trainer=trainer,
             ttl_seconds_after_finished=ttl_seconds_after_finished,
             extra_labels=dict(labels or {}),
         )
@@ -196,20 +208,19 @@ class KubernetesBackend(Backend):
         return api_error(exc, verb=verb, resource=resource, namespace=self.namespace, name=name, host=host)
 
     # -- manifests (no cluster) ------------------------------------------------------------------
-    def _plan(self, request: TrainRequest, runtime: Any = None, name: str | None = None) -> m.TrainJobPlan:
+    def _plan(self, request: TrainRequest, name: str | None = None) -> m.TrainJobPlan:
         blueprint = get_blueprint(request.blueprint_id)
         name = name or m.new_job_name(blueprint.id)
-        return m.plan_trainjob(blueprint, request, self.opts, name, runtime=runtime)
+        return m.plan_trainjob(blueprint, request, self.opts, name)
 
     def render_train(self, request: TrainRequest) -> str:
-        plan = self._plan(request)
-        return m.to_yaml(m.build_trainjob(plan, m.sdk_backend(self.namespace)))
+        return m.to_yaml(m.build_trainjob(self._plan(request)))
 
     def _blueprint_of_name(self, job_id: str) -> Blueprint:
-        """The blueprint a job name was made from (names are ``<blueprint>-<suffix>``)."""
+        """The blueprint a job name was made from (names are ``<blueprint stem>-<suffix>``)."""
         stem = job_id.rsplit("-", 1)[0]
         for blueprint in load_catalog().values():
-            if m.new_job_name(blueprint.id).rsplit("-", 1)[0] == stem:
+            if m.job_stem(blueprint.id) == stem:
                 return blueprint
         raise UserError(
             f"cannot tell the blueprint of job {job_id!r} from its name without a cluster; "
@@ -219,7 +230,8 @@ class KubernetesBackend(Backend):
 
     def render_serve(self, job_id: str, *, base: bool = False) -> str:
         blueprint = self._blueprint_of_name(job_id)
-        uri = m.base_model_uri(job_id, blueprint) if base else m.output_uri(job_id, blueprint)
+        kind = self.opts.trainer
+        uri = m.base_model_uri(job_id, blueprint, kind=kind) if base else m.output_uri(job_id, blueprint, kind)
         return m.to_yaml(m.build_inferenceservice(job_id, blueprint, uri, self.opts, base=base))
 
     # -- runtimes ---------------------------------------------------------------------------------
@@ -230,62 +242,80 @@ class KubernetesBackend(Backend):
             raise self._error(exc, "list", RUNTIMES) from None
         return sorted(item["metadata"]["name"] for item in data.get("items") or [])
 
-    def _runtime(self, blueprint: Blueprint):
+    def _check_runtime(self, blueprint: Blueprint, name: str) -> None:
+        """The runtime is installed and takes this trainer kind (the SDK's ``get_runtime`` reads its type)."""
+        from kubeflow.trainer.types import types
         from kubernetes.client.exceptions import ApiException
 
         from playground.backends.kubernetes.errors import _root
 
-        name = blueprint.kubernetes.runtime
         try:
-            return self._sdk("get_runtime", name)
+            runtime = self._sdk("get_runtime", name)
         except Exception as exc:
             root = _root(exc)
             if not (isinstance(root, ApiException) and root.status == 404):
                 raise self._error(exc, "get", RUNTIMES, name) from None
-        installed = self.installed_runtimes()
-        hint = "kubectl apply -k deploy/" if name.startswith("playground") else "the Kubeflow Trainer runtimes"
-        raise BackendError(
-            f"training runtime {name!r} (blueprint {blueprint.id}) is not installed; installed: "
-            f"{', '.join(installed) or 'none'}; install it with {hint}",
-            field="kubernetes.runtime",
+            installed = self.installed_runtimes()
+            hint = "kubectl apply -k deploy/" if name.startswith("playground") else "the Kubeflow Trainer runtimes"
+            raise BackendError(
+                f"training runtime {name!r} (blueprint {blueprint.id}) is not installed; installed: "
+                f"{', '.join(installed) or 'none'}; install it with {hint}",
+                field="kubernetes.runtime",
+            ) from None
+        wanted = (
+            types.TrainerType.BUILTIN_TRAINER if self.opts.trainer == m.TORCHTUNE else types.TrainerType.CUSTOM_TRAINER
         )
+        if runtime.trainer.trainer_type != wanted:
+            raise BackendError(
+                f"training runtime {name!r} (framework {runtime.trainer.framework}) cannot run the "
+                f"{self.opts.trainer} trainer",
+                field="kubernetes.runtime",
+            )
 
     # -- jobs -----------------------------------------------------------------------------------
     def submit(self, request: TrainRequest) -> Job:
-        blueprint = get_blueprint(request.blueprint_id)
-        runtime = self._runtime(blueprint)
-        plan = self._plan(request, runtime=runtime)
+        if self.policy is None or request.owner is None:
+            return self._submit(request)
+        # Booth: the quota check and the create are one step for every kernel of this app (its home).
+        home = ensure_writable_dir(playground_home(), what="state dir")
+        with submit_lock(home):
+            ledger = SubmissionLedger(home)
+            jobs = self.list(owner=request.owner)
+            times = max(ledger.times(request.owner), [j.created_at for j in jobs], key=len)
+            self.policy.check_quota(jobs, times)
+            job = self._submit(request)
+            ledger.record(request.owner)
+            return job
+
+    def _submit(self, request: TrainRequest) -> Job:
+        plan = self._plan(request)  # bad input fails here, before the cluster is contacted
+        self._check_runtime(get_blueprint(request.blueprint_id), plan.runtime)
+        body = m.build_trainjob(plan)
         try:
-            if blueprint.kubernetes.trainer == "playground":
-                self._sdk(
-                    "train",
-                    runtime=plan.runtime,
-                    initializer=plan.initializer,
-                    trainer=plan.trainer,
-                    options=plan.options,
-                )
-            else:  # the TorchTune args the SDK has no field for (max steps, lr) ride on its spec
-                body = m.build_trainjob(plan, self.client.backend)
-                self.custom.create_namespaced_custom_object(m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, body)
-        except ValueError as exc:  # the SDK refuses the trainer for this runtime
-            raise BackendError(f"runtime {runtime.name!r}: {exc}", field="kubernetes.runtime") from None
+            self.custom.create_namespaced_custom_object(m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, body)
         except Exception as exc:
             raise self._error(exc, "create", TRAINJOBS, plan.name) from None
         return self.get(plan.name)
 
-    def _get_trainjob(self, job_id: str) -> dict[str, Any]:
+    def _get_trainjob(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
+        """The TrainJob; JobNotFound when it does not exist or (with ``owner``) is someone else's."""
         from kubernetes.client.exceptions import ApiException
 
+        not_found = JobNotFound(f"no TrainJob {job_id!r} in namespace {self.namespace!r}", field="job")
         try:
-            return self.custom.get_namespaced_custom_object(
+            obj = self.custom.get_namespaced_custom_object(
                 m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, job_id
             )
         except ApiException as exc:
             if exc.status == 404:
-                raise JobNotFound(f"no TrainJob {job_id!r} in namespace {self.namespace!r}", field="job") from None
+                raise not_found from None
             raise self._error(exc, "get", TRAINJOBS, job_id) from None
         except Exception as exc:
             raise self._error(exc, "get", TRAINJOBS, job_id) from None
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if owner is not None and labels.get(m.LABEL_OWNER) != owner_key(owner):
+            raise not_found  # someone else's job: reported like an unknown one
+        return obj
 
     def _pods(self, job_id: str) -> list[dict[str, Any]]:
         try:
@@ -342,6 +372,7 @@ class KubernetesBackend(Backend):
             base_model=ann.get(m.ANN_BASE),
             log_tail=log_tail,
             labels={k[len(m.LABEL_PREFIX) :]: v for k, v in labels.items() if k.startswith(m.LABEL_PREFIX)},
+            owner=ann.get(m.ANN_OWNER),
         )
 
     @staticmethod
@@ -350,8 +381,8 @@ class KubernetesBackend(Backend):
         catalog = load_catalog()
         return value if value in catalog else next((b for b in catalog if m.label_value(b) == value), value)
 
-    def get(self, job_id: str) -> Job:
-        obj = self._get_trainjob(job_id)
+    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+        obj = self._get_trainjob(job_id, owner)
         pods = self._pods(job_id)
         tail = None
         phase, _ = cluster_phase(obj, pods)
@@ -360,28 +391,45 @@ class KubernetesBackend(Backend):
                 p for p in pods if step_name(p) == "node-0"
             ]
             tail = self._tail(failing[0]) if failing else None
-        return self._job(obj, pods, tail)
+        job = self._job(obj, pods, tail)
+        queue_name = ((obj.get("metadata") or {}).get("labels") or {}).get(m.QUEUE_LABEL)
+        if queue_name and job.phase == JobPhase.PENDING and (obj.get("spec") or {}).get("suspend"):
+            job.queue_position = kueue.pending_position(self.custom.api_client, self.namespace, queue_name, job_id)
+            if job.queue_position is not None:  # else the message stays "... waiting for admission"
+                job.message = f"queued in Kueue queue {queue_name!r}: position {job.queue_position}"
+        return job
 
-    def list(self) -> list[Job]:
+    def _list_trainjobs(self, owner: str | None = None) -> dict[str, Any]:
         try:
-            data = self.custom.list_namespaced_custom_object(
+            return self.custom.list_namespaced_custom_object(
                 m.GROUP,
                 m.VERSION,
                 self.namespace,
                 m.TRAINJOB_PLURAL,
-                label_selector=f"{m.LABEL_MANAGED}={m.MANAGED_BY}",
+                label_selector=f"{m.LABEL_MANAGED}={m.MANAGED_BY}{m.owner_selector(owner)}",
             )
         except Exception as exc:
             raise self._error(exc, "list", TRAINJOBS) from None
+
+    def list(self, *, owner: str | None = None) -> list[Job]:
+        data = self._list_trainjobs(owner)
         jobs = [self._job(obj, None) for obj in data.get("items") or []]
         jobs = [j for j in jobs if not self._expired(j, data)]
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
-    def _expired(self, job: Job, data: dict[str, Any]) -> bool:
+    def cleanup(self, *, now: float | None = None) -> list[str]:
+        """Delete finished TrainJobs (and their InferenceServices) past their TTL; the names deleted."""
+        data = self._list_trainjobs()
+        return [
+            job.id for job in (self._job(o, None) for o in data.get("items") or []) if self._expired(job, data, now)
+        ]
+
+    def _expired(self, job: Job, data: dict[str, Any], now: float | None = None) -> bool:
         """Optional TTL after finish (annotation set at submit): delete the job and its servers."""
         obj = next(o for o in data.get("items") or [] if o["metadata"]["name"] == job.id)
         ttl = (obj["metadata"].get("annotations") or {}).get(m.ANN_TTL)
-        if ttl is None or not job.done or job.finished_at is None or time.time() < job.finished_at + int(ttl):
+        now = time.time() if now is None else now
+        if ttl is None or not job.done or job.finished_at is None or now < job.finished_at + int(ttl):
             return False
         try:
             self.delete(job.id)
@@ -390,60 +438,44 @@ class KubernetesBackend(Backend):
         return True
 
     # -- events ---------------------------------------------------------------------------------
-    def events(self, job_id: str, follow: bool = False) -> Iterator[Event]:
-        obj = self._get_trainjob(job_id)  # JobNotFound before anything starts
+    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+        obj = self._get_trainjob(job_id, owner)  # JobNotFound before anything starts
         created = _ts((obj.get("metadata") or {}).get("creationTimestamp"))
         yield Phase(JobPhase.PENDING, "TrainJob created", time=created or time.time())
         state = StreamState(job_id, job=obj, rank=0, phase=JobPhase.PENDING)
+        logs = LogSource(self.core, self.namespace, self.stats)
         if not follow:
-            yield from self._history(job_id, state)
+            yield from history(state, self._get_trainjob(job_id), self._pods(job_id), self._namespace_events(), logs)
             return
-        yield from self._follow(job_id, state)
+        inbox: queue.Queue = queue.Queue()
+        watchers: list[Any] = self.watchers(job_id, inbox.put, threading.Event())
+        queue_name = ((obj.get("metadata") or {}).get("labels") or {}).get(m.QUEUE_LABEL)
+        if queue_name:  # Kueue's pending position, where its visibility API answers
+            watchers.append(
+                kueue.QueuePoller(
+                    partial(kueue.pending_position, self.custom.api_client, self.namespace, queue_name, job_id),
+                    lambda: state.phase in (None, JobPhase.PENDING),
+                    inbox.put,
+                    threading.Event(),
+                    interval=self.queue_poll_seconds,
+                )
+            )
+        session = JobFollow(
+            state=state,
+            watchers=watchers,
+            logs=logs,
+            inbox=inbox,
+            drain_timeout=self.drain_timeout,
+            fail=lambda kind, exc: self._error(exc, "watch", TRAINJOBS if kind == "trainjob" else "pods"),
+        )
+        yield from session.events()
 
-    def _history(self, job_id: str, state: StreamState) -> Iterator[Event]:
-        state.job = self._get_trainjob(job_id)
-        pods = self._pods(job_id)
-        for pod in pods:
-            yield from state.on_pod("ADDED", pod)
+    def _namespace_events(self) -> list[dict[str, Any]]:
         try:
             resp = self.core.list_namespaced_event(self.namespace, _preload_content=False)
-            for ev in json.loads(resp.data).get("items") or []:
-                yield from state.on_event(ev)
+            return json.loads(resp.data).get("items") or []
         except Exception:  # events are advisory (RBAC may hide them)
-            pass
-        for pod in sorted(pods, key=step_name):
-            if not started(pod):
-                continue
-            sink: queue.Queue = queue.Queue()
-            follower = LogFollower(
-                self.core,
-                self.namespace,
-                pod["metadata"]["name"],
-                container_name(pod),
-                step_name(pod),
-                sink.put,
-                threading.Event(),
-                follow=False,
-                stats=self.stats,
-            )
-            follower.run()
-            while not sink.empty():
-                item = sink.get()
-                if item[0] == "log":
-                    yield from state.on_log(item[1], item[2])
-        yield from state.on_job("MODIFIED", state.job)  # after the logs: their progress is the finer one
-        end = state.terminal()
-        if end:
-            yield Phase(end[0], self._final_reason(end, state))
-
-    @staticmethod
-    def _final_reason(end: tuple[JobPhase, str], state: StreamState) -> str:
-        phase, reason = end
-        if phase == JobPhase.FAILED:
-            tail = [line for line in state.failing_tail(10) if EVENT_PREFIX not in line][-3:]
-            if tail:
-                return f"{reason}; last log lines: {' | '.join(tail)}"
-        return reason
+            return []
 
     def watchers(self, job_id: str, sink: Any, stop: threading.Event) -> list[ResourceWatcher]:
         """One watch per resource kind for a job: its TrainJob, its pods, the namespace's Events."""
@@ -477,96 +509,9 @@ class KubernetesBackend(Backend):
             ),
         ]
 
-    def _follow(self, job_id: str, state: StreamState) -> Iterator[Event]:
-        inbox: queue.Queue = queue.Queue()
-        stop_watch = threading.Event()
-        stop_logs = threading.Event()
-        watchers = self.watchers(job_id, inbox.put, stop_watch)
-        followers: dict[str, LogFollower] = {}
-        ended: set[str] = set()
-        terminal_at: float | None = None
-        synced: set[str] = set()
-        try:
-            for w in watchers:
-                w.start()
-            while True:
-                try:
-                    item = inbox.get(timeout=0.5)
-                except queue.Empty:
-                    item = None
-                out: list[Event] = []
-                if item is not None:
-                    kind = item[0]
-                    if kind == "object":
-                        _, rkind, etype, obj = item
-                        if rkind == "trainjob":
-                            if etype == "DELETED":
-                                yield Phase(JobPhase.CANCELLED, "the TrainJob was deleted")
-                                return
-                            out = state.on_job(etype, obj)
-                        elif rkind == "pod":
-                            out = state.on_pod(etype, obj)
-                            self._maybe_follow(obj, followers, inbox.put, stop_logs, state)
-                        else:
-                            out = state.on_event(obj)
-                    elif kind == "synced":
-                        synced.add(item[1])
-                    elif kind == "log":
-                        out = state.on_log(item[1], item[2])
-                    elif kind == "log_end":
-                        ended.add(item[1])
-                    elif kind == "error":
-                        if item[1] == "event":
-                            continue  # Events are advisory: a missing permission must not stop the job view
-                        raise self._error(item[2], "watch", TRAINJOBS if item[1] == "trainjob" else "pods")
-                    elif kind == "log_error":
-                        ended.add(item[1])
-                yield from out
-                if terminal_at is None and state.terminal() and {"trainjob", "pod"} <= synced:
-                    terminal_at = time.monotonic()
-                    for pod in state.pods.values():  # a step that ran but was never followed (short-lived)
-                        self._maybe_follow(pod, followers, inbox.put, stop_logs, state)
-                if terminal_at is not None:
-                    drained = all(f.source in ended for f in followers.values())
-                    if drained or time.monotonic() - terminal_at > self.drain_timeout:
-                        end = state.terminal()
-                        assert end is not None
-                        yield Phase(end[0], self._final_reason(end, state))
-                        return
-        finally:
-            for w in watchers:
-                w.stop()
-            for f in followers.values():
-                f.stop()
-
-    def _maybe_follow(
-        self,
-        pod: dict[str, Any],
-        followers: dict[str, LogFollower],
-        sink: Any,
-        stop: threading.Event,
-        state: StreamState,
-    ) -> None:
-        name = pod["metadata"]["name"]
-        if name in followers or not started(pod):
-            return
-        follower = LogFollower(
-            self.core,
-            self.namespace,
-            name,
-            container_name(pod),
-            step_name(pod),
-            sink,
-            stop,
-            is_finished=lambda: finished(state.pods.get(name) or pod),
-            stats=self.stats,
-        )
-        followers[name] = follower
-        follower.start()
-
     # -- control --------------------------------------------------------------------------------
-    def cancel(self, job_id: str) -> Job:
-        job = self.get(job_id)
+    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+        job = self.get(job_id, owner=owner)
         if job.done:
             return job
         body = {"metadata": {"annotations": {m.ANN_CANCELLED: "true"}}, "spec": {"suspend": True}}
@@ -578,8 +523,8 @@ class KubernetesBackend(Backend):
             raise self._error(exc, "patch", TRAINJOBS, job_id) from None
         return self.get(job_id)
 
-    def delete(self, job_id: str) -> None:
-        self._get_trainjob(job_id)
+    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+        self._get_trainjob(job_id, owner)
         for isvc in self._isvcs(f"{m.LABEL_JOB}={job_id}"):
             self._delete_isvc(isvc["metadata"]["name"])
         try:
@@ -626,12 +571,13 @@ class KubernetesBackend(Backend):
             kind=labels.get(m.LABEL_KIND, "fine-tuned"),
             backend="kubernetes",
             name=meta.get("name"),
+            owner=(meta.get("annotations") or {}).get(m.ANN_OWNER),
         )
 
-    def serve(self, job_id: str, *, base: bool = False) -> Endpoint:
+    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None) -> Endpoint:
         from kubernetes.client.exceptions import ApiException
 
-        job = self.get(job_id)
+        job = self.get(job_id, owner=owner)
         blueprint = get_blueprint(job.blueprint_id)
         if base:
             uri = job.base_model or m.base_model_uri(job_id, blueprint)
@@ -639,7 +585,7 @@ class KubernetesBackend(Backend):
             if job.phase != JobPhase.SUCCEEDED or not job.model_dir:
                 raise UserError(f"job {job_id} is {job.phase}; it can be served once it has Succeeded", field="job")
             uri = job.model_dir
-        body = m.build_inferenceservice(job_id, blueprint, uri, self.opts, base=base)
+        body = m.build_inferenceservice(job_id, blueprint, uri, self.opts, base=base, owner=job.owner)
         name = body["metadata"]["name"]
         try:
             self.custom.create_namespaced_custom_object(
@@ -687,13 +633,13 @@ class KubernetesBackend(Backend):
                     item = inbox.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
                 except queue.Empty:
                     continue
-                if item[0] == "error":
-                    raise self._error(item[2], "watch", ISVCS, name)
-                if item[0] != "object":
+                if isinstance(item, WatchFailed):
+                    raise self._error(item.error, "watch", ISVCS, name)
+                if not isinstance(item, ObjectChanged):
                     continue
-                if item[2] == "DELETED":
+                if item.change == "DELETED":
                     raise BackendError(f"InferenceService {name!r} was deleted while waiting for it")
-                last = item[3]
+                last = item.obj
                 endpoint = self._endpoint(last)
                 if endpoint is not None:
                     return endpoint
@@ -707,10 +653,10 @@ class KubernetesBackend(Backend):
         why = "; ".join(not_ready) or "no status reported (is KServe installed?)"
         raise BackendError(f"InferenceService {name!r} not Ready after {self.serve_timeout:g}s: {why}")
 
-    def unserve(self, target: str) -> None:
+    def unserve(self, target: str, *, owner: str | None = None) -> None:
         matched = [
             isvc
-            for isvc in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}")
+            for isvc in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}{m.owner_selector(owner)}")
             if target
             in (
                 isvc["metadata"]["name"],
@@ -727,6 +673,6 @@ class KubernetesBackend(Backend):
         for isvc in matched:
             self._delete_isvc(isvc["metadata"]["name"])
 
-    def endpoints(self) -> list[Endpoint]:
-        found = [self._endpoint(i) for i in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}")]
+    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
+        found = [self._endpoint(i) for i in self._isvcs(f"{m.LABEL_MANAGED}={m.MANAGED_BY}{m.owner_selector(owner)}")]
         return [e for e in found if e is not None]

@@ -1,10 +1,14 @@
-"""TrainJob and InferenceService manifests for a blueprint, built with the kubeflow SDK's models.
+"""TrainJob and InferenceService manifests for a blueprint.
 
-Nothing here contacts a cluster: ``--dry-run`` renders exactly what ``submit``/``serve`` create.
+The TrainJob is assembled from the Trainer's own API models (``kubeflow_trainer_api``, the typed
+form of the TrainJob CRD), so ``--dry-run`` renders exactly what ``submit`` creates and nothing here
+contacts a cluster or relies on the SDK backend's private helpers. The one SDK helper used is the
+TorchTune argument mapping for the opt-in ``builtin-torchtune`` variant (hence ``kubeflow<0.6``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -13,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from playground.blueprints import Blueprint
+from playground.booth import owner_key
+from playground.errors import UserError
 from playground.types import TrainRequest
 
 GROUP = "trainer.kubeflow.org"
@@ -27,6 +33,8 @@ LABEL_PREFIX = "blueprint-playground.dev/"
 LABEL_BLUEPRINT = LABEL_PREFIX + "blueprint"
 LABEL_JOB = LABEL_PREFIX + "job"
 LABEL_KIND = LABEL_PREFIX + "kind"
+LABEL_OWNER = LABEL_PREFIX + "owner"  # booth mode: a label-safe digest of the visitor id (owner_key)
+LABEL_E2E_RUN = LABEL_PREFIX + "e2e-run"
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
 MANAGED_BY = "blueprint-playground"
 ANN_PARAMS = LABEL_PREFIX + "params"
@@ -35,18 +43,60 @@ ANN_BASE = LABEL_PREFIX + "base-model"
 ANN_TRAINER = LABEL_PREFIX + "trainer"
 ANN_CANCELLED = LABEL_PREFIX + "cancelled"
 ANN_TTL = LABEL_PREFIX + "ttl-seconds-after-finished"
+ANN_OWNER = LABEL_PREFIX + "owner"  # the visitor id itself (labels hold only its digest)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 RJOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOB_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 
+# Trainer kinds: the project's own trainer (every blueprint), or the opt-in upstream TorchTune variant.
+PLAYGROUND, TORCHTUNE = "playground", "builtin-torchtune"
+TRAINER_KINDS = (PLAYGROUND, TORCHTUNE)
+
 WORKSPACE = "/workspace"
 OUTPUT_DIR = WORKSPACE + "/output"
+MODEL_DIR = WORKSPACE + "/model"  # where Kubeflow's model initializer writes (kubeflow.trainer.MODEL_PATH)
+DATASET_DIR = WORKSPACE + "/dataset"  # ... and its dataset initializer (kubeflow.trainer.DATASET_PATH)
+INITIALIZER_URI = re.compile(r"^(hf|s3)://.+")  # what Kubeflow's HF/S3 initializers download
 # The PVC JobSet creates from a runtime's shared volumeClaimPolicies template: <claim>-<jobset name>.
-WORKSPACE_CLAIM = {"playground": "workspace", "builtin-torchtune": "initializer"}
+WORKSPACE_CLAIM = {PLAYGROUND: "workspace", TORCHTUNE: "initializer"}
+
+# Name lengths. KServe's default domain template ``{{ .Name }}-{{ .Namespace }}`` names the host after
+# the predictor service ``<isvc>-predictor``, and a DNS label holds at most 63 characters, so
+# len(isvc) + len("-predictor-") + len(namespace) <= 63. Job names are at most 26 characters and
+# InferenceService names ``<job>-ft``/``<job>-base`` at most 31, which leaves 21 for the namespace
+# (the documented ``blueprint-playground`` has 20). In a longer namespace the InferenceService name
+# is shortened, a hash of the job name keeping it unique.
+DNS_LABEL_MAX = 63
+KSERVE_HOST_INFIX = "-predictor-"
+JOB_NAME_MAX = 26
+_JOB_SUFFIX = 5  # random characters after the blueprint stem
 
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
+_QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+QUEUE_FORM = (
+    "a Kueue LocalQueue name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, "
+    f"at most {DNS_LABEL_MAX} characters"
+)
+
+
+def _shown(value: str, limit: int = 80) -> str:
+    """``value`` quoted for an error message, cut to ``limit`` characters."""
+    return repr(value if len(value) <= limit else value[:limit] + "…")
+
+
+def check_queue(value: str, setting: str = "PLAYGROUND_KUEUE_QUEUE") -> str:
+    """The Kueue LocalQueue name, or a one-line error naming the setting and the allowed form."""
+    if len(value) > DNS_LABEL_MAX or not _QUEUE_NAME.match(value):
+        raise UserError(f"{setting} {_shown(value)} is not valid; allowed: {QUEUE_FORM}", field=setting)
+    return value
+
+
+def check_trainer(value: str, setting: str = "PLAYGROUND_K8S_TRAINER") -> str:
+    if value not in TRAINER_KINDS:
+        raise UserError(f"{setting} {_shown(value)} is unknown; allowed: {', '.join(TRAINER_KINDS)}", field=setting)
+    return value
 
 
 @dataclass(frozen=True)
@@ -60,18 +110,45 @@ class ClusterOptions:
     image: str | None = None  # the playground trainer image (default: the runtime's)
     ttl_seconds_after_finished: int | None = None
     extra_labels: dict[str, str] = field(default_factory=dict)
+    trainer: str = PLAYGROUND  # or the opt-in builtin-torchtune variant
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClusterOptions:
+        """Options given here win over the env; both are validated (one line naming the setting)."""
         env = os.environ
         values: dict[str, Any] = {
-            "queue": env.get("PLAYGROUND_KUEUE_QUEUE") or None,
             "hf_token_secret": env.get("PLAYGROUND_HF_TOKEN_SECRET", "hf-token"),
             "hf_token_key": env.get("PLAYGROUND_HF_TOKEN_KEY", "token"),
             "image": env.get("PLAYGROUND_TRAINER_IMAGE") or None,
         }
+        labels = dict(overrides.pop("extra_labels", None) or {})
+        run = env.get("PLAYGROUND_E2E_RUN")  # set by `playground e2e` for each notebook: its cleanup finds the jobs
+        if run:
+            labels.setdefault(LABEL_E2E_RUN, label_value(run))
+        queue, trainer = overrides.pop("queue", None), overrides.pop("trainer", None)
+        if queue:
+            values["queue"] = check_queue(queue, "queue")
+        elif env.get("PLAYGROUND_KUEUE_QUEUE"):
+            values["queue"] = check_queue(env["PLAYGROUND_KUEUE_QUEUE"])
+        values["trainer"] = (
+            check_trainer(trainer, "trainer")
+            if trainer
+            else check_trainer(env.get("PLAYGROUND_K8S_TRAINER") or PLAYGROUND)
+        )
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        return cls(**values, extra_labels=labels)
+
+
+def owner_metadata(owner: str | None) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) marking an object as ``owner``'s; empty for an operator's object."""
+    if owner is None:
+        return {}, {}
+    return {LABEL_OWNER: owner_key(owner)}, {ANN_OWNER: owner}
+
+
+def owner_selector(owner: str | None) -> str:
+    """The label selector term for ``owner``'s objects ("" for everyone's)."""
+    return f",{LABEL_OWNER}={owner_key(owner)}" if owner is not None else ""
 
 
 def label_value(text: str) -> str:
@@ -80,99 +157,205 @@ def label_value(text: str) -> str:
     return value.strip("-._")
 
 
-def new_job_name(blueprint_id: str) -> str:
-    """A DNS-1035 TrainJob name: the blueprint id (shortened) and a random suffix."""
-    base = re.sub(r"[^a-z0-9-]+", "-", blueprint_id.lower()).strip("-")[:30].strip("-")
+def job_stem(blueprint_id: str) -> str:
+    """The DNS-1035 prefix of a blueprint's job names (its id, shortened)."""
+    base = re.sub(r"[^a-z0-9-]+", "-", blueprint_id.lower()).strip("-")
     if not base or not base[0].isalpha():
         base = "j" + base
+    return base[: JOB_NAME_MAX - _JOB_SUFFIX - 1].strip("-")
+
+
+def new_job_name(blueprint_id: str) -> str:
+    """A DNS-1035 TrainJob name of at most 26 characters: the blueprint stem and a random suffix."""
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return f"{base}-{''.join(secrets.choice(alphabet) for _ in range(5))}"
+    return f"{job_stem(blueprint_id)}-{''.join(secrets.choice(alphabet) for _ in range(_JOB_SUFFIX))}"
+
+
+def uses_initializers(blueprint: Blueprint, kind: str) -> bool:
+    return kind == TORCHTUNE or blueprint.kubernetes.initializers
+
+
+def runtime_name(blueprint: Blueprint, kind: str) -> str:
+    """The ClusterTrainingRuntime a blueprint runs on with trainer ``kind``."""
+    if kind == PLAYGROUND:
+        return blueprint.kubernetes.runtime
+    if not blueprint.kubernetes.torchtune_runtime:
+        raise UserError(
+            f"blueprint {blueprint.id!r} has no builtin-torchtune variant (kubernetes.torchtune_runtime is not set); "
+            f"run it with the playground trainer",
+            field="trainer",
+        )
+    return blueprint.kubernetes.torchtune_runtime
 
 
 def workspace_pvc(job_name: str, trainer_kind: str) -> str:
     return f"{WORKSPACE_CLAIM.get(trainer_kind, 'workspace')}-{job_name}"
 
 
-def output_uri(job_name: str, blueprint: Blueprint) -> str:
+def output_uri(job_name: str, blueprint: Blueprint, kind: str = PLAYGROUND) -> str:
     """Where the servable model directory lands (KServe ``storageUri``)."""
-    kind = blueprint.kubernetes.trainer
-    if kind == "builtin-torchtune":
+    if kind == TORCHTUNE:
         # torchtune's HF checkpointer writes one directory per epoch under output_dir (1 epoch here).
         return f"pvc://{workspace_pvc(job_name, kind)}/output/epoch_0"
     return f"pvc://{workspace_pvc(job_name, kind)}/output/model"
 
 
-def base_model_uri(job_name: str, blueprint: Blueprint, override: str | None = None) -> str:
-    """The base model for side by side: the hub id, or the trainer's ``base-model/`` for scratch://."""
+def base_model_uri(job_name: str, blueprint: Blueprint, override: str | None = None, kind: str = PLAYGROUND) -> str:
+    """The base model for side by side: the trainer's ``base-model/`` for scratch://, the copy the model
+    initializer downloaded into the job's workspace, else the source itself (a hub id)."""
     source = override or blueprint.model.source
     if source.startswith("scratch://"):
-        return f"pvc://{workspace_pvc(job_name, blueprint.kubernetes.trainer)}/output/base-model"
+        return f"pvc://{workspace_pvc(job_name, kind)}/output/base-model"
+    if uses_initializers(blueprint, kind) and INITIALIZER_URI.match(source):
+        return f"pvc://{workspace_pvc(job_name, kind)}/model"
     return source
 
 
-def _secret_env(name: str, opts: ClusterOptions, *, optional: bool) -> dict[str, Any]:
-    ref = {"name": opts.hf_token_secret, "key": opts.hf_token_key, "optional": optional}
-    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
+def _secret_env(name: str, opts: ClusterOptions, *, optional: bool):
+    """An env var read from the HF token Secret (never the value itself)."""
+    from kubeflow_trainer_api import models
+
+    ref = models.IoK8sApiCoreV1SecretKeySelector(name=opts.hf_token_secret, key=opts.hf_token_key, optional=optional)
+    return models.IoK8sApiCoreV1EnvVar(name=name, valueFrom=models.IoK8sApiCoreV1EnvVarSource(secretKeyRef=ref))
 
 
-def _container_patch(rjob: str, env: list[dict[str, Any]]):
-    from kubeflow.trainer import options as o
+def _resources(blueprint: Blueprint):
+    """Requests = limits per node: cpu, memory and ``nvidia.com/gpu``."""
+    from kubeflow_trainer_api import models
 
-    pod = o.PodTemplatePatch(spec=o.PodSpecPatch(containers=[o.ContainerPatch(name=rjob, env=env)]))
-    return o.ReplicatedJobPatch(name=rjob, template=o.JobTemplatePatch(spec=o.JobSpecPatch(template=pod)))
-
-
-def _resources(blueprint: Blueprint) -> dict[str, str] | None:
     res = blueprint.resources
-    out: dict[str, str] = {}
-    if res.cpu:
-        out["cpu"] = str(res.cpu)
-    if res.memory:
-        out["memory"] = str(res.memory)
-    if res.gpus_per_node:
-        out["gpu"] = str(res.gpus_per_node)
-    return out or None
+    wanted = {"cpu": res.cpu, "memory": res.memory, "nvidia.com/gpu": res.gpus_per_node or None}
+    quantities = {k: models.IoK8sApimachineryPkgApiResourceQuantity(str(v)) for k, v in wanted.items() if v}
+    if not quantities:
+        return None
+    return models.IoK8sApiCoreV1ResourceRequirements(requests=quantities, limits=dict(quantities))
 
 
-def _runtime(blueprint: Blueprint):
-    """The SDK's view of the blueprint's runtime, as ``get_runtime`` would derive it (no cluster)."""
-    from kubeflow.trainer.constants import constants
-    from kubeflow.trainer.types import types
-
-    builtin = blueprint.kubernetes.trainer == "builtin-torchtune"
-    trainer = types.RuntimeTrainer(
-        trainer_type=types.TrainerType.BUILTIN_TRAINER if builtin else types.TrainerType.CUSTOM_TRAINER,
-        framework="torchtune" if builtin else "torch",
-        image="",
-        num_nodes=blueprint.resources.nodes,
-    )
-    trainer.set_command(constants.TORCH_TUNE_COMMAND if builtin else constants.TORCH_COMMAND)
-    return types.Runtime(
-        name=blueprint.kubernetes.runtime, trainer=trainer, kind=types.RuntimeKind.CLUSTER_TRAINING_RUNTIME
-    )
+def _initializer_source(kind: str, override: str | None, default: str, blueprint: Blueprint) -> str:
+    source = override or default
+    if not INITIALIZER_URI.match(source):
+        raise UserError(
+            f"{kind} source {_shown(source)}: blueprint {blueprint.id!r} downloads its {kind} with Kubeflow's "
+            f"{kind} initializer on Kubernetes; allowed: hf://ORG/NAME or s3://BUCKET/PATH",
+            field=kind,
+        )
+    return source
 
 
 @dataclass
 class TrainJobPlan:
-    """Everything ``TrainerClient.train`` takes, plus the extra trainer args the SDK has no field for."""
+    """Everything a TrainJob is made of (API models), before it is assembled."""
 
     name: str
-    runtime: Any
-    trainer: Any
-    initializer: Any
-    options: list[Any]
-    extra_args: list[str]
+    namespace: str
+    kind: str  # trainer kind: playground or builtin-torchtune
+    runtime: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    trainer: Any  # kubeflow_trainer_api.models.TrainerV1alpha1Trainer
+    initializer: Any = None  # kubeflow_trainer_api.models.TrainerV1alpha1Initializer
+    active_deadline_seconds: int | None = None
 
 
-def plan_trainjob(
-    blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions, name: str, runtime: Any = None
-) -> TrainJobPlan:
-    """Map a blueprint + validated params onto the SDK's trainer, initializer and options."""
-    from kubeflow.trainer import options as o
+def _playground_trainer(blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions, initializers: bool):
+    """``python -m playground.train`` (torchrun when there is more than one process) with the blueprint's params."""
+    from kubeflow_trainer_api import models
+
+    res = blueprint.resources
+    args = ["--blueprint", blueprint.id]
+    for key in sorted(request.params):
+        value = request.params[key]
+        args += ["--set", f"{key}={json.dumps(value) if isinstance(value, bool) else value}"]
+    args += ["--output", OUTPUT_DIR]
+    if initializers:  # the initializers downloaded both into the shared workspace
+        args += ["--model-source", MODEL_DIR, "--dataset-source", DATASET_DIR]
+    else:
+        if request.overrides.model:
+            args += ["--model-source", request.overrides.model]
+        if request.overrides.dataset:
+            args += ["--dataset-source", request.overrides.dataset]
+    procs = max(1, res.gpus_per_node)
+    distributed = res.nodes * procs > 1  # torchrun reads nnodes/nproc/rank/master from the PET_* env
+    command = ["torchrun", "-m", "playground.train"] if distributed else ["python", "-m", "playground.train"]
+    env = [models.IoK8sApiCoreV1EnvVar(name="PYTHONUNBUFFERED", value="1")]
+    needs_hub = not initializers and any(
+        (src or "").startswith("hf://")
+        for src in (
+            request.overrides.model or blueprint.model.source,
+            request.overrides.dataset or blueprint.dataset.source,
+        )
+    )
+    if needs_hub:  # the entrypoint downloads itself: the token from the Secret, never inline
+        env.append(_secret_env("HF_TOKEN", opts, optional=not blueprint.model.gated))
+    return models.TrainerV1alpha1Trainer(
+        image=blueprint.kubernetes.image or opts.image or None,
+        command=command,
+        args=args,
+        numNodes=res.nodes,
+        numProcPerNode=procs,
+        resourcesPerNode=_resources(blueprint),
+        env=env,
+    )
+
+
+def _torchtune_trainer(blueprint: Blueprint, request: TrainRequest, initializer: Any):
+    """The opt-in upstream TorchTune trainer: the SDK's TorchTune argument mapping, plus the params
+    (max steps, learning rate...) that ``TorchTuneConfig`` has no field for."""
+    from kubeflow.trainer.backends.kubernetes import utils as sdk_utils
+    from kubeflow.trainer.constants import constants
     from kubeflow.trainer.types import types
+    from kubeflow_trainer_api import models
 
-    kind = blueprint.kubernetes.trainer
-    params = request.params
+    params, method = request.params, blueprint.method
+    peft = None
+    if method.kind == "lora":
+        peft = types.LoraConfig(
+            lora_rank=int(params.get("lora_rank", method.rank)),
+            lora_alpha=int(params.get("lora_alpha", method.alpha)),
+            lora_dropout=float(params.get("lora_dropout", method.dropout)),
+            lora_attn_modules=list(method.target_modules),
+        )
+    config = types.TorchTuneConfig(
+        dtype=types.DataType.FP32 if blueprint.model.dtype == "float32" else types.DataType.BF16,
+        batch_size=int(params["batch_size"]) if "batch_size" in params else None,
+        epochs=1,
+        num_nodes=blueprint.resources.nodes,
+        peft_config=peft,
+        dataset_preprocess_config=types.TorchTuneInstructDataset(
+            source=types.DataFormat.PARQUET,
+            split=blueprint.dataset.split,
+            column_map={"input": "instruction", "output": "output"},
+        ),
+    )
+    sdk_initializer = types.Initializer(
+        dataset=types.HuggingFaceDatasetInitializer(storage_uri=initializer.dataset.storage_uri),
+        model=types.HuggingFaceModelInitializer(storage_uri=initializer.model.storage_uri),
+    )
+    tune_keys = {
+        "max_steps": "max_steps_per_epoch",
+        "learning_rate": "optimizer.lr",
+        "seed": "seed",
+        "max_seq_length": "tokenizer.max_seq_len",
+        "log_every": "log_every_n_steps",
+        "gradient_accumulation_steps": "gradient_accumulation_steps",
+    }
+    args = sdk_utils.get_args_using_torchtune_config(config, sdk_initializer)
+    args += [f"{tune_keys[k]}={params[k]}" for k in sorted(params) if k in tune_keys]
+    return models.TrainerV1alpha1Trainer(
+        command=list(constants.TORCH_TUNE_COMMAND),
+        args=args,
+        numNodes=blueprint.resources.nodes,
+        resourcesPerNode=_resources(blueprint),
+    )
+
+
+def plan_trainjob(blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions, name: str) -> TrainJobPlan:
+    """Map a blueprint + validated params onto a TrainJob: runtime, initializers, trainer, metadata."""
+    from kubeflow_trainer_api import models
+
+    kind = opts.trainer
+    runtime = runtime_name(blueprint, kind)
+    initializers = uses_initializers(blueprint, kind)
     labels = {
         LABEL_BLUEPRINT: label_value(blueprint.id),
         LABEL_MANAGED: MANAGED_BY,
@@ -181,146 +364,69 @@ def plan_trainjob(
     }
     if opts.queue:
         labels[QUEUE_LABEL] = opts.queue
+    owner_labels, owner_annotations = owner_metadata(request.owner)
+    labels.update(owner_labels)
     annotations = {
-        ANN_PARAMS: json.dumps(params, sort_keys=True),
-        ANN_OUTPUT: output_uri(name, blueprint),
-        ANN_BASE: base_model_uri(name, blueprint, request.overrides.model),
+        ANN_PARAMS: json.dumps(request.params, sort_keys=True),
+        ANN_OUTPUT: output_uri(name, blueprint, kind),
+        ANN_BASE: base_model_uri(name, blueprint, request.overrides.model, kind),
         ANN_TRAINER: kind,
+        **owner_annotations,
     }
     if opts.ttl_seconds_after_finished is not None:
         annotations[ANN_TTL] = str(opts.ttl_seconds_after_finished)
-    options: list[Any] = [
-        o.Name(name=name),
-        o.Labels(labels=labels),
-        o.Annotations(annotations=annotations),
-        o.ActiveDeadlineSeconds(seconds=blueprint.kubernetes.active_deadline_seconds),
-    ]
-    runtime = runtime or _runtime(blueprint)
-    resources = _resources(blueprint)
-    extra_args: list[str] = []
     initializer = None
-    if kind == "playground":
-        args = ["--blueprint", blueprint.id]
-        for key in sorted(params):
-            value = params[key]
-            args += ["--set", f"{key}={json.dumps(value) if isinstance(value, bool) else value}"]
-        args += ["--output", OUTPUT_DIR]
-        if request.overrides.model:
-            args += ["--model-source", request.overrides.model]
-        if request.overrides.dataset:
-            args += ["--dataset-source", request.overrides.dataset]
-        distributed = blueprint.resources.nodes > 1 or blueprint.resources.gpus_per_node > 1
-        command = ["torchrun", "-m", "playground.train"] if distributed else ["python", "-m", "playground.train"]
-        trainer = types.CustomTrainerContainer(
-            image=blueprint.kubernetes.image or opts.image or "",
-            num_nodes=blueprint.resources.nodes,
-            resources_per_node=resources,
-            env={"PYTHONUNBUFFERED": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
+    if initializers:
+        model_uri = _initializer_source("model", request.overrides.model, blueprint.model.source, blueprint)
+        dataset_uri = _initializer_source("dataset", request.overrides.dataset, blueprint.dataset.source, blueprint)
+        token = "ACCESS_TOKEN"  # what Kubeflow's initializers read; from the Secret, never inline
+        initializer = models.TrainerV1alpha1Initializer(
+            model=models.TrainerV1alpha1ModelInitializer(
+                storageUri=model_uri, env=[_secret_env(token, opts, optional=not blueprint.model.gated)]
+            ),
+            dataset=models.TrainerV1alpha1DatasetInitializer(
+                storageUri=dataset_uri, env=[_secret_env(token, opts, optional=True)]
+            ),
         )
-        options += [o.TrainerCommand(command=command), o.TrainerArgs(args=args)]
-        # The token reaches the trainer from the Secret, never inline (the SDK's RuntimePatch mechanism).
-        token = [_secret_env("HF_TOKEN", opts, optional=not blueprint.model.gated)]
-        rjobs = [_container_patch("node", token)]
+    if kind == PLAYGROUND:
+        trainer = _playground_trainer(blueprint, request, opts, initializers)
     else:
-        model_uri = request.overrides.model or blueprint.model.source
-        dataset_uri = request.overrides.dataset or blueprint.dataset.source
-        initializer = types.Initializer(
-            dataset=types.HuggingFaceDatasetInitializer(storage_uri=dataset_uri),
-            model=types.HuggingFaceModelInitializer(storage_uri=model_uri),
-        )
-        method = blueprint.method
-        peft = None
-        if method.kind == "lora":
-            peft = types.LoraConfig(
-                lora_rank=int(params.get("lora_rank", method.rank)),
-                lora_alpha=int(params.get("lora_alpha", method.alpha)),
-                lora_dropout=float(params.get("lora_dropout", method.dropout)),
-                lora_attn_modules=list(method.target_modules),
-            )
-        trainer = types.BuiltinTrainer(
-            config=types.TorchTuneConfig(
-                dtype=types.DataType.FP32 if blueprint.model.dtype == "float32" else types.DataType.BF16,
-                batch_size=int(params["batch_size"]) if "batch_size" in params else None,
-                epochs=1,
-                num_nodes=blueprint.resources.nodes,
-                peft_config=peft,
-                dataset_preprocess_config=types.TorchTuneInstructDataset(
-                    source=types.DataFormat.PARQUET,
-                    split=blueprint.dataset.split,
-                    column_map={"input": "instruction", "output": "output"},
-                ),
-                resources_per_node=resources,
-            )
-        )
-        tune_keys = {
-            "max_steps": "max_steps_per_epoch",
-            "learning_rate": "optimizer.lr",
-            "seed": "seed",
-            "max_seq_length": "tokenizer.max_seq_len",
-            "log_every": "log_every_n_steps",
-            "gradient_accumulation_steps": "gradient_accumulation_steps",
-        }
-        extra_args = [f"{tune_keys[k]}={params[k]}" for k in sorted(params) if k in tune_keys]
-        optional = not blueprint.model.gated
-        rjobs = [
-            _container_patch("dataset-initializer", [_secret_env("ACCESS_TOKEN", opts, optional=True)]),
-            _container_patch("model-initializer", [_secret_env("ACCESS_TOKEN", opts, optional=optional)]),
-        ]
-    options.append(
-        o.RuntimePatch(
-            training_runtime_spec=o.TrainingRuntimeSpecPatch(
-                template=o.JobSetTemplatePatch(spec=o.JobSetSpecPatch(replicated_jobs=rjobs))
-            )
-        )
+        trainer = _torchtune_trainer(blueprint, request, initializer)
+    return TrainJobPlan(
+        name=name,
+        namespace=opts.namespace,
+        kind=kind,
+        runtime=runtime,
+        labels=labels,
+        annotations=annotations,
+        trainer=trainer,
+        initializer=initializer,
+        active_deadline_seconds=blueprint.kubernetes.active_deadline_seconds,
     )
-    return TrainJobPlan(name, runtime, trainer, initializer, options, extra_args)
 
 
-def sdk_backend(namespace: str):
-    """An SDK KubernetesBackend used only to build specs (no kubeconfig loaded, no request made)."""
-    from kubeflow.trainer.backends.kubernetes.backend import KubernetesBackend as SDKBackend
-
-    backend = object.__new__(SDKBackend)
-    backend.namespace = namespace
-    return backend
-
-
-def build_trainjob(plan: TrainJobPlan, sdk: Any) -> dict[str, Any]:
-    """The TrainJob object, assembled exactly as ``TrainerClient.train`` assembles it."""
-    from kubeflow.trainer.constants import constants
+def build_trainjob(plan: TrainJobPlan) -> dict[str, Any]:
+    """The TrainJob object (what ``submit`` creates and ``--dry-run`` prints)."""
     from kubeflow_trainer_api import models
 
-    job_spec: dict[str, Any] = {}
-    for option in plan.options:
-        option(job_spec, plan.trainer, sdk)
-    meta = job_spec.get("metadata", {})
-    spec = job_spec.get("spec", {})
-    trainjob_spec = sdk._get_trainjob_spec(
-        runtime=plan.runtime,
-        initializer=plan.initializer,
-        trainer=plan.trainer,
-        trainer_overrides=spec.get("trainer", {}),
-        runtime_patches=spec.get("runtimePatches"),
-        active_deadline_seconds=spec.get("activeDeadlineSeconds"),
-    )
-    if plan.extra_args and trainjob_spec.trainer is not None:
-        trainjob_spec.trainer.args = list(trainjob_spec.trainer.args or []) + plan.extra_args
     job = models.TrainerV1alpha1TrainJob(
-        apiVersion=constants.API_VERSION,
-        kind=constants.TRAINJOB_KIND,
+        apiVersion=f"{GROUP}/{VERSION}",
+        kind="TrainJob",
         metadata=models.IoK8sApimachineryPkgApisMetaV1ObjectMeta(
-            name=meta.get("name", plan.name),
-            namespace=sdk.namespace,
-            labels=meta.get("labels"),
-            annotations=meta.get("annotations"),
+            name=plan.name, namespace=plan.namespace, labels=plan.labels, annotations=plan.annotations
         ),
-        spec=trainjob_spec,
+        spec=models.TrainerV1alpha1TrainJobSpec(
+            runtimeRef=models.TrainerV1alpha1RuntimeRef(name=plan.runtime, kind="ClusterTrainingRuntime"),
+            initializer=plan.initializer,
+            trainer=plan.trainer,
+            activeDeadlineSeconds=plan.active_deadline_seconds,
+        ),
     )
     return _clean(job.to_dict())
 
 
 def _clean(data: Any) -> Any:
-    """Drop empty lists/dicts the SDK leaves behind (e.g. ``env: []``)."""
+    """Drop empty lists/dicts the API models leave behind (e.g. ``env: []``)."""
     if isinstance(data, dict):
         out = {k: _clean(v) for k, v in data.items()}
         return {k: v for k, v in out.items() if v not in ({}, [], None)}
@@ -329,8 +435,25 @@ def _clean(data: Any) -> Any:
     return data
 
 
-def isvc_name(job_name: str, base: bool) -> str:
-    return f"{job_name}-{'base' if base else 'ft'}"
+def isvc_name(job_name: str, base: bool, namespace: str) -> str:
+    """``<job>-ft`` / ``<job>-base``, shortened (with a hash of the job name) when KServe's host label
+    ``<isvc>-predictor-<namespace>`` would pass 63 characters."""
+    suffix = "base" if base else "ft"
+    budget = DNS_LABEL_MAX - len(KSERVE_HOST_INFIX) - len(namespace)
+    name = f"{job_name}-{suffix}"
+    if len(name) <= budget:
+        return name
+    digest = hashlib.sha1(job_name.encode()).hexdigest()[:6]
+    keep = budget - len(suffix) - len(digest) - 2
+    if keep < 1:
+        raise UserError(
+            f"namespace {_shown(namespace)} is too long to serve from: KServe's host label "
+            f"<name>{KSERVE_HOST_INFIX}<namespace> must fit in {DNS_LABEL_MAX} characters; "
+            f"use a namespace of at most {DNS_LABEL_MAX - len(KSERVE_HOST_INFIX) - len(suffix) - len(digest) - 3} "
+            "characters",
+            field="namespace",
+        )
+    return f"{job_name[:keep].rstrip('-')}-{digest}-{suffix}"
 
 
 def build_inferenceservice(
@@ -340,9 +463,10 @@ def build_inferenceservice(
     opts: ClusterOptions,
     *,
     base: bool,
+    owner: str | None = None,
 ) -> dict[str, Any]:
     """A KServe InferenceService on the Hugging Face runtime serving ``storage_uri``."""
-    name = isvc_name(job_name, base)
+    name = isvc_name(job_name, base, opts.namespace)
     res = blueprint.resources
     requests = {"cpu": str(res.cpu or "1"), "memory": str(res.memory or "4Gi")}
     limits = dict(requests)
@@ -370,10 +494,15 @@ def build_inferenceservice(
         LABEL_MANAGED: MANAGED_BY,
         **opts.extra_labels,
     }
+    owner_labels, owner_annotations = owner_metadata(owner)
+    labels.update(owner_labels)
+    metadata: dict[str, Any] = {"name": name, "namespace": opts.namespace, "labels": labels}
+    if owner_annotations:
+        metadata["annotations"] = owner_annotations
     return {
         "apiVersion": f"{KSERVE_GROUP}/{KSERVE_VERSION}",
         "kind": "InferenceService",
-        "metadata": {"name": name, "namespace": opts.namespace, "labels": labels},
+        "metadata": metadata,
         "spec": {"predictor": {"model": model}},
     }
 

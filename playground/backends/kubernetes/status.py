@@ -139,7 +139,11 @@ def cluster_phase(job: dict[str, Any], pods: list[dict[str, Any]], *, refine: bo
 
 
 def trainer_progress(job: dict[str, Any]) -> tuple[Progress | None, dict[str, float]]:
-    """status.trainerStatus as a Progress point (percent as step/100) and its numeric metrics."""
+    """``status.trainerStatus`` as a Progress point and its numeric metrics.
+
+    The playground trainer reports ``step``/``total_steps`` among its metrics, so the point has the
+    same step as its log line; another trainer's bare percentage becomes ``step=percent`` of 100.
+    """
     ts = (job.get("status") or {}).get("trainerStatus") or {}
     metrics: dict[str, float] = {}
     for item in ts.get("metrics") or []:
@@ -150,11 +154,15 @@ def trainer_progress(job: dict[str, Any]) -> tuple[Progress | None, dict[str, fl
     if "progressPercentage" not in ts:
         return None, metrics
     eta = ts.get("estimatedRemainingSeconds")
+    step, total = int(ts["progressPercentage"]), 100
+    if metrics.get("total_steps", 0) > 0 and "step" in metrics:
+        step, total = int(metrics["step"]), int(metrics["total_steps"])
     progress = Progress(
-        step=int(ts["progressPercentage"]),
-        total_steps=100,
+        step=step,
+        total_steps=total,
         loss=metrics.get("loss", metrics.get("train_loss")),
         learning_rate=metrics.get("learning_rate"),
+        tokens_per_second=metrics.get("tokens_per_second"),
         eta_seconds=float(eta) if eta is not None else None,
     )
     return progress, metrics
@@ -173,7 +181,20 @@ def event_matches(event: dict[str, Any], job_name: str) -> bool:
 
 @dataclass
 class StreamState:
-    """Turns raw cluster changes into typed events, each once, in a sensible order."""
+    """Turns raw cluster changes into typed events, each once, in a sensible order.
+
+    Progress has two sources: node-0's ``@@playground`` log lines (every logged step, with learning
+    rate, tokens/s, MFU...) and ``status.trainerStatus`` (a throttled summary the trainer posts to
+    the Trainer controller). The rule that merges them without duplicates:
+
+    * a point is emitted only if it is further along (``step/total_steps``) than the last one emitted,
+      whichever source it comes from, so a step never appears twice and progress never goes back;
+    * for the playground trainer the log lines are the source while node-0's log can be read;
+      ``trainerStatus`` takes over only when that log is lost (``pods/log`` forbidden, the stream
+      failed, the pod is gone), continuing from the last step the log gave;
+    * for other trainers (``builtin-torchtune`` prints no ``@@playground`` lines) ``trainerStatus``
+      is the only source.
+    """
 
     job_name: str
     job: dict[str, Any] | None = None
@@ -182,14 +203,14 @@ class StreamState:
     phase: JobPhase | None = None
     seen: set[tuple[Any, ...]] = field(default_factory=set)
     metrics: dict[str, float] = field(default_factory=dict)
-    log_progress: bool = False
-    last_trainer_status: tuple[Any, ...] | None = None
+    logs_lost: bool = False  # node-0's log could not be read to its end: trainerStatus takes over
     trainer_failure: str = ""
     tails: dict[str, list[str]] = field(default_factory=dict)
-    latest: Progress | None = None
+    latest: Progress | None = None  # the last point emitted
 
     @property
     def refine(self) -> bool:
+        """The playground trainer: its own log lines drive Training/Saving and progress."""
         ann = ((self.job or {}).get("metadata") or {}).get("annotations") or {}
         return ann.get(m.ANN_TRAINER, "playground") == "playground"
 
@@ -198,6 +219,13 @@ class StreamState:
             return []
         self.rank, self.phase = RANK[phase], phase
         return [Phase(phase, reason)]
+
+    def _progress(self, point: Progress, reason: str) -> list[Event]:
+        """Emit ``point`` if it is further along than the last point emitted (the dedupe rule)."""
+        if self.latest is not None and point.fraction <= self.latest.fraction:
+            return []
+        self.latest = point
+        return [*self._phase(JobPhase.TRAINING, reason), point]
 
     def _progressed(self) -> list[Event]:
         """Phases the pods show the job went through (a step that already ran), oldest first."""
@@ -246,14 +274,8 @@ class StreamState:
             out += self._progressed()
         out += self._phase(phase, reason)
         progress, metrics = trainer_progress(obj)
-        ts = (obj.get("status") or {}).get("trainerStatus") or {}
-        marker = (ts.get("progressPercentage"), ts.get("lastUpdatedTime"))
-        # The playground trainer's own log lines are the finer source; trainerStatus drives the rest.
-        if progress is not None and not self.refine and not self.log_progress and marker != self.last_trainer_status:
-            self.last_trainer_status = marker
-            out += self._phase(JobPhase.TRAINING, "training (trainerStatus)")
-            self.latest = progress
-            out.append(progress)
+        if progress is not None and (self.logs_lost or not self.refine):
+            out += self._progress(progress, "training (trainerStatus)")
         for name, value in metrics.items():
             if name.startswith("eval") and self.metrics.get(name) != value:
                 self.metrics[name] = value
@@ -300,14 +322,19 @@ class StreamState:
                 return []
             return self._phase(event.phase, event.reason)
         if isinstance(event, Progress):
-            self.log_progress = True
-            self.latest = event
-            return [*self._phase(JobPhase.TRAINING, "training"), event]
+            return self._progress(event, "training")
         if isinstance(event, Metric):
             if self.metrics.get(event.name) == event.value:
                 return []
             self.metrics[event.name] = event.value
         return [event]
+
+    def on_log_lost(self, source: str) -> list[Event]:
+        """node-0's log cannot be read (any more): from now on trainerStatus drives progress."""
+        if not source.startswith("node-0") or self.logs_lost:
+            return []
+        self.logs_lost = True
+        return self.on_job("MODIFIED", self.job) if self.job is not None else []
 
     def failing_tail(self, n: int = 20) -> list[str]:
         """Last log lines of the failing step (or of node-0)."""

@@ -13,12 +13,54 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[tuple[Any, ...]], None]
+
+# -- what the watchers and log followers report (one consumer dispatches on the type) ---------------
+@dataclass(frozen=True)
+class ObjectChanged:
+    """A watched object was ADDED, MODIFIED or DELETED (``kind``: the watcher's name)."""
+
+    kind: str
+    change: str
+    obj: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The watcher's first list is delivered: the consumer has seen every object that exists."""
+
+    kind: str
+
+
+@dataclass(frozen=True)
+class WatchFailed:
+    """The watch gave up (a non-transient error, or too many transient ones)."""
+
+    kind: str
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class LogLine:
+    source: str
+    line: str
+
+
+@dataclass(frozen=True)
+class LogEnded:
+    """The log stream of ``source`` is over (the container ended, or the follower stopped or failed)."""
+
+    source: str
+    error: BaseException | None = None
+
+
+WatchItem = ObjectChanged | Synced | WatchFailed | LogLine | LogEnded
+Sink = Callable[[WatchItem], None]
 
 
 class WatchStats:
@@ -51,7 +93,7 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 class ResourceWatcher(threading.Thread):
-    """Keep one resource kind in sync: ``sink(("object", kind, type, obj))`` for every change.
+    """Keep one resource kind in sync: ``sink(ObjectChanged(kind, type, obj))`` for every change.
 
     ``list_call`` is a kubernetes-client list function with the namespace/selectors bound
     (e.g. ``partial(core.list_namespaced_pod, ns, label_selector=...)``).
@@ -94,7 +136,7 @@ class ResourceWatcher(threading.Thread):
                 return  # already delivered (a replay after a resume)
             self.versions[uid] = rv or ""
             self.objects[uid] = obj
-        self.sink(("object", self.kind, etype, obj))
+        self.sink(ObjectChanged(self.kind, etype, obj))
 
     def _relist(self) -> None:
         resp = self.list_call(_preload_content=False)
@@ -112,7 +154,7 @@ class ResourceWatcher(threading.Thread):
         self.resource_version = (data.get("metadata") or {}).get("resourceVersion")
         if not self.synced.is_set():
             self.synced.set()
-            self.sink(("synced", self.kind))
+            self.sink(Synced(self.kind))
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -173,7 +215,7 @@ class ResourceWatcher(threading.Thread):
                     self.resource_version = None
                     continue
                 if not _is_transient(exc) or failures >= 30:
-                    self.sink(("error", self.kind, exc))
+                    self.sink(WatchFailed(self.kind, exc))
                     return
                 failures += 1
                 self.stats.add("reconnects")
@@ -193,7 +235,7 @@ def parse_timestamp(text: str) -> float:
 
 
 class LogFollower(threading.Thread):
-    """Follow one container's log: ``sink(("log", source, line))``; ``sink(("log_end", source))`` at the end.
+    """Follow one container's log: ``sink(LogLine(source, line))``, then ``sink(LogEnded(source))`` once.
 
     Reconnects after a dropped stream without losing or repeating lines (timestamps).
     ``is_finished()`` tells whether the container has terminated (from the pod watcher); a
@@ -276,10 +318,11 @@ class LogFollower(threading.Thread):
         elif ts is not None:
             self.last_ts, self.at_last, self._skip = ts, 1, 0
         self.lines += 1
-        self.sink(("log", self.source, text))
+        self.sink(LogLine(self.source, text))
 
     def run(self) -> None:
         failures = 0
+        error: BaseException | None = None
         try:
             while not self.stop_event.is_set():
                 self._skip = self.at_last
@@ -307,7 +350,7 @@ class LogFollower(threading.Thread):
                     if self.lines > before:
                         failures = 0  # it was making progress: a fresh drop, not a failing endpoint
                     if not _is_transient(exc) or failures >= 30:
-                        self.sink(("log_error", self.source, exc))
+                        error = exc
                         return
                     failures += 1
                     self.stats.add("reconnects")
@@ -319,4 +362,4 @@ class LogFollower(threading.Thread):
                     return
                 self.stop_event.wait(min(0.1 * 2**failures, 2.0) if not clean else 0.2)
         finally:
-            self.sink(("log_end", self.source))
+            self.sink(LogEnded(self.source, error))

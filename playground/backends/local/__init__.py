@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from playground.backends.local.backend import LocalBackend
-    from playground.backends.local.gpus import detect_gpus, runnable_here
+    from playground.backends.local.gpus import detect_gpus
 
-__all__ = ["LocalBackend", "detect_gpus", "runnable_here"]
+__all__ = ["LocalBackend", "detect_gpus"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,8 +20,8 @@ def __getattr__(name: str) -> Any:
         from playground.backends.local.backend import LocalBackend
 
         return LocalBackend
-    if name in ("detect_gpus", "runnable_here"):
-        from playground.backends.local import gpus
+    if name == "detect_gpus":
+        from playground.backends.local.gpus import detect_gpus
 
-        return getattr(gpus, name)
+        return detect_gpus
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

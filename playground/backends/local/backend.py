@@ -5,7 +5,10 @@ dir), writes ``spec.json``/``status.json`` and starts ``python -m playground.bac
 JOBDIR`` in a new session, so the job outlives the caller (a notebook kernel, a CLI call). Any
 later process reads the same directory: ``list``/``get`` read ``status.json``, ``events`` replays
 ``train.log`` and then tails it. A job whose supervisor died while it was running is marked
-``Failed`` by whoever notices (reconcile).
+``Failed`` by whoever notices (reconcile). Whether the supervisor lives is told by its lock
+(``supervisor.lock``, see :mod:`.state`), held from before the job exists until the supervisor
+exits, never by its command line: ``/proc/PID/cmdline`` reads empty while the new process is still
+inside ``exec``, after ``Popen`` has returned.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ import playground
 from playground.backends.base import Backend
 from playground.backends.local import state
 from playground.backends.local.gpus import detect_gpus
+from playground.backends.local.queue import jobs_queue
 from playground.blueprints import Blueprint, get_blueprint
+from playground.blueprints.fit import local_fit
+from playground.booth import BoothPolicy, SubmissionLedger, owns, submit_lock
 from playground.errors import JobNotFound, UserError
 from playground.events import Event, JobPhase, Phase, Progress, event_from_dict, parse_line
 from playground.paths import ensure_writable_dir, playground_home
@@ -36,8 +42,8 @@ from playground.types import Endpoint, Job, TrainRequest
 
 _JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
-_STARTUP_GRACE = 30.0  # seconds a job may sit without a supervisor pid before it counts as dead
 _FOLLOW_INTERVAL = 0.2  # seconds between looks at a followed log
+_CLEANUP_INTERVAL = 30.0  # booth mode: seconds between the TTL cleanups list/submit run on the side
 _LAUNCHED: list[subprocess.Popen] = []  # supervisors this process started, reaped so they leave no zombies
 
 
@@ -77,23 +83,40 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def __init__(self, home: Path | str | None = None, *, cancel_grace: float = 10.0) -> None:
+    def __init__(
+        self, home: Path | str | None = None, *, cancel_grace: float = 10.0, policy: BoothPolicy | None = None
+    ) -> None:
         # Absolute and symlink-free: the job dir is in the supervisor's command line and its cwd.
         self.home = (Path(home) if home is not None else playground_home()).expanduser().resolve()
         self.cancel_grace = cancel_grace
+        # Booth mode (given, or PLAYGROUND_BOOTH=1): quotas per owner, a FIFO queue of bounded
+        # concurrent trainings, a deadline per job and a TTL for finished ones.
+        self.policy = policy if policy is not None else BoothPolicy.from_settings()
+        self._last_cleanup = float("-inf")
 
     # -- paths --------------------------------------------------------------------------------
     @property
     def jobs_dir(self) -> Path:
         return self.home / "jobs"
 
-    def _jobdir(self, job_id: str) -> Path:
+    def _jobdir(self, job_id: str, owner: str | None = None) -> Path:
+        """The job's directory; JobNotFound when unknown or (with ``owner``) someone else's, alike."""
         jobdir = self.jobs_dir / job_id
-        if not _JOB_ID.match(job_id or "") or not (jobdir / state.SPEC).is_file():
-            known = [p.name for p in self._job_dirs()][:5]
+        if not _JOB_ID.match(job_id or "") or not (jobdir / state.SPEC).is_file() or not self._owned(jobdir, owner):
+            known = [p.name for p in self._job_dirs() if self._owned(p, owner)][:5]
             hint = f"known: {', '.join(known)}" if known else "there are no local jobs"
             raise JobNotFound(f"unknown job {job_id!r} on the local backend; {hint}", field="job")
         return jobdir
+
+    @staticmethod
+    def _owned(jobdir: Path, owner: str | None) -> bool:
+        """Whether a caller acting as ``owner`` may see the job (the operator, ``owner=None``, sees all)."""
+        if owner is None:
+            return True
+        try:
+            return owns(state.read_json(jobdir / state.SPEC).get("owner"), owner)
+        except (OSError, ValueError):
+            return False
 
     def _job_dirs(self) -> list[Path]:
         """Job directories, newest first."""
@@ -119,28 +142,10 @@ class LocalBackend(Backend):
                 "allowed: a local .json/.jsonl file or directory, or hf://ORG/NAME",
                 field="dataset_source",
             )
-        stand_in = model is not None and not _is_remote(model)
-        need = blueprint.resources.gpus_per_node
-        nproc = 1
-        if need > 0:
-            have = detect_gpus() if check_gpus else need
-            if stand_in:
-                nproc = max(1, min(need, have))  # a local stand-in model also trains on CPU
-            elif have == 0:
-                raise UserError(
-                    f"blueprint {blueprint.id!r} needs {need} GPU(s), none found on this machine; "
-                    "try 'tiny-llama-cpu' (runs on CPU) or --backend kubernetes",
-                    field="blueprint",
-                )
-            elif have < need:
-                raise UserError(
-                    f"blueprint {blueprint.id!r} needs {need} GPU(s), {have} found on this machine; "
-                    "try --backend kubernetes",
-                    field="blueprint",
-                )
-            else:
-                nproc = need
-        return blueprint, params, nproc, stand_in
+        have = detect_gpus() if check_gpus else blueprint.resources.gpus_per_node
+        fit = local_fit(blueprint, have, model_source=model)
+        fit.check()
+        return blueprint, params, fit.processes, fit.stand_in
 
     def _spec(
         self, job_id: str, jobdir: Path, request: TrainRequest, blueprint: Blueprint, params: dict, nproc: int
@@ -181,11 +186,34 @@ class LocalBackend(Backend):
             "command": command,
             "env": {"PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, "PLAYGROUND_JOB_ID": job_id},
             "cancel_grace_seconds": self.cancel_grace,
+            "owner": request.owner,
+            # booth mode: wait for one of this many training slots; stop the trainer after this long
+            "queue_slots": self.policy.max_concurrent_trainings if self.policy else None,
+            "deadline_seconds": self.policy.job_deadline_seconds if self.policy else None,
         }
 
     def submit(self, request: TrainRequest) -> Job:
         blueprint, params, nproc, _ = self._plan(request)
         jobs_dir = ensure_writable_dir(self.jobs_dir, what="state dir")
+        if self.policy is None:
+            return self._create(jobs_dir, request, blueprint, params, nproc)
+        self._cleanup_now_and_then()
+        # One submit at a time on this machine: the quota check and the new job are one step, so two
+        # Launch clicks at the same moment (threads of a kernel, two kernels) make one job.
+        with submit_lock(self.home):
+            ledger = SubmissionLedger(self.home)
+            if request.owner is not None:
+                mine = self._jobs(request.owner)
+                times = max(ledger.times(request.owner), [job.created_at for job in mine], key=len)
+                self.policy.check_quota(mine, times)
+            job = self._create(jobs_dir, request, blueprint, params, nproc)
+            if request.owner is not None:
+                ledger.record(request.owner, job.created_at)
+            return job
+
+    def _create(
+        self, jobs_dir: Path, request: TrainRequest, blueprint: Blueprint, params: dict[str, Any], nproc: int
+    ) -> Job:
         for _ in range(20):
             job_id = new_job_id(blueprint.id)
             jobdir = jobs_dir / job_id
@@ -216,20 +244,31 @@ class LocalBackend(Backend):
         (jobdir / state.LOG).touch()
         status = {"phase": str(JobPhase.PENDING), "message": "", "created_at": spec["created_at"], "metrics": {}}
         state.write_json_atomic(jobdir / state.STATUS, status)
-        state.write_json_atomic(jobdir / state.SPEC, spec)
         _reap()
-        with open(jobdir / state.SUPERVISOR_LOG, "ab") as sup_log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", state.SUPERVISOR_MODULE, str(jobdir)],
-                cwd=jobdir,
-                env={**os.environ, "PYTHONPATH": spec["env"]["PYTHONPATH"]},
-                stdin=subprocess.DEVNULL,
-                stdout=sup_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # outlives the caller; not hit by the caller's Ctrl-C
-                close_fds=True,
-            )
-        (jobdir / "supervisor.pid").write_text(str(proc.pid))
+        # Held from before spec.json exists; the supervisor inherits it and holds it until it exits.
+        lock_fd = state.take_supervisor_lock(jobdir)
+        try:
+            state.write_json_atomic(jobdir / state.SPEC, spec)
+            if spec.get("queue_slots"):  # in line by submit time, before its supervisor starts
+                jobs_queue(self.home, spec["queue_slots"]).join(spec["id"], spec["created_at"])
+            with open(jobdir / state.SUPERVISOR_LOG, "ab") as sup_log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", state.SUPERVISOR_MODULE, str(jobdir)],
+                    cwd=jobdir,
+                    env={**os.environ, "PYTHONPATH": spec["env"]["PYTHONPATH"]},
+                    stdin=subprocess.DEVNULL,
+                    stdout=sup_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # outlives the caller; not hit by the caller's Ctrl-C
+                    close_fds=True,
+                    pass_fds=(lock_fd,),
+                )
+        finally:
+            os.close(lock_fd)  # the supervisor's copy keeps the lock
+        pid_file = jobdir / state.SUPERVISOR_PID
+        pid_tmp = pid_file.with_name(f".{pid_file.name}.tmp")
+        pid_tmp.write_text(str(proc.pid))
+        pid_tmp.replace(pid_file)
         return proc
 
     def render_train(self, request: TrainRequest) -> str:
@@ -243,40 +282,39 @@ class LocalBackend(Backend):
         return yaml.safe_dump(spec, sort_keys=False)
 
     # -- state --------------------------------------------------------------------------------
-    def _supervisor_pid(self, jobdir: Path) -> int | None:
-        try:
-            return int((jobdir / "supervisor.pid").read_text().strip())
-        except (OSError, ValueError):
-            return None
-
     def _status(self, jobdir: Path) -> dict[str, Any]:
-        """``status.json``, reconciled: a non-terminal job whose supervisor is gone becomes Failed."""
+        """``status.json``, reconciled: a non-terminal job whose supervisor is gone becomes Failed.
+
+        The supervisor is the only writer of a live job's status; this writes only while holding the
+        supervisor lock, which proves the supervisor has exited (it cannot come back).
+        """
         _reap()
         status = state.read_json(jobdir / state.STATUS)
         if JobPhase(status["phase"]).terminal:
             return status
-        pid = self._supervisor_pid(jobdir)
-        if pid is None:
-            if time.time() - float(status.get("created_at", 0)) < _STARTUP_GRACE:
+        with state.supervisor_gone(jobdir) as gone:
+            if gone is False:
                 return status
-        elif process_alive(pid, *state.supervisor_markers(jobdir)):
-            return status
-        status = state.read_json(jobdir / state.STATUS)  # it may have finished just now
-        if JobPhase(status["phase"]).terminal:
-            return status
-        trainer = status.get("trainer_pid")
-        if trainer and process_alive(trainer, *state.trainer_markers(jobdir)):
-            state.kill_group(status.get("trainer_pgid") or trainer, signal.SIGKILL)
-        tail = self._log_tail(jobdir)
-        supervisor_tail = self._supervisor_log_tail(jobdir)
-        tail = tail + [f"[supervisor] {line}" for line in supervisor_tail]
-        status.update(
-            phase=str(JobPhase.FAILED),
-            message="supervisor exited unexpectedly" + (f": {supervisor_tail[-1]}" if supervisor_tail else ""),
-            finished_at=time.time(),
-            log_tail=tail or status.get("log_tail", []),
-        )
-        state.write_json_atomic(jobdir / state.STATUS, status)
+            if gone is None and state.supervisor_alive(jobdir):  # a job made before the lock
+                return status
+            status = state.read_json(jobdir / state.STATUS)  # it may have finished just now
+            if JobPhase(status["phase"]).terminal:
+                return status
+            trainer = status.get("trainer_pid")
+            if trainer and process_alive(trainer, *state.trainer_markers(jobdir)):
+                state.kill_group(status.get("trainer_pgid") or trainer, signal.SIGKILL)
+            tail = self._log_tail(jobdir)
+            supervisor_tail = self._supervisor_log_tail(jobdir)
+            tail = tail + [f"[supervisor] {line}" for line in supervisor_tail]
+            if (jobdir / state.CANCEL_REQUESTED).exists():  # signalled before it could answer
+                phase, message = JobPhase.CANCELLED, "cancelled by user"
+            else:
+                phase = JobPhase.FAILED
+                message = "supervisor exited unexpectedly" + (f": {supervisor_tail[-1]}" if supervisor_tail else "")
+            status.update(
+                phase=str(phase), message=message, finished_at=time.time(), log_tail=tail or status.get("log_tail", [])
+            )
+            state.write_json_atomic(jobdir / state.STATUS, status)
         return status
 
     def _supervisor_log_tail(self, jobdir: Path, lines: int = 20) -> list[str]:
@@ -326,27 +364,66 @@ class LocalBackend(Backend):
             base_model=base_model,
             log_tail=list(status.get("log_tail") or []),
             labels=dict(spec.get("labels") or {}),
+            owner=spec.get("owner"),
+            queue_position=status.get("queue_position") if phase == JobPhase.PENDING else None,
+            estimated_wait_seconds=status.get("estimated_wait_seconds") if phase == JobPhase.PENDING else None,
         )
 
-    def get(self, job_id: str) -> Job:
-        return self._job(self._jobdir(job_id))
+    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+        return self._job(self._jobdir(job_id, owner))
 
-    def list(self) -> list[Job]:
+    def _jobs(self, owner: str | None = None) -> list[Job]:
         jobs = []
         for jobdir in self._job_dirs():
+            if not self._owned(jobdir, owner):
+                continue
             try:
                 jobs.append(self._job(jobdir))
             except (OSError, ValueError, KeyError):
                 continue  # being deleted or half-created by another process
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
+    def list(self, *, owner: str | None = None) -> list[Job]:
+        self._cleanup_now_and_then()
+        return self._jobs(owner)
+
+    # -- TTL cleanup ------------------------------------------------------------------------------
+    def cleanup(self, *, now: float | None = None) -> list[str]:
+        """Delete finished jobs (and their servers) whose end is older than the TTL; the ids deleted.
+
+        The TTL is the policy's ``finished_ttl_seconds`` (else ``PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS``
+        or its default), so the operator's ``playground jobs --cleanup`` works on any machine.
+        """
+        ttl = (self.policy or BoothPolicy.from_env()).finished_ttl_seconds
+        now = time.time() if now is None else now
+        self._last_cleanup = time.monotonic()
+        removed = []
+        for jobdir in self._job_dirs():
+            try:
+                status = state.read_json(jobdir / state.STATUS)
+                expired = JobPhase(status["phase"]).terminal and now >= float(status["finished_at"]) + ttl
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if expired:
+                try:
+                    self.delete(jobdir.name)
+                except UserError:
+                    continue  # removed by someone else meanwhile
+                removed.append(jobdir.name)
+        return removed
+
+    def _cleanup_now_and_then(self) -> None:
+        """Booth mode: run the TTL cleanup on the side of list/submit, at most every 30 s per instance."""
+        if self.policy is not None and time.monotonic() - self._last_cleanup >= _CLEANUP_INTERVAL:
+            self.cleanup()
+
     def job_dir(self, job_id: str) -> Path:
         """The job's state directory (``spec.json``, ``status.json``, ``train.log``, ``output/``)."""
         return self._jobdir(job_id)
 
     # -- events -------------------------------------------------------------------------------
-    def events(self, job_id: str, follow: bool = False) -> Iterator[Event]:
-        jobdir = self._jobdir(job_id)
+    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+        jobdir = self._jobdir(job_id, owner)
         spec = state.read_json(jobdir / state.SPEC)
         yield Phase(JobPhase.PENDING, time=spec["created_at"])
         try:
@@ -387,43 +464,33 @@ class LocalBackend(Backend):
             fh.close()
 
     # -- control ------------------------------------------------------------------------------
-    def cancel(self, job_id: str) -> Job:
-        jobdir = self._jobdir(job_id)
+    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+        jobdir = self._jobdir(job_id, owner)
         status = self._status(jobdir)
         if JobPhase(status["phase"]).terminal:
             return self._job(jobdir)
-        state.wait_until(lambda: self._supervisor_pid(jobdir) is not None, timeout=5)
-        pid = self._supervisor_pid(jobdir)
+        (jobdir / state.CANCEL_REQUESTED).touch()  # seen by a supervisor too young to have its handler
 
         def finished() -> bool:
             return JobPhase(self._status(jobdir)["phase"]).terminal
 
-        if pid and process_alive(pid, *state.supervisor_markers(jobdir)):
+        # The pid file is written just after the supervisor starts (maybe by another process).
+        state.wait_until(lambda: state.read_supervisor_pid(jobdir) or finished(), timeout=10)
+        pid = state.read_supervisor_pid(jobdir)
+        if pid and state.supervisor_alive(jobdir):
             os.kill(pid, signal.SIGTERM)
             state.wait_until(finished, timeout=self.cancel_grace + 15, interval=0.1)
-        status = state.read_json(jobdir / state.STATUS)
-        if not JobPhase(status["phase"]).terminal:  # the supervisor did not answer: do its job
-            if pid and process_alive(pid, *state.supervisor_markers(jobdir)):
+        if not finished():  # the supervisor did not answer: stop it, then do its job
+            if pid and state.supervisor_alive(jobdir):
                 os.kill(pid, signal.SIGKILL)
-            state.kill_group(status.get("trainer_pgid"), signal.SIGKILL)
-            status.update(
-                phase=str(JobPhase.CANCELLED),
-                message="cancelled by user",
-                finished_at=time.time(),
-                log_tail=self._log_tail(jobdir),
-            )
-            state.write_json_atomic(jobdir / state.STATUS, status)
-        if pid:  # let the supervisor finish its last write before anyone removes the directory
-
-            def supervisor_gone() -> bool:
-                _reap()
-                return not process_alive(pid, *state.supervisor_markers(jobdir))
-
-            state.wait_until(supervisor_gone, timeout=10)
+            state.kill_group(state.read_json(jobdir / state.STATUS).get("trainer_pgid"), signal.SIGKILL)
+            state.wait_until(finished, timeout=10)  # reconciled (to Cancelled) once the supervisor is gone
+        # Let the supervisor finish its last write before anyone removes the directory.
+        state.wait_until(lambda: not state.supervisor_alive(jobdir), timeout=10)
         return self._job(jobdir)
 
-    def delete(self, job_id: str) -> None:
-        jobdir = self._jobdir(job_id)
+    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+        jobdir = self._jobdir(job_id, owner)
         if not JobPhase(self._status(jobdir)["phase"]).terminal:
             self.cancel(job_id)
         servers = self._servers(required=False)
@@ -443,21 +510,22 @@ class LocalBackend(Backend):
             return None  # serving is not installed in this build: nothing can be serving
         return LocalServers(self.home)
 
-    def serve(self, job_id: str, *, base: bool = False) -> Endpoint:
-        job = self.get(job_id)
+    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None) -> Endpoint:
+        job = self.get(job_id, owner=owner)
         if base:
             if not job.base_model:
                 raise UserError(f"job {job_id} has no base model yet (phase {job.phase}); try again soon", field="job")
-            return self._servers().start(job.base_model, job_id=job_id, kind="base")
+            return self._servers().start(job.base_model, job_id=job_id, kind="base", owner=job.owner)
         if job.phase != JobPhase.SUCCEEDED or not job.model_dir:
             raise UserError(f"job {job_id} is {job.phase}; it can be served once it has Succeeded", field="job")
-        return self._servers().start(job.model_dir, job_id=job_id, kind="fine-tuned")
+        return self._servers().start(job.model_dir, job_id=job_id, kind="fine-tuned", owner=job.owner)
 
-    def unserve(self, target: str) -> None:
-        stopped = self._servers().stop(target)
+    def unserve(self, target: str, *, owner: str | None = None) -> None:
+        stopped = self._servers().stop(target, owner=owner)
         if not stopped:
             raise UserError(f"no local model server matches {target!r} (an endpoint URL, server name or job id)")
 
-    def endpoints(self) -> list[Endpoint]:
+    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
         servers = self._servers(required=False)
-        return servers.list() if servers is not None else []
+        found = servers.list() if servers is not None else []
+        return [e for e in found if owns(e.owner, owner)]

@@ -63,16 +63,3 @@ def detect_gpus() -> int:
             return 0
         count = min(count, len(ids))
     return count
-
-
-def runnable_here(blueprint) -> tuple[bool, str]:
-    """Whether ``blueprint`` can train on this machine, and a short note saying why (for tables and cards)."""
-    need = blueprint.resources.gpus_per_node
-    if need <= 0:
-        return True, "runs here (CPU)"
-    have = detect_gpus()
-    if have >= need:
-        return True, f"runs here ({have} GPU{'s' if have != 1 else ''})"
-    if have == 0:
-        return False, f"needs {need} GPU{'s' if need != 1 else ''}; none here"
-    return False, f"needs {need} GPUs; {have} here"

@@ -7,7 +7,9 @@ the output to ``train.log``, turns event lines into ``status.json`` updates, and
 
 SIGTERM (sent by :meth:`LocalBackend.cancel`) means cancel: the trainer's group gets SIGTERM, then
 SIGKILL after the grace period in ``spec.json``. The supervisor is the only writer of
-``status.json`` while it lives.
+``status.json`` while it lives: it inherits the job's ``supervisor.lock``, held since before the job
+existed, and keeps it (not passed on to the trainer) until it exits; readers reconcile only a job
+whose lock they can take.
 """
 
 from __future__ import annotations
@@ -23,7 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from playground.backends.local import state
-from playground.events import JobPhase, Metric, Phase, Progress, event_to_dict, parse_line
+from playground.backends.local.queue import POLL_INTERVAL, Slot, WaitEstimator, jobs_queue
+from playground.events import (
+    Event,
+    JobPhase,
+    Metric,
+    Phase,
+    Progress,
+    Queued,
+    event_to_dict,
+    format_event_line,
+    parse_line,
+)
 
 PROGRESS_WRITE_INTERVAL = 0.5  # seconds between status.json rewrites caused by progress alone
 
@@ -40,6 +53,9 @@ class Supervisor:
         self.trainer_reason = ""  # the reason of a Failed phase the trainer itself reported
         self.last_write = 0.0
         self.dirty = False
+        self.wakeup = threading.Event()  # set by a cancel: stop waiting in the queue at once
+        self.slot: Slot | None = None  # the training slot held while the trainer runs (booth mode)
+        self.deadline_hit: int | None = None  # seconds, once the job's deadline stopped the trainer
 
     # -- status -------------------------------------------------------------------------
     def write_status(self, **changes: Any) -> None:
@@ -62,6 +78,8 @@ class Supervisor:
             data = event_to_dict(event)
             data.pop("type", None)
             self.status["progress"] = data
+            if "first_progress_at" not in self.status:  # with the latest point: the job's pace (queue estimates)
+                self.status.update(first_progress_at=event.time, first_progress_step=event.step)
             self.dirty = True
         elif isinstance(event, Metric):
             self.status.setdefault("metrics", {})[event.name] = event.value
@@ -82,6 +100,7 @@ class Supervisor:
         if self.cancel_requested:
             return
         self.cancel_requested = True
+        self.wakeup.set()
         proc = self.proc
         if proc is None:
             return
@@ -90,6 +109,67 @@ class Supervisor:
         timer = threading.Timer(grace, state.kill_group, args=(proc.pid, signal.SIGKILL))
         timer.daemon = True
         timer.start()
+
+    def on_deadline(self, seconds: int) -> None:
+        """The job ran past its deadline (like ``activeDeadlineSeconds``): stop the trainer; it ends Failed."""
+        with self.lock:
+            proc = self.proc
+            if proc is None or proc.poll() is not None or self.cancel_requested:
+                return
+            self.deadline_hit = seconds
+            self.tail.append(f"[supervisor] deadline of {seconds} s exceeded: stopping the trainer")
+        state.kill_group(proc.pid, signal.SIGTERM)
+        grace = float(self.spec.get("cancel_grace_seconds", 10))
+        timer = threading.Timer(grace, state.kill_group, args=(proc.pid, signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+
+    # -- the machine's training queue (booth mode) -----------------------------------------
+    def emit(self, log, event: Event) -> None:
+        """An event of the supervisor's own, in the job's event history (train.log) like the trainer's."""
+        log.write((format_event_line(event) + "\n").encode())
+        log.flush()
+        self.tail.append(state.describe_event(event))
+
+    def wait_for_slot(self, log) -> bool:
+        """Wait (FIFO by submit time) for one of the machine's training slots; False if cancelled meanwhile.
+
+        While waiting, a :class:`Queued` event goes to the history whenever the position changes or the
+        wait estimate departs from its countdown; ``Queued(0)`` once it leaves the queue.
+        """
+        job_id, slots = self.spec["id"], int(self.spec["queue_slots"])
+        queue = jobs_queue(self.jobdir.parent.parent, slots)
+        estimator = WaitEstimator(self.jobdir.parent, slots)
+        shown: tuple[int, float | None, float] | None = None  # position, estimate, when
+        while True:
+            if self.cancel_requested:
+                queue.leave(job_id)
+                return False
+            self.slot = queue.try_start(job_id)
+            if self.slot is not None:
+                if shown is not None:
+                    self.emit(log, Queued(0, 0.0))
+                return True
+            entries = queue.waiting()
+            ids = [entry.job for entry in entries]
+            if job_id not in ids:  # our entry is gone (the queue dir was wiped): line up again by submit time
+                queue.join(job_id, float(self.spec["created_at"]))
+            else:
+                position = ids.index(job_id) + 1
+                try:
+                    estimate = estimator.estimate(queue.running(), ids[: position - 1])
+                except (OSError, ValueError, KeyError, TypeError):
+                    estimate = None
+                now = time.time()
+                if shown is None or shown[0] != position or _estimate_moved(shown[1], estimate, now - shown[2]):
+                    self.emit(log, Queued(position, None if estimate is None else round(estimate, 1)))
+                    shown = (position, estimate, now)
+                    self.write_status(
+                        queue_position=position,
+                        estimated_wait_seconds=estimate,
+                        message=f"waiting for a training slot: position {position}",
+                    )
+            self.wakeup.wait(POLL_INTERVAL)
 
     # -- main ---------------------------------------------------------------------------
     def pump(self, log) -> None:
@@ -108,6 +188,8 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        if (self.jobdir / state.CANCEL_REQUESTED).exists():  # cancelled before the handler was in place
+            self.cancel_requested = True
         command = list(self.spec["command"])
         env = {**os.environ, **self.spec.get("env", {})}
         log = open(self.jobdir / state.LOG, "ab")  # noqa: SIM115 - closed below, after the reader ends
@@ -115,6 +197,11 @@ class Supervisor:
         if self.cancel_requested:
             log.close()
             return self.finish(JobPhase.CANCELLED, "cancelled before the trainer started")
+        if self.spec.get("queue_slots") and not self.wait_for_slot(log):
+            log.close()
+            return self.finish(
+                JobPhase.CANCELLED, "cancelled while queued", queue_position=None, estimated_wait_seconds=None
+            )
         log.write(f"[supervisor] starting: {' '.join(command)}\n".encode())
         log.flush()
         try:
@@ -135,16 +222,26 @@ class Supervisor:
             return self.finish(JobPhase.FAILED, line.removeprefix("[supervisor] "))
         self.write_status(
             phase=str(JobPhase.INITIALIZING),
+            message="",
             started_at=time.time(),
             trainer_pid=self.proc.pid,
             trainer_pgid=self.proc.pid,
+            queue_position=None,
+            estimated_wait_seconds=None,
         )
+        deadline = self.spec.get("deadline_seconds")
+        timer = threading.Timer(float(deadline), self.on_deadline, args=(int(deadline),)) if deadline else None
+        if timer is not None:  # counted from the trainer's start: time in the queue is not the job's fault
+            timer.daemon = True
+            timer.start()
         if self.cancel_requested:  # SIGTERM arrived while starting
             self.cancel_requested = False
             self.on_sigterm(signal.SIGTERM, None)
         reader = threading.Thread(target=self.pump, args=(log,), daemon=True)
         reader.start()
         returncode = self.proc.wait()
+        if timer is not None:
+            timer.cancel()
         # Leftovers of the group (torchrun workers, dataloader processes) would keep the pipe open.
         state.kill_group(self.proc.pid, signal.SIGKILL)
         reader.join(timeout=30)
@@ -154,6 +251,8 @@ class Supervisor:
         model_dir = self.jobdir / state.OUTPUT / "model"
         if returncode == 0 and model_dir.is_dir():
             phase, message = JobPhase.SUCCEEDED, ""
+        elif self.deadline_hit is not None:
+            phase, message = JobPhase.FAILED, f"deadline exceeded: the job ran longer than {self.deadline_hit} s"
         elif self.cancel_requested:
             phase, message = JobPhase.CANCELLED, "cancelled by user"
         elif returncode < 0:
@@ -178,6 +277,14 @@ class Supervisor:
     def finish(self, phase: JobPhase, message: str, **changes: Any) -> int:
         self.write_status(phase=str(phase), message=message, finished_at=time.time(), **changes)
         return 0 if phase == JobPhase.SUCCEEDED else 1
+
+
+def _estimate_moved(shown: float | None, estimate: float | None, elapsed: float) -> bool:
+    """Whether a new wait estimate is news: known/unknown changed, or it departs from the shown countdown."""
+    if shown is None or estimate is None:
+        return (shown is None) != (estimate is None)
+    expected = max(0.0, shown - elapsed)
+    return abs(estimate - expected) >= max(5.0, 0.15 * expected)
 
 
 def signal_name(number: int) -> str:
@@ -222,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.tail.append(f"[supervisor] error: {exc!r}")
         supervisor.finish(JobPhase.FAILED, f"supervisor error: {exc!r}")
         raise
+    finally:
+        if supervisor.slot is not None:  # the next job in the queue may start
+            supervisor.slot.release()
 
 
 if __name__ == "__main__":

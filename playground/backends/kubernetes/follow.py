@@ -1,0 +1,191 @@
+"""Following one TrainJob: its watchers and pod-log followers feed one inbox of typed items, and one
+flat dispatch turns each item into events (``StreamState`` decides what is new).
+
+The follow ends when the job is terminal, every watcher has delivered its first list, and the
+followed logs are drained (or ``drain_timeout`` passed since the job ended).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from playground.backends.kubernetes.queue import QueuePoller, QueuePosition
+from playground.backends.kubernetes.status import StreamState, container_name, finished, started, step_name
+from playground.backends.kubernetes.watch import (
+    LogEnded,
+    LogFollower,
+    LogLine,
+    ObjectChanged,
+    ResourceWatcher,
+    Synced,
+    WatchFailed,
+    WatchItem,
+    WatchStats,
+)
+from playground.events import EVENT_PREFIX, Event, JobPhase, Phase, Queued
+
+
+@dataclass
+class LogSource:
+    """Where pod logs are read from (the kubernetes CoreV1Api and the job's namespace)."""
+
+    core: Any
+    namespace: str
+    stats: WatchStats
+
+    def follower(self, pod: dict[str, Any], sink: Callable[[WatchItem], None], stop: threading.Event, **kw: Any):
+        return LogFollower(
+            self.core,
+            self.namespace,
+            pod["metadata"]["name"],
+            container_name(pod),
+            step_name(pod),
+            sink,
+            stop,
+            stats=self.stats,
+            **kw,
+        )
+
+    def read(self, pod: dict[str, Any]) -> tuple[list[str], BaseException | None]:
+        """A finished or running pod's log so far (no follow): its lines and the error that cut it short."""
+        items: list[WatchItem] = []
+        self.follower(pod, items.append, threading.Event(), follow=False).run()
+        lines = [i.line for i in items if isinstance(i, LogLine)]
+        error = next((i.error for i in items if isinstance(i, LogEnded)), None)
+        return lines, error
+
+
+def final_phase(state: StreamState) -> Phase | None:
+    """The terminal Phase event, with the failing step's last plain log lines when it failed."""
+    end = state.terminal()
+    if end is None:
+        return None
+    phase, reason = end
+    if phase == JobPhase.FAILED:
+        tail = [line for line in state.failing_tail(10) if EVENT_PREFIX not in line][-3:]
+        if tail:
+            reason = f"{reason}; last log lines: {' | '.join(tail)}"
+    return Phase(phase, reason)
+
+
+def history(
+    state: StreamState, job: dict[str, Any], pods: list[dict[str, Any]], events: list[dict[str, Any]], logs: LogSource
+) -> Iterator[Event]:
+    """The whole story of a job as it stands (no follow): pods, Events, each step's log, the TrainJob."""
+    state.job = job
+    for pod in pods:
+        yield from state.on_pod("ADDED", pod)
+    for ev in events:
+        yield from state.on_event(ev)
+    for pod in sorted(pods, key=step_name):
+        if not started(pod):
+            continue
+        lines, error = logs.read(pod)
+        for line in lines:
+            yield from state.on_log(step_name(pod), line)
+        if error is not None:
+            yield from state.on_log_lost(step_name(pod))
+    yield from state.on_job("MODIFIED", job)  # after the logs: they are the finer source
+    end = final_phase(state)
+    if end is not None:
+        yield end
+
+
+@dataclass
+class JobFollow:
+    """A live follow of one TrainJob: watchers (TrainJob, pods, Events) and one log follower per started pod."""
+
+    state: StreamState
+    watchers: list[ResourceWatcher | QueuePoller]
+    logs: LogSource
+    inbox: queue.Queue
+    drain_timeout: float
+    fail: Callable[[str, BaseException], BaseException]  # a watch that gave up -> the error to raise
+    stop_logs: threading.Event = field(default_factory=threading.Event)
+    followers: dict[str, LogFollower] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)
+    synced: set[str] = field(default_factory=set)
+    terminal_at: float | None = None
+
+    def events(self) -> Iterator[Event]:
+        try:
+            for watcher in self.watchers:
+                watcher.start()
+            while True:
+                try:
+                    item = self.inbox.get(timeout=0.5)
+                except queue.Empty:
+                    item = None
+                if isinstance(item, ObjectChanged) and item.kind == "trainjob" and item.change == "DELETED":
+                    yield Phase(JobPhase.CANCELLED, "the TrainJob was deleted")
+                    return
+                yield from self.dispatch(item)
+                end = self.finished()
+                if end is not None:
+                    yield end
+                    return
+        finally:
+            for watcher in self.watchers:
+                watcher.stop()
+            for follower in self.followers.values():
+                follower.stop()
+
+    def dispatch(self, item: WatchItem | QueuePosition | None) -> list[Event]:
+        """One inbox item -> the events it means (flat: one case per item type)."""
+        state = self.state
+        match item:
+            case ObjectChanged(kind="trainjob", change=change, obj=obj):
+                return state.on_job(change, obj)
+            case ObjectChanged(kind="pod", change=change, obj=obj):
+                out = state.on_pod(change, obj)
+                self.follow_logs(obj)
+                return out
+            case ObjectChanged(obj=obj):
+                return state.on_event(obj)
+            case Synced(kind=kind):
+                self.synced.add(kind)
+            case LogLine(source=source, line=line):
+                return state.on_log(source, line)
+            case LogEnded(source=source, error=None):
+                self.ended.add(source)
+            case LogEnded(source=source):
+                self.ended.add(source)
+                return state.on_log_lost(source)
+            case QueuePosition(position=position):  # Kueue's visibility API, while the job waits
+                return [Queued(position)] if state.phase in (None, JobPhase.PENDING) else []
+            case WatchFailed(kind="event"):
+                pass  # Events are advisory: a missing permission must not stop the job view
+            case WatchFailed(kind=kind, error=error):
+                raise self.fail(kind, error)
+        return []
+
+    def follow_logs(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        if name in self.followers or not started(pod):
+            return
+        follower = self.logs.follower(
+            pod,
+            self.inbox.put,
+            self.stop_logs,
+            is_finished=lambda: finished(self.state.pods.get(name) or pod),
+        )
+        self.followers[name] = follower
+        follower.start()
+
+    def finished(self) -> Phase | None:
+        """The terminal Phase once the job ended and its logs are drained (or the drain timed out)."""
+        if self.terminal_at is None:
+            if self.state.terminal() is None or not {"trainjob", "pod"} <= self.synced:
+                return None
+            self.terminal_at = time.monotonic()
+            for pod in self.state.pods.values():  # a step that ran but was never followed (short-lived)
+                self.follow_logs(pod)
+        drained = all(f.source in self.ended for f in self.followers.values())
+        if drained or time.monotonic() - self.terminal_at > self.drain_timeout:
+            return final_phase(self.state)
+        return None

@@ -1,0 +1,71 @@
+"""Can a blueprint train here? One rule, one wording: the catalog table, the app's cards, the
+local backend's refusal and the trainer's own check all ask :func:`local_fit`.
+
+The rule: a blueprint that needs no GPU runs anywhere; one that needs GPUs runs where at least
+that many are found, or on CPU when a local model directory replaces its hub model (the small
+stand-ins the tests and the smoke e2e profile use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from playground.blueprints.schema import Blueprint
+from playground.errors import UserError
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
+@dataclass(frozen=True)
+class LocalFit:
+    """Whether ``blueprint_id`` can train on a machine with ``have`` GPUs, and how many trainer processes."""
+
+    blueprint_id: str
+    need: int  # GPUs per node the blueprint asks for
+    have: int  # GPUs found on this machine
+    stand_in: bool = False  # a local model directory replaces the blueprint's model
+
+    @property
+    def runnable(self) -> bool:
+        return self.need <= 0 or self.stand_in or self.have >= self.need
+
+    @property
+    def processes(self) -> int:
+        """Trainer processes to start: one per GPU used, one on CPU."""
+        if self.need <= 0:
+            return 1
+        return max(1, min(self.need, self.have)) if self.stand_in else self.need
+
+    @property
+    def note(self) -> str:
+        """A few words for tables and cards: ``runs here (CPU)``, ``needs 1 GPU and this machine has none``."""
+        if self.need <= 0:
+            return "runs here (CPU)"
+        if self.have >= self.need:
+            return f"runs here ({_gpus(self.have)})"
+        if self.stand_in:
+            return "runs here with the local stand-in model"
+        return f"needs {_gpus(self.need)} and this machine has {self.have or 'none'}"
+
+    def advice(self) -> str:
+        """The note plus what to do instead: ``…; try 'tiny-llama-cpu' (runs on CPU) or the kubernetes backend``."""
+        if self.runnable:
+            return self.note
+        from playground.blueprints.loader import load_catalog
+
+        cpu = [bp.id for bp in load_catalog().values() if not bp.needs_gpu][:2]
+        instead = " or ".join(f"{i!r}" for i in cpu)
+        return self.note + (f"; try {instead} (runs on CPU) or" if cpu else "; use") + " the kubernetes backend"
+
+    def check(self) -> None:
+        """Raise the one-line UserError (field ``blueprint``) when the blueprint cannot train here."""
+        if not self.runnable:
+            raise UserError(f"blueprint {self.blueprint_id!r} {self.advice()}", field="blueprint")
+
+
+def local_fit(blueprint: Blueprint, gpus: int, *, model_source: str | None = None) -> LocalFit:
+    """Can ``blueprint`` train on a machine with ``gpus`` GPUs, given a ``model_source`` override?"""
+    stand_in = bool(model_source) and "://" not in str(model_source)
+    return LocalFit(blueprint.id, blueprint.resources.gpus_per_node, gpus, stand_in)

@@ -1,0 +1,153 @@
+"""The e2e runner's types: how to run (:class:`RunOptions`), what papermill reported
+(:class:`PapermillOutcome`), one notebook's outcome (:class:`NotebookRun`) and the run's
+(:class:`RunReport`). Plain dataclasses; the reports and diagnostics read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from playground.e2e.metrics import GpuInfo, ResourceSummary
+from playground.e2e.profiles import Profile
+
+PASSED, FAILED, TIMEOUT, ERROR = "passed", "failed", "timeout", "error"
+
+
+@dataclass
+class RunOptions:
+    """How to run: the profile plus what the command line overrides."""
+
+    profile: Profile
+    out: Path
+    backend: str = "local"
+    cell_timeout: int | None = None  # None: the profile's
+    run_timeout: int | None = None
+    fail_fast: bool = False
+    jobs: int = 1
+    extra_parameters: dict[str, Any] = field(default_factory=dict)
+    kernel: str = "python3"
+    keep_home: bool = False  # keep each notebook's PLAYGROUND_HOME (models, logs) for inspection
+    log: TextIO | None = None  # live output (default: stderr); None-like sink with log=False
+    live: bool = True
+
+    @property
+    def effective_cell_timeout(self) -> int:
+        return self.cell_timeout or self.profile.cell_timeout
+
+    @property
+    def effective_run_timeout(self) -> int:
+        return self.run_timeout or self.profile.run_timeout
+
+
+@dataclass
+class NotebookRun:
+    """One notebook's outcome."""
+
+    name: str
+    notebook: Path
+    out_dir: Path
+    blueprint_id: str | None
+    parameters: dict[str, Any]
+    dropped_parameters: list[str] = field(default_factory=list)
+    status: str = ERROR
+    message: str = ""
+    returncode: int | None = None
+    started_at: float = 0.0
+    wall_seconds: float = 0.0
+    result: dict[str, Any] | None = None
+    job: dict[str, Any] | None = None
+    timings: dict[str, float | None] = field(default_factory=dict)
+    resources: ResourceSummary = field(default_factory=ResourceSummary)
+    log_tail: list[str] = field(default_factory=list)
+    diagnostics: Path | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    @property
+    def executed(self) -> Path:
+        return self.out_dir / self.notebook.name
+
+    @property
+    def log_path(self) -> Path:
+        return self.out_dir / "papermill.log"
+
+    @property
+    def result_path(self) -> Path:
+        return self.out_dir / "result.json"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "notebook": str(self.notebook),
+            "blueprint": self.blueprint_id,
+            "status": self.status,
+            "message": self.message,
+            "returncode": self.returncode,
+            "parameters": self.parameters,
+            "dropped_parameters": self.dropped_parameters,
+            "started_at": self.started_at,
+            "wall_seconds": round(self.wall_seconds, 3),
+            **self.timings,
+            **self.resources.to_dict(),
+            "job_id": (self.job or {}).get("id"),
+            "executed_notebook": str(self.executed),
+            "result_json": str(self.result_path) if self.result_path.exists() else None,
+            "diagnostics": str(self.diagnostics) if self.diagnostics else None,
+        }
+
+
+@dataclass
+class RunReport:
+    """The whole run: every notebook plus run-level figures."""
+
+    profile: str
+    backend: str
+    out: Path
+    started_at: float
+    wall_seconds: float
+    gpu: GpuInfo
+    resources: ResourceSummary
+    notebooks: list[NotebookRun]
+    cell_timeout: int
+    run_timeout: int
+    skipped: list[str] = field(default_factory=list)  # not run after --fail-fast stopped the run
+
+    @property
+    def failed(self) -> list[NotebookRun]:
+        return [n for n in self.notebooks if not n.passed]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.skipped
+
+
+@dataclass(frozen=True)
+class PapermillOutcome:
+    """What ``papermill.execute_notebook`` ended with, as the child process recorded it.
+
+    ``exception`` is the class name papermill raised (None: it returned normally); for a failing
+    cell (``PapermillExecutionError``) ``ename``/``evalue`` are the notebook's own error.
+    """
+
+    exception: str | None = None
+    ename: str | None = None
+    evalue: str | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.exception is None
+
+    @property
+    def cell_timed_out(self) -> bool:
+        return self.exception == "CellTimeoutError"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"exception": self.exception, "ename": self.ename, "evalue": self.evalue, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PapermillOutcome:
+        return cls(**{k: data.get(k) for k in ("exception", "ename", "evalue")}, message=str(data.get("message") or ""))

@@ -208,12 +208,13 @@ class App(ipw.VBox):
     def reattach(self, job: Job) -> None:
         """After a reload: show ``job``, and its blueprint's form filled with its parameters
         (unless the page was opened with other parameters)."""
-        if self.gallery is not None and job.blueprint_id in self.gallery.blueprints and not self.preset:
-            if self.blueprint is None or self.blueprint.id == job.blueprint_id:
-                known = self.gallery.blueprints[job.blueprint_id].parameters
-                self.preset = {k: v for k, v in job.params.items() if k in known}
-                self._preset_for = job.blueprint_id
-                self.gallery.select(job.blueprint_id)
+        known_blueprint = self.gallery is not None and job.blueprint_id in self.gallery.blueprints
+        same_blueprint = self.blueprint is None or self.blueprint.id == job.blueprint_id
+        if known_blueprint and same_blueprint and not self.preset:
+            known = get_blueprint(job.blueprint_id).parameters
+            self.preset = {k: v for k, v in job.params.items() if k in known}
+            self._preset_for = job.blueprint_id
+            self.gallery.select(job.blueprint_id)
         self.open_job(job)
 
     def attach(self, backend: Backend, job: Job) -> JobMonitor:

@@ -461,6 +461,67 @@ def test_reattach_to_a_running_job_gets_history_then_live(isolated_home: Path) -
         first.delete(job.id)
 
 
+QUICK = {"max_steps": "12", "log_every": "2", "num_eval_examples": "10", "checkpoint_every": "0"}
+
+
+def _fill(app, values: dict[str, str]) -> None:
+    for name, value in values.items():
+        app.form.controls[name].set_state({"value": value})  # as a client's comm message sets it
+
+
+def test_booth_visitors_own_their_jobs_and_a_double_click_makes_one_job(home: Path) -> None:
+    """Two visitors' pages on a real local backend with the booth policy (one training at a time)."""
+    from playground.backends.local import LocalBackend
+    from playground.booth import BoothPolicy
+    from widgets.app import App
+
+    backend = LocalBackend(home=home, policy=BoothPolicy(max_concurrent_trainings=1))
+    alice, bob = "v-a11ce00000000000", "v-b0b0000000000000"
+    page_a = App(backend=backend, booth=True, visitor=alice, blueprint_id="tiny-llama-cpu")
+    assert page_a.form is not None and page_a.form.backend.layout.display == "none"
+    _fill(page_a, QUICK)
+    click = {"event": "click"}
+    page_a.form.launch_button._handle_button_msg(None, click, None)
+    page_a.form.launch_button._handle_button_msg(None, click, None)  # the second click of a double-click
+    jobs = backend.list(owner=alice)
+    assert len(jobs) == 1 and jobs[0].owner == alice and page_a.monitor.job_id == jobs[0].id
+    assert page_a.form.launch_button.disabled and "still running" in page_a.form.status.value
+
+    page_b = App(backend=backend, booth=True, visitor=bob, blueprint_id="tiny-llama-cpu")
+    assert page_b.jobs is not None and page_b.jobs.jobs == [] and page_b.monitor.job_id == ""
+    with pytest.raises(JobNotFound):
+        page_b.jobs.attach_job(jobs[0].id)  # another visitor's job is like an unknown one
+    _fill(page_b, QUICK)
+    job_b = page_b.form.launch()
+    assert job_b is not None and job_b.owner == bob
+    wait_for(lambda: "next in line" in page_b.monitor.queue.value or page_b.monitor.done, 120, "B queued")
+    assert "next in line" in page_b.monitor.queue.value  # A trains: B waits, and sees it
+    assert [j.id for j in page_b.jobs.jobs] == [job_b.id]
+
+    page_a_again = App(backend=backend, booth=True, visitor=alice, blueprint_id="tiny-llama-cpu")  # a reload
+    assert page_a_again.monitor.job_id == jobs[0].id and page_a_again.form.launch_button.disabled
+    assert page_a_again.form.controls["max_steps"].value == "12"  # the form shows that job's parameters
+    assert page_a_again.monitor.wait(300) and page_a_again.monitor.final_job.phase == JobPhase.SUCCEEDED
+    assert not page_a_again.form.launch_button.disabled  # free to launch again once it ended
+    page_b.monitor.cancel()
+    assert page_b.monitor.wait(120)
+
+
+def test_booth_page_without_a_valid_cookie_shows_nothing(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> None:
+    from voila_app.identity import COOKIE_NAME, SECRET_ENV, sign
+    from widgets.app import UNKNOWN_VISITOR, App
+
+    monkeypatch.setenv(SECRET_ENV, "k" * 40)
+    for cookie in ("", f"{COOKIE_NAME}={sign('another-secret-' + 'x' * 30, 'v-0000000000000000')}"):
+        monkeypatch.setenv("HTTP_COOKIE", cookie)
+        app = App(booth=True)
+        assert app.owner is None and app.gallery is None and app.jobs is None
+        assert html.escape(UNKNOWN_VISITOR) in app.status.value
+    monkeypatch.setenv("HTTP_COOKIE", f"{COOKIE_NAME}={sign('k' * 40, 'v-0123456789abcdef')}")
+    app = App(booth=True)  # what a kernel started by the booth's Voila sees
+    assert app.owner == "v-0123456789abcdef" and app.gallery is not None
+
+
 # -- no heavy imports in the UI -------------------------------------------------------------------
 
 

@@ -223,7 +223,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
     console_errors: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        contexts = [browser.new_context(viewport={"width": 1280, "height": 2400}) for _ in range(3)]
+        contexts = [browser.new_context(viewport={"width": 1280, "height": 3400}) for _ in range(3)]
         pages = []
         for context in contexts:
             context.on("request", lambda request: record_host(request.url, hosts))

@@ -356,6 +356,7 @@ def test_results_are_a_readable_table() -> None:
         ("Training examples", "19,200"),
     ]
     assert ("World size", "1") in metric_rows(metrics, operator=True)
+    assert metric_rows({"train_loss": 0.00049}) == [("Training loss (last steps)", "4.9e-04")]  # not "0.000"
     table = metrics_table(metrics)
     assert "<table" in table and "1.92e+04" not in table and "world_size" not in table
 

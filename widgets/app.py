@@ -35,7 +35,7 @@ STYLE = """<style>
 .pg-queue { color: #a15c00; margin: 0 8px; font-weight: 600; }
 .pg-help { color: #777; font-size: 0.9em; margin: 0 8px; }
 .pg-error-text { color: #c00; }
-.pg-log { font-size: 0.85em; background: #f6f6f6; padding: 4px; margin: 0; white-space: pre-wrap; }
+.pg-log { font-size: 0.85em; line-height: 1.35; background: #f6f6f6; padding: 4px; margin: 0; white-space: pre-wrap; }
 .pg-metrics-table { border-collapse: collapse; margin: 4px 0; }
 .pg-metrics-table th { text-align: left; font-weight: normal; color: #555; padding: 2px 16px 2px 0; }
 .pg-metrics-table td { font-weight: 600; font-variant-numeric: tabular-nums; text-align: right; }

@@ -422,7 +422,7 @@ def format_metric(name: str, value: float) -> str:
     if kind == "percent":
         return f"{value * 100:.1f} %"
     if kind == "loss":
-        return f"{value:.3f}"
+        return f"{value:.3f}" if value == 0 or abs(value) >= 0.001 else f"{value:.1e}"  # not "0.000"
     if kind == "seconds":
         return format_duration(value)
     if kind == "count" or (float(value).is_integer() and abs(value) < 1e15):

@@ -42,13 +42,22 @@ class JobsList(ipw.VBox):
         self.owner = owner
         self.limit = limit
         self.jobs: list[Job] = []
+        self._last_click = float("-inf")
         self.refresh_button = ipw.Button(description="Refresh", icon="refresh")
         self.refresh_button.add_class("pg-refresh")
-        self.refresh_button.on_click(lambda _: self.refresh())
+        self.refresh_button.on_click(lambda _: self.refresh_clicked())
         self.rows = ipw.VBox([])
         self.status = ipw.HTML("")
         super().__init__([self.refresh_button, self.rows, self.status])
         self.add_class("pg-jobs")
+        self.refresh()
+
+    def refresh_clicked(self) -> None:
+        """Refresh, at most once a second however fast clicks arrive (any client can send them)."""
+        now = time.monotonic()
+        if now - self._last_click < 1.0:
+            return
+        self._last_click = now
         self.refresh()
 
     def set_backend(self, backend: Backend) -> None:

@@ -64,7 +64,7 @@ class LinesBackend(Backend):
         self.first_line: float | None = None
         self.last_line: float | None = None
 
-    def events(self, job_id: str, follow: bool = False) -> Iterator[Event]:
+    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         cmd = [sys.executable, "-c", EMITTER, str(self.rate), str(self.seconds)]
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as proc:
@@ -77,26 +77,26 @@ class LinesBackend(Backend):
                 yield parse_line(line)
         self.job.phase = JobPhase.SUCCEEDED
 
-    def get(self, job_id: str) -> Job:
+    def get(self, job_id: str, *, owner: str | None = None) -> Job:
         return self.job
 
     def submit(self, request: TrainRequest) -> Job:
         raise NotImplementedError
 
-    def list(self) -> list[Job]:
+    def list(self, *, owner: str | None = None) -> list[Job]:
         return [self.job]
 
-    def cancel(self, job_id: str) -> Job:
+    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
         return self.job
 
-    def delete(self, job_id: str) -> None: ...
+    def delete(self, job_id: str, *, owner: str | None = None) -> None: ...
 
-    def serve(self, job_id: str, *, base: bool = False) -> Endpoint:
+    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None) -> Endpoint:
         raise NotImplementedError
 
-    def unserve(self, target: str) -> None: ...
+    def unserve(self, target: str, *, owner: str | None = None) -> None: ...
 
-    def endpoints(self) -> list[Endpoint]:
+    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
         return []
 
 

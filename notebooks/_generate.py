@@ -53,8 +53,11 @@ def _notebook(cells: list[nbformat.NotebookNode]) -> nbformat.NotebookNode:
 
 
 def app_notebook() -> nbformat.NotebookNode:
-    """The Voila app: gallery → form → monitor → serve → chat. No torch in this kernel."""
-    return _notebook(
+    """The Voila app: gallery → form → monitor → serve → chat. No torch in this kernel.
+
+    In booth mode (``playground app --booth``) the App reads the visitor's verified cookie itself.
+    """
+    nb = _notebook(
         [
             _code(
                 "app",
@@ -73,6 +76,8 @@ App(
             )
         ]
     )
+    nb.metadata["title"] = "Blueprint Playground"  # the page title in Voila
+    return nb
 
 
 def blueprint_notebook(blueprint: Blueprint) -> nbformat.NotebookNode:

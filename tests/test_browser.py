@@ -1,8 +1,12 @@
-"""The real app: `playground app` (Voila) on localhost, driven by Debian's headless Chromium.
+"""The real app in booth mode: `playground app --booth` (Voila) on localhost, visitors in Debian's
+headless Chromium (one browser context per visitor: separate cookies), plus plain HTTP clients.
 
-Pick tiny-llama-cpu, launch, watch the progress bar move and the loss chart gain points, reload
-the page and reattach, serve, ask a held-out prompt and see the fine-tuned model's correct answer
-next to the base model's. Screenshots go to test-artifacts/.
+One Voila server for the module. The story: a bad value is an inline error and starts nothing; a
+double-click makes one job; visitors see only their own jobs; the second and third visitors wait in
+the queue and watch their position move; a reload reattaches the running job by itself; the
+trained model is served and chatted with; a second job in the same page redraws the chart; the
+hourly quota is an inline error; no request leaves localhost. Then a flood of page loads stays under
+the kernel cap (the friendly "booth is full" page beyond it). Screenshots: test-artifacts/browser/.
 """
 
 from __future__ import annotations
@@ -14,23 +18,31 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
+import psutil
 import pytest
 from _waiting import wait_for
 
-# generous: ~3 min on 2 free cores, far more on a loaded machine (training dominates)
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1800)]
+# generous: ~5 min on 2 free cores, far more on a loaded machine (training dominates)
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
+    "--headless",
     "--disable-gpu",
     "--disable-background-networking",
     "--disable-component-update",
     "--no-first-run",
 ]
+SECRET = "booth-test-secret-" + "0123456789abcdef" * 2
+MAX_KERNELS = 5
+QUICK = {"max_steps": "12", "log_every": "2", "num_eval_examples": "10", "checkpoint_every": "0"}
 
 
 def free_port() -> int:
@@ -50,30 +62,51 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 90) -> Non
     wait_for(listening, timeout, f"playground app listening on port {port}", interval=0.3)
 
 
-@pytest.fixture
-def app_url(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
-    """`playground app` on a free localhost port with its own PLAYGROUND_HOME; everything stopped after."""
+@dataclass
+class Booth:
+    url: str
+    home: Path
+    log: Path
+    pid: int
+
+    def kernels(self) -> int:
+        """Live kernel processes of the Voila server."""
+        try:
+            children = psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return 0
+        count = 0
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                count += "ipykernel" in " ".join(child.cmdline())
+        return count
+
+
+@pytest.fixture(scope="module")
+def booth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booth]:
+    """`playground app --booth` on a free port with its own PLAYGROUND_HOME; everything stopped after."""
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is absent (/usr/bin/chromium); scripts/test.sh installs it")
     pytest.importorskip("playwright.sync_api")
-    home = tmp_path / "home"
+    tmp = tmp_path_factory.mktemp("booth")
+    home = tmp / "home"
     port = free_port()
     env = {
         **os.environ,
         "PLAYGROUND_HOME": str(home),
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        "PLAYGROUND_BOOTH_SECRET": SECRET,
+        "PLAYGROUND_BOOTH_MAX_JOBS_PER_HOUR": "2",
+        "PLAYGROUND_BOOTH_MAX_CONCURRENT_TRAININGS": "1",
     }
-    log = open(tmp_path / "voila.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "playground.cli", "app", "--port", str(port), "--no-browser"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-    )
+    log_path = tmp / "voila.log"
+    log = open(log_path, "w")  # noqa: SIM115
+    command = [sys.executable, "-m", "playground.cli", "app", "--booth", "--port", str(port), "--no-browser",
+               "--booth-max-kernels", str(MAX_KERNELS), "--blueprint", "tiny-llama-cpu"]  # fmt: skip
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     try:
         wait_for_port(port, proc)
-        yield f"http://127.0.0.1:{port}/", home, tmp_path / "voila.log"
+        yield Booth(f"http://127.0.0.1:{port}/", home, log_path, proc.pid)
     finally:
         proc.terminate()
         try:
@@ -101,6 +134,9 @@ def held_out_prompts(n: int = 3) -> list[tuple[str, str]]:
     return [(s.prompt, s.answer) for s in held]
 
 
+# -- page helpers -------------------------------------------------------------------------------------
+
+
 def progress_width(page) -> float:
     style = page.get_attribute(".pg-progress .progress-bar", "style") or ""
     match = re.search(r"width:\s*([\d.]+)%", style)
@@ -113,82 +149,240 @@ def chart_points(page) -> int:
 
 
 def points_label(page) -> int:
-    text = page.inner_text(".pg-points")
-    return int(text.split()[0])
+    return int(page.inner_text(".pg-points").split()[0])
 
 
-def test_app_in_headless_chromium(app_url: tuple[str, Path, Path], artifacts_dir: Path) -> None:
+def shown_job(page) -> str:
+    match = re.search(r"Job (\S+)", page.inner_text(".pg-monitor-header"))
+    return match.group(1) if match else ""
+
+
+def set_field(page, name: str, value: str) -> None:
+    """Type into a parameter's text box and leave it (the value reaches the kernel on change)."""
+    box = page.locator(f".pg-field-{name} input")
+    box.fill(value)
+    box.press("Tab")
+
+
+def record_host(url: str, hosts: set[str]) -> None:
+    parts = urlsplit(url)
+    if parts.scheme in ("http", "https", "ws", "wss"):
+        hosts.add(parts.hostname or url)
+
+
+def open_app(page, url: str) -> None:
+    page.goto(url, timeout=240_000)
+    page.wait_for_selector(".pg-form .pg-launch", timeout=240_000)
+
+
+def visitor_of(context) -> str:
+    from voila_app.identity import COOKIE_NAME, verify
+
+    values = [c["value"] for c in context.cookies() if c["name"] == COOKIE_NAME]
+    visitor = verify(SECRET, values[0].strip('"')) if values else None
+    assert visitor, f"no valid visitor cookie in {context.cookies()}"
+    return visitor
+
+
+# -- tests ----------------------------------------------------------------------------------------------
+
+
+def test_first_visit_sets_a_signed_cookie_and_starts_no_kernel(booth: Booth) -> None:
+    from voila_app.identity import COOKIE_NAME, sign, verify
+
+    before = booth.kernels()
+    with httpx.Client(follow_redirects=False, timeout=60) as client:
+        first = client.get(booth.url)
+        assert first.status_code == 302 and first.headers["location"] == "/?visitor=new"
+        set_cookie = "; ".join(first.headers.get_list("set-cookie"))
+        assert f"{COOKIE_NAME}=" in set_cookie and "HttpOnly" in set_cookie and "SameSite=Lax" in set_cookie
+        assert verify(SECRET, client.cookies[COOKIE_NAME].strip('"'))
+    # a forged cookie (signed with another secret) is replaced, not trusted
+    forged = sign("x" * 40, "v-0000000000000000")
+    refused = httpx.get(booth.url, cookies={COOKIE_NAME: forged}, follow_redirects=False, timeout=60)
+    assert refused.status_code == 302 and forged not in refused.headers.get("set-cookie", "")
+    # a client that refuses cookies gets an explanation, not a redirect loop
+    no_cookies = httpx.get(booth.url + "?visitor=new", follow_redirects=False, timeout=60)
+    assert no_cookies.status_code == 400 and "Cookies needed" in no_cookies.text
+    # the probe the Deployment uses answers without starting a kernel
+    health = httpx.get(booth.url + "voila/templates/playground/static/healthz.txt", timeout=60)
+    assert health.status_code == 200 and health.text.strip() == "ok"
+    assert booth.kernels() == before
+
+
+def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) -> None:
     from playwright.sync_api import sync_playwright
 
+    from playground.backends.local import LocalBackend
     from playground.blueprints import get_blueprint
 
-    url, _home, voila_log = app_url
+    operator = LocalBackend(home=booth.home)  # the operator's view: every job
     shots = artifacts_dir / "browser"
     shots.mkdir(parents=True, exist_ok=True)
+    hosts: set[str] = set()
+    console_errors: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 2600})
+        contexts = [browser.new_context(viewport={"width": 1280, "height": 3400}) for _ in range(3)]
+        pages = []
+        for context in contexts:
+            context.on("request", lambda request: record_host(request.url, hosts))
+            page = context.new_page()
+            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+            pages.append(page)
+        a, b, c = pages
         try:
-            # 1. the app renders; pick tiny-llama-cpu
-            page.goto(url, timeout=180_000)
-            page.wait_for_selector(".pg-gallery", timeout=180_000)
-            assert "needs 1 GPU" in page.inner_text(".pg-card-llama-3\\.2-1b-lora-alpaca") or os.path.exists(
-                "/proc/driver/nvidia/gpus"
-            )
-            assert "Traceback" not in page.content()
-            page.click(".pg-select-tiny-llama-cpu")
-            page.wait_for_selector(".pg-launch", timeout=60_000)
-            page.screenshot(path=str(shots / "01-gallery-form.png"), full_page=True)
+            # 1. visitor A: the page, its title; a bad value is an inline error and starts nothing
+            open_app(a, booth.url)
+            assert a.title() == "Blueprint Playground"
+            assert "Traceback" not in a.content()
+            visitor_a = visitor_of(contexts[0])
+            set_field(a, "max_steps", "99999999")
+            a.wait_for_selector(".pg-error-max_steps :text('out of range')", timeout=60_000)
+            assert "allowed: an integer from 1 to 5000" in a.inner_text(".pg-error-max_steps")
+            a.click(".pg-launch")
+            a.wait_for_selector(".pg-form-status :text('nothing launched')", timeout=60_000)
+            assert operator.list(owner=visitor_a) == []
+            a.screenshot(path=str(shots / "01-bad-value.png"), full_page=True)
 
-            # 2. launch; the progress bar moves and the chart gains points
-            page.click(".pg-launch")
-            page.wait_for_selector(".pg-monitor", timeout=60_000)
-            first = wait_for(lambda: progress_width(page) > 0 and chart_points(page) > 0, 300, "first progress")
-            w1, p1 = progress_width(page), chart_points(page)
-            assert first
-            wait_for(lambda: progress_width(page) > w1 and chart_points(page) > p1, 300, "more progress")
-            page.screenshot(path=str(shots / "02-training.png"), full_page=True)
+            # 2. A fixes it and double-clicks Launch: one job
+            set_field(a, "max_steps", "300")
+            a.wait_for_function("!document.querySelector('.pg-error-max_steps').innerText.trim()", timeout=60_000)
+            a.dblclick(".pg-launch")
+            set_field(a, "seed", "x")  # processed after both clicks: once its error shows, they were too
+            a.wait_for_selector(".pg-error-seed :text('not valid')", timeout=60_000)
+            jobs_a = operator.list(owner=visitor_a)
+            assert len(jobs_a) == 1, [j.id for j in jobs_a]
+            job_a1 = jobs_a[0].id
+            wait_for(lambda: shown_job(a) == job_a1, 60, "A's monitor on A's job")
+            wait_for(lambda: a.is_disabled(".pg-launch"), 60, "Launch disabled while A's job runs")
+            set_field(a, "seed", "0")
 
-            # 3. reload the page mid-training: reattach from "Your jobs" and see the history
-            before = points_label(page)
-            page.reload(timeout=180_000)
-            page.wait_for_selector(".pg-jobs .pg-open", timeout=180_000)
-            page.click(".pg-jobs .pg-open >> nth=0")
-            page.wait_for_selector(".pg-monitor", timeout=60_000)
-            wait_for(lambda: points_label(page) >= before, 60, "history after reattach")
-            page.screenshot(path=str(shots / "03-reattached.png"), full_page=True)
+            # 3. B and C arrive: they see none of A's jobs, launch, and wait in the queue behind A
+            for page in (b, c):
+                open_app(page, booth.url)
+                assert job_a1 not in page.inner_text(".pg-step-jobs")
+                assert "no jobs yet" in page.inner_text(".pg-step-jobs")
+                for name, value in QUICK.items():
+                    set_field(page, name, value)
+                page.wait_for_function("!document.querySelector('.pg-error-max_steps').innerText.trim()")
+                page.click(".pg-launch")
+                page.wait_for_selector(".pg-monitor-header code", timeout=60_000)
+            visitor_b, visitor_c = visitor_of(contexts[1]), visitor_of(contexts[2])
+            assert len({visitor_a, visitor_b, visitor_c}) == 3
+            (job_b,) = operator.list(owner=visitor_b)
+            (job_c,) = operator.list(owner=visitor_c)
+            assert {shown_job(b), shown_job(c)} == {job_b.id, job_c.id}
+            wait_for(lambda: "position 2 in the queue" in c.inner_text(".pg-queue"), 120, "C second in the queue")
+            c.screenshot(path=str(shots / "02-queued.png"), full_page=True)
 
-            # 4. training ends; the chart kept every point
-            wait_for(lambda: "Succeeded" in page.inner_text(".pg-phase"), 1500, "Succeeded")
-            total = points_label(page)
+            # 4. A trains: the bar moves, the chart gains points, the log tail is live
+            wait_for(lambda: progress_width(a) > 0 and chart_points(a) > 0, 600, "A's first progress")
+            w1, p1, log1 = progress_width(a), chart_points(a), a.inner_text(".pg-logs")
+            wait_for(lambda: progress_width(a) > w1 and chart_points(a) > p1, 600, "more progress")
+            assert a.inner_text(".pg-logs") != log1 and "step " in a.inner_text(".pg-logs")
+            assert "[supervisor]" not in a.inner_text(".pg-logs") and str(booth.home) not in a.content()
+            a.screenshot(path=str(shots / "03-training.png"), full_page=True)
+
+            # 5. A reloads mid-training: the running job is back by itself, history included
+            before = points_label(a)
+            a.reload(timeout=240_000)
+            a.wait_for_selector(".pg-monitor-header code", timeout=240_000)
+            assert shown_job(a) == job_a1
+            wait_for(lambda: points_label(a) >= before, 120, "history after the reload")
+            wait_for(lambda: a.is_disabled(".pg-launch"), 60, "Launch disabled after the reload")
+            a.screenshot(path=str(shots / "04-reattached.png"), full_page=True)
+
+            # 6. A's job ends; the queue moves: C is next in line, then trains
+            wait_for(lambda: "Succeeded" in a.inner_text(".pg-phase"), 1500, "A's job Succeeded")
             defaults = get_blueprint("tiny-llama-cpu").defaults()
-            assert total == defaults["max_steps"] // defaults["log_every"]  # every progress point arrived
-            wait_for(lambda: chart_points(page) == total, 30, "every point drawn")
-            assert progress_width(page) == pytest.approx(100, abs=0.5)
-            assert "eval_exact_match" in page.inner_text(".pg-metrics")
-            page.screenshot(path=str(shots / "04-trained.png"), full_page=True)
+            total = defaults["max_steps"] // defaults["log_every"]
+            assert points_label(a) == total
+            wait_for(lambda: chart_points(a) == total, 60, "every point drawn")
+            results = a.inner_text(".pg-metrics")
+            assert "Exact match on held-out examples" in results and "%" in results and "e+0" not in results
+            wait_for(lambda: "next in line" in c.inner_text(".pg-queue") or not c.inner_text(".pg-queue"), 600,
+                     "C's queue position moving")  # fmt: skip
+            a.screenshot(path=str(shots / "05-trained.png"), full_page=True)
 
-            # 5. serve both models, ask held-out prompts, see them side by side
-            page.click(".pg-serve")
-            page.wait_for_selector(".pg-send:not([disabled])", timeout=400_000)
+            # 7. A serves both models and asks held-out prompts: the fine-tuned model knows the task
+            a.click(".pg-serve")
+            a.wait_for_selector(".pg-send:not([disabled])", timeout=600_000)
+            assert "127.0.0.1:" not in a.inner_text(".pg-step-chat")  # no endpoints or paths for visitors
             correct = None
             for i, (prompt, answer) in enumerate(held_out_prompts(3), start=1):
-                page.fill(".pg-prompt input", prompt)
-                page.click(".pg-send")
+                a.fill(".pg-prompt input", prompt)
+                a.click(".pg-send")
                 done = f".pg-answer-{{side}} .pg-turn:nth-child({i}) .pg-a[data-done='true']"
-                # attached, not visible: an untrained model may answer with nothing at all
-                page.wait_for_selector(done.format(side="fine-tuned"), timeout=120_000, state="attached")
-                page.wait_for_selector(done.format(side="base"), timeout=120_000, state="attached")
-                fine = page.text_content(done.format(side="fine-tuned")).strip()
-                base = page.text_content(done.format(side="base")).strip()
+                a.wait_for_selector(done.format(side="fine-tuned"), timeout=180_000)
+                a.wait_for_selector(done.format(side="base"), timeout=180_000)
+                fine = a.text_content(done.format(side="fine-tuned")).strip()
+                base = a.text_content(done.format(side="base")).strip()
+                assert base and "no answer" not in base  # the base model's output, or why it is empty
                 assert base != answer, "the untrained base model should not know the task"
                 if fine == answer:
                     correct = (prompt, fine, base)
                     break
-            page.screenshot(path=str(shots / "05-chat.png"), full_page=True)
+            a.screenshot(path=str(shots / "06-chat.png"), full_page=True)
             assert correct is not None, "the fine-tuned model answered none of 3 held-out prompts correctly"
-            assert "Culling kernels with idle durations" in voila_log.read_text()  # idle visitors' kernels go
+
+            # 8. B and C end; each sees only their own job
+            for page, job in ((b, job_b), (c, job_c)):
+                wait_for(lambda page=page: "Succeeded" in page.inner_text(".pg-phase"), 900, f"{job.id} Succeeded")
+                listed = page.inner_text(".pg-step-jobs")
+                assert job.id in listed and job_a1 not in listed
+            assert job_b.id not in c.inner_text(".pg-step-jobs") and job_c.id not in b.inner_text(".pg-step-jobs")
+
+            # 9. A's second job in the same page: the chart is redrawn with its points only
+            for name, value in QUICK.items():
+                set_field(a, name, value)
+            a.wait_for_function("!document.querySelector('.pg-error-max_steps').innerText.trim()")
+            a.click(".pg-launch")
+            wait_for(lambda: shown_job(a) not in ("", job_a1), 120, "A's second job shown")
+            wait_for(lambda: "Succeeded" in a.inner_text(".pg-phase"), 900, "A's second job Succeeded")
+            quick_points = int(QUICK["max_steps"]) // int(QUICK["log_every"])
+            wait_for(lambda: points_label(a) == quick_points and chart_points(a) == quick_points, 60,
+                     "the second job's points drawn")  # fmt: skip
+            a.screenshot(path=str(shots / "07-second-job.png"), full_page=True)
+
+            # 10. the hourly quota (2 here): a third launch is an inline error and starts nothing
+            a.click(".pg-launch")
+            a.wait_for_selector(".pg-form-status :text('hourly limit')", timeout=60_000)
+            assert len(operator.list(owner=visitor_a)) == 2
+            a.screenshot(path=str(shots / "08-quota.png"), full_page=True)
+
+            assert not [e for e in console_errors if "Error setting state" in e], console_errors
+            assert hosts == {"127.0.0.1"}, f"requests left localhost: {sorted(hosts)}"
         finally:
-            with contextlib.suppress(Exception):
-                page.screenshot(path=str(shots / "99-last.png"), full_page=True)
+            for i, page in enumerate(pages):
+                with contextlib.suppress(Exception):
+                    page.screenshot(path=str(shots / f"99-last-{'abc'[i]}.png"), full_page=True)
             browser.close()
+    assert "Culling kernels with idle durations > 120 seconds" in booth.log.read_text()
+
+
+def test_a_flood_of_page_loads_stays_under_the_cap(booth: Booth) -> None:
+    """New visitors until the booth is full: never more kernels than the cap, the friendly page
+    beyond it; an admitted visitor's reload still gets in (it takes over its own seat)."""
+    admitted: list[httpx.Client] = []
+    statuses = []
+    try:
+        for _ in range(MAX_KERNELS + 2):
+            visitor = httpx.Client(follow_redirects=True, timeout=240)  # a new visitor (cookie jar) each time
+            response = visitor.get(booth.url)
+            statuses.append(response.status_code)
+            assert response.status_code in (200, 503), response.text[:500]
+            assert booth.kernels() <= MAX_KERNELS
+            if response.status_code == 200:
+                admitted.append(visitor)
+                continue
+            visitor.close()
+            assert "The booth is full" in response.text and 'http-equiv="refresh"' in response.text
+            break
+        assert statuses[-1] == 503 and admitted, statuses
+        again = admitted[0].get(booth.url)  # the booth is full, but this visitor already has a seat
+        assert again.status_code == 200 and booth.kernels() <= MAX_KERNELS
+    finally:
+        for visitor in admitted:
+            visitor.close()
+    assert "Booth full" in booth.log.read_text()

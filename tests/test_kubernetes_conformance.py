@@ -353,5 +353,7 @@ def test_kustomization_lists_existing_files_and_least_privilege_rbac():
     ]
     deployment = yaml.safe_load((DEPLOY / "app" / "deployment.yaml").read_text())
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["playground", "app", "--ip", "0.0.0.0", "--port", "8866"]
+    assert container["command"][:3] == ["playground", "app", "--booth"]  # public booth: owners, quotas, kernel cap
+    assert container["command"][-4:] == ["--ip", "0.0.0.0", "--port", "8866"]
+    assert container["readinessProbe"]["httpGet"]["path"].endswith("/healthz.txt")  # never starts a kernel
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "blueprint-playground"

@@ -14,15 +14,26 @@ from pathlib import Path
 
 import ipywidgets as ipw
 import pytest
+from _waiting import wait_for
 
 from playground.backends.base import Backend
 from playground.blueprints import get_blueprint
 from playground.errors import JobNotFound, ParameterError
-from playground.events import Event, JobPhase, Log, Metric, Phase, Progress
+from playground.events import Event, JobPhase, Log, Metric, Phase, Progress, Queued
 from playground.types import Endpoint, Job, TrainRequest
 from widgets.form import LaunchForm
-from widgets.monitor import JobMonitor
-from widgets.state import Coalescer, FormModel, attachable_jobs, blueprint_notes, latest_running, replay
+from widgets.monitor import JobMonitor, metrics_table
+from widgets.state import (
+    Coalescer,
+    FormModel,
+    JobState,
+    attachable_jobs,
+    blueprint_notes,
+    latest_running,
+    metric_rows,
+    queue_text,
+    replay,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,36 +46,61 @@ def test_form_controls_come_from_the_schema() -> None:
     form = LaunchForm(bp)
     assert set(form.controls) == set(bp.parameters)
     steps = form.controls["max_steps"]
-    assert isinstance(steps, ipw.IntSlider)
-    assert (steps.min, steps.max, steps.value) == (1, 5000, bp.defaults()["max_steps"])
-    lr = form.controls["learning_rate"]
-    assert isinstance(lr, ipw.FloatLogSlider)
-    assert lr.min == pytest.approx(-5) and lr.max == pytest.approx(-1)
-    assert isinstance(form.controls["seed"], ipw.BoundedIntText)  # 0..1e6: a bounded text box, not a slider
-    assert form.controls["seed"].max == 1_000_000
-    # untouched controls give exactly the blueprint's defaults (log-slider floats are rounded back)
+    # numbers are typed (a slider would silently clamp a bad value into its bounds)
+    assert isinstance(steps, ipw.Text) and steps.value == str(bp.defaults()["max_steps"])
+    assert steps.placeholder == "an integer from 1 to 5000"
+    assert form.controls["learning_rate"].value == "0.003"
+    # untouched controls give exactly the blueprint's defaults
     assert form.validate().params == bp.defaults()
 
 
-def test_form_shows_engine_errors_next_to_the_field() -> None:
+BAD_VALUES = [
+    ("learning_rate", "-1", "out of range"),
+    ("learning_rate", "1000", "out of range"),
+    ("learning_rate", "nan", "not valid"),
+    ("learning_rate", "inf", "not valid"),
+    ("max_steps", "99999999", "out of range"),
+    ("max_steps", "2.5", "not valid"),
+    ("batch_size", "abc", "not valid"),
+    ("batch_size", "", "empty"),
+    ("seed", "1" * 5000, "too long"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "why"), BAD_VALUES)
+def test_a_bad_value_is_an_inline_error_and_launches_nothing(name: str, value: str, why: str) -> None:
+    """Values arrive as a client sends them (a comm update, as ipywidgets applies it), then Launch."""
     bp = get_blueprint("tiny-llama-cpu")
     launched: list[dict] = []
     form = LaunchForm(bp, on_launch=lambda backend, params: launched.append(params))
-    result = form.validate({**form.values(), "max_steps": 999_999, "learning_rate": "fast"})
-    assert not result.ok
-    steps_error = form.errors["max_steps"].value
-    assert "max_steps" in steps_error and "out of range" in steps_error and "1 to 5000" in steps_error
-    assert "learning_rate" in form.errors["learning_rate"].value
-    assert form.errors["batch_size"].value == ""  # only the bad fields light up
-    # the message is the engine's own (one line, the allowed values)
-    with pytest.raises(ParameterError) as exc:
-        bp.resolve_params({"max_steps": 999_999})
-    assert html.escape(str(exc.value)) in steps_error
-    # a bounded control cannot hold a bad value: launching with the controls calls on_launch once
-    form.controls["max_steps"].value = 7
+    form.controls[name].set_state({"value": value})  # what an incoming comm message does
+    assert why in form.errors[name].value and name in form.errors[name].value  # shown as soon as it changes
+    assert form.launch() is None and launched == []
+    assert "nothing launched: fix" in form.status.value
+    others = [n for n in form.errors if n != name]
+    assert all(form.errors[n].value == "" for n in others)  # only the bad field lights up
+    if why in ("out of range", "not valid"):  # the engine's own one-line message, allowed values included
+        with pytest.raises(ParameterError) as exc:
+            bp.resolve_params({name: value})
+        assert html.escape(str(exc.value)) in form.errors[name].value and "allowed:" in str(exc.value)
+
+
+def test_a_fixed_value_launches_once_with_exactly_that_value() -> None:
+    bp = get_blueprint("tiny-llama-cpu")
+    launched: list[dict] = []
+    form = LaunchForm(bp, on_launch=lambda backend, params: launched.append(params))
+    form.controls["max_steps"].set_state({"value": "99999999"})
+    assert form.launch() is None
+    form.controls["max_steps"].set_state({"value": " 7 "})
+    form.controls["learning_rate"].set_state({"value": "1e-3"})
+    assert form.errors["max_steps"].value == ""
     form.launch()
-    assert launched == [{**bp.defaults(), "max_steps": 7}]
-    assert all(w.value == "" for w in form.errors.values())
+    assert launched == [{**bp.defaults(), "max_steps": 7, "learning_rate": 0.001}]
+    # a blocked form refuses in the kernel, whatever the button's state (a client can click it anyway)
+    form.block("your job is still running")
+    form.launch_button.set_state({"disabled": False})
+    form.launch_button._handle_button_msg(None, {"event": "click"}, None)
+    assert len(launched) == 1 and "still running" in form.status.value
 
 
 def test_form_preset_out_of_bounds_is_flagged_not_started() -> None:
@@ -74,6 +110,16 @@ def test_form_preset_out_of_bounds_is_flagged_not_started() -> None:
     assert FormModel(bp).validate({"nonsense": 1}).errors["nonsense"].startswith("unknown parameter 'nonsense'")
 
 
+def test_the_backend_choice_is_fixed_in_booth_mode() -> None:
+    bp = get_blueprint("tiny-llama-cpu")
+    calls: list[str] = []
+    form = LaunchForm(bp, on_launch=lambda backend, params: calls.append(backend), show_backend=False)
+    assert form.backend.layout.display == "none"
+    form.backend.set_state({"index": 1})  # a client picks the other backend anyway
+    form.launch()
+    assert calls == ["local"]
+
+
 def test_launch_error_from_the_backend_is_inline_and_starts_nothing(isolated_home: Path) -> None:
     from playground.backends.local import LocalBackend, detect_gpus
     from widgets.app import App
@@ -81,13 +127,13 @@ def test_launch_error_from_the_backend_is_inline_and_starts_nothing(isolated_hom
     if detect_gpus() > 0:
         pytest.skip("this machine has a GPU: the GPU blueprint would really start")
     backend = LocalBackend(home=isolated_home)
-    app = App(backend=backend, blueprint_id="llama-3.2-1b-lora-alpaca")
+    app = App(backend=backend, blueprint_id="llama-3.2-1b-lora-alpaca", booth=False)
     assert any("needs 1 GPU" in n for n in app.gallery.notes["llama-3.2-1b-lora-alpaca"])
     assert app.form is not None
     assert app.form.launch() is None
     assert "needs 1 GPU" in app.form.status.value and "tiny-llama-cpu" in app.form.status.value
     assert backend.list() == []  # nothing started
-    assert app.monitor is None
+    assert app.monitor.job_id == "" and not app.monitor.running
 
 
 def test_gallery_notes() -> None:
@@ -153,52 +199,59 @@ def test_coalescer_caps_updates_and_keeps_every_point() -> None:
 
 
 class ScriptedBackend(Backend):
-    """A backend double that replays a scripted event stream at a given rate (interface only)."""
+    """A backend double that replays scripted event streams at a given rate (interface only)."""
 
     name = "scripted"
 
-    def __init__(self, events: list[Event], rate: float) -> None:
-        self.script, self.rate = events, rate
-        self.job = Job(
-            id="job-1",
-            blueprint_id="tiny-llama-cpu",
-            backend="scripted",
-            phase=JobPhase.PENDING,
-            params={},
-            created_at=0.0,
-        )
+    def __init__(self, events: list[Event], rate: float, scripts: dict[str, list[Event]] | None = None) -> None:
+        self.scripts = {"job-1": events, **(scripts or {})}
+        self.rate = rate
+        self.jobs = {
+            job_id: Job(
+                id=job_id,
+                blueprint_id="tiny-llama-cpu",
+                backend="scripted",
+                phase=JobPhase.PENDING,
+                params={},
+                created_at=0.0,
+            )
+            for job_id in self.scripts
+        }
+        self.job = self.jobs["job-1"]
+        self.owners: list[str | None] = []
 
-    def events(self, job_id: str, follow: bool = False) -> Iterator[Event]:
+    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+        self.owners.append(owner)
         start = time.monotonic()
-        for i, event in enumerate(self.script):
+        for i, event in enumerate(self.scripts[job_id]):
             delay = start + i / self.rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             yield event
-        self.job.phase = JobPhase.SUCCEEDED
+        self.jobs[job_id].phase = JobPhase.SUCCEEDED
 
-    def get(self, job_id: str) -> Job:
-        if job_id != self.job.id:
+    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+        if job_id not in self.jobs:
             raise JobNotFound(job_id)
-        return self.job
+        return self.jobs[job_id]
 
     def submit(self, request: TrainRequest) -> Job:
         raise NotImplementedError
 
-    def list(self) -> list[Job]:
-        return [self.job]
+    def list(self, *, owner: str | None = None) -> list[Job]:
+        return list(self.jobs.values())
 
-    def cancel(self, job_id: str) -> Job:
-        return self.job
+    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+        return self.jobs[job_id]
 
-    def delete(self, job_id: str) -> None: ...
+    def delete(self, job_id: str, *, owner: str | None = None) -> None: ...
 
-    def serve(self, job_id: str, *, base: bool = False) -> Endpoint:
+    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None) -> Endpoint:
         raise NotImplementedError
 
-    def unserve(self, target: str) -> None: ...
+    def unserve(self, target: str, *, owner: str | None = None) -> None: ...
 
-    def endpoints(self) -> list[Endpoint]:
+    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
         return []
 
 
@@ -223,10 +276,116 @@ def test_monitor_at_1000_lines_per_second() -> None:
     assert monitor.points.value == f"{total} points"
     assert monitor.progress.value == 1.0
     assert "Succeeded" in monitor.phase.value
-    assert "eval_exact_match" in monitor.metrics.value
-    assert f"step {total}" in monitor.logs.value
+    assert "Exact match on held-out examples" in monitor.metrics.value and "97.0 %" in monitor.metrics.value
+    assert f"step {total}/{total} · loss" in monitor.logs.value and "step 1499" in monitor.logs.value
     assert done and done[0].phase == JobPhase.SUCCEEDED
     assert monitor.error == ""
+
+
+def test_monitor_shows_a_second_job_on_the_same_chart() -> None:
+    """Switching jobs keeps the widgets (and the one chart view) and draws only the new job's points;
+    late events of the first job are ignored."""
+    first: list[Event] = [Phase(JobPhase.TRAINING)] + [_progress(i, 1000) for i in range(1, 1001)]
+    second: list[Event] = [Phase(JobPhase.TRAINING)] + [_progress(i, 5) for i in range(1, 6)]
+    second += [Metric("eval_loss", 1.23456), Phase(JobPhase.SUCCEEDED)]
+    backend = ScriptedBackend(first, rate=200.0, scripts={"job-2": second})
+    monitor = JobMonitor(backend, "job-1", owner="v-0123456789abcdef")
+    chart, children = monitor.chart, monitor.children
+    wait_for(lambda: len(monitor.chart.data[0].x) >= 5, 30, "first job's points")
+    first_updates = monitor.coalescer
+    assert first_updates is not None
+    monitor.follow(backend.get("job-2"), backend=backend)
+    assert monitor.wait(30)
+    wait_for(lambda: not first_updates.alive, 30, "the first job's reader to stop")  # its last render is done
+    assert monitor.chart is chart and monitor.children == children  # nothing re-created
+    assert list(monitor.chart.data[0].x) == [1, 2, 3, 4, 5]
+    assert monitor.points.value == "5 points" and "job-2" in monitor.header.value
+    assert "Loss on held-out examples" in monitor.metrics.value and "1.235" in monitor.metrics.value
+    assert "Succeeded" in monitor.phase.value and monitor.final_job is backend.jobs["job-2"]
+    assert set(backend.owners) == {"v-0123456789abcdef"}  # every call carried the visitor
+
+
+def test_visitors_see_no_paths_pids_or_command_lines() -> None:
+    secret_lines = [
+        "[supervisor] starting: /usr/bin/python -m playground.train --output /srv/home/jobs/j/output (pid 4242)",
+        "model: /srv/home/jobs/j/output/base-model (0.76M parameters)",
+    ]
+    script: list[Event] = [Log(source="trainer", line=line) for line in secret_lines]
+    script += [Phase(JobPhase.TRAINING), _progress(1, 2), Phase(JobPhase.SUCCEEDED)]
+    for operator in (False, True):
+        monitor = JobMonitor(ScriptedBackend(script, rate=1000.0), "job-1", operator=operator)
+        assert monitor.wait(10)
+        shown = monitor.logs.value
+        if operator:
+            assert "/srv/home/jobs" in shown and "[supervisor]" in shown
+            assert "pid 4242" in monitor.details.value and monitor.details_box.layout.display != "none"
+        else:
+            assert "/srv/" not in shown and "[supervisor]" not in shown and "4242" not in shown
+            assert "model: …/base-model (0.76M parameters)" in shown
+            assert monitor.details_box.layout.display == "none" and "4242" not in monitor.details.value
+
+
+def test_queue_position_and_a_live_log_tail() -> None:
+    state = JobState()
+    for event in [Queued(2, 95.0), Queued(1, 30.0), Phase(JobPhase.INITIALIZING), Phase(JobPhase.TRAINING)]:
+        state.apply(event)
+        if isinstance(event, Queued):
+            snap = state.snapshot()
+            assert snap.queue_position == event.position
+    assert state.snapshot().queue_position is None  # training: no longer queued
+    state.apply(_progress(5, 20))
+    tail = state.snapshot().log_tail
+    assert tail[0] == "waiting for a training slot: position 2 in the queue · about 1:35 to wait"
+    assert tail[1].startswith("waiting for a training slot: next in line")
+    assert tail[-1] == "step 5/20 · loss 1.6667 · 1.0k tokens/s"  # a line per progress point: the tail moves
+    assert queue_text(3, None) == "position 3 in the queue · waiting for admission"
+
+
+def test_results_are_a_readable_table() -> None:
+    metrics = {
+        "eval_exact_match": 0.9234,
+        "eval_loss": 0.123456,
+        "num_train_examples": 19200.0,
+        "world_size": 1.0,
+        "train_seconds": 95.3,
+    }
+    assert metric_rows(metrics) == [
+        ("Exact match on held-out examples", "92.3 %"),
+        ("Loss on held-out examples", "0.123"),
+        ("Training time", "1:35"),
+        ("Training examples", "19,200"),
+    ]
+    assert ("World size", "1") in metric_rows(metrics, operator=True)
+    assert metric_rows({"train_loss": 0.00049}) == [("Training loss (last steps)", "4.9e-04")]  # not "0.000"
+    table = metrics_table(metrics)
+    assert "<table" in table and "1.92e+04" not in table and "world_size" not in table
+
+
+def test_chat_shows_the_answer_as_given() -> None:
+    from widgets.chat import Turn, answer_html
+
+    assert answer_html(Turn("q", answer="ebuk", done=True)) == "ebuk"
+    assert "(empty answer)" in answer_html(Turn("q", answer="", done=True))
+    explained = answer_html(Turn("q", answer="", done=True, tokens=12))
+    assert "empty answer: 12 tokens generated, all of them special tokens" in explained
+    assert "␠␠" in answer_html(Turn("q", answer="  ", done=True))  # whitespace is an answer too
+    assert "no answer" not in explained
+
+
+def test_chat_asks_one_bounded_question_at_a_time() -> None:
+    from widgets.chat import MAX_PROMPT_CHARS, ChatPanel
+
+    release = threading.Event()
+    panel = ChatPanel(get_blueprint("tiny-llama-cpu"), operator=False)
+    assert panel.ask("reverse: kube") == []  # nothing served yet
+    panel.endpoints = {"fine-tuned": Endpoint(url="http://127.0.0.1:9/v1", model="m")}
+    assert panel.ask("x" * (MAX_PROMPT_CHARS + 1)) == [] and "allowed: up to 500" in panel.status.value
+    blocker = threading.Thread(target=release.wait, daemon=True)
+    blocker.start()
+    panel._threads = [blocker]  # an answer is still streaming
+    assert panel.ask("reverse: kube") == [] and "wait for both answers" in panel.status.value
+    release.set()
+    blocker.join()
 
 
 # -- reattach -------------------------------------------------------------------------------------
@@ -303,6 +462,67 @@ def test_reattach_to_a_running_job_gets_history_then_live(isolated_home: Path) -
         first.delete(job.id)
 
 
+QUICK = {"max_steps": "12", "log_every": "2", "num_eval_examples": "10", "checkpoint_every": "0"}
+
+
+def _fill(app, values: dict[str, str]) -> None:
+    for name, value in values.items():
+        app.form.controls[name].set_state({"value": value})  # as a client's comm message sets it
+
+
+def test_booth_visitors_own_their_jobs_and_a_double_click_makes_one_job(home: Path) -> None:
+    """Two visitors' pages on a real local backend with the booth policy (one training at a time)."""
+    from playground.backends.local import LocalBackend
+    from playground.booth import BoothPolicy
+    from widgets.app import App
+
+    backend = LocalBackend(home=home, policy=BoothPolicy(max_concurrent_trainings=1))
+    alice, bob = "v-a11ce00000000000", "v-b0b0000000000000"
+    page_a = App(backend=backend, booth=True, visitor=alice, blueprint_id="tiny-llama-cpu")
+    assert page_a.form is not None and page_a.form.backend.layout.display == "none"
+    _fill(page_a, QUICK)
+    click = {"event": "click"}
+    page_a.form.launch_button._handle_button_msg(None, click, None)
+    page_a.form.launch_button._handle_button_msg(None, click, None)  # the second click of a double-click
+    jobs = backend.list(owner=alice)
+    assert len(jobs) == 1 and jobs[0].owner == alice and page_a.monitor.job_id == jobs[0].id
+    assert page_a.form.launch_button.disabled and "still running" in page_a.form.status.value
+
+    page_b = App(backend=backend, booth=True, visitor=bob, blueprint_id="tiny-llama-cpu")
+    assert page_b.jobs is not None and page_b.jobs.jobs == [] and page_b.monitor.job_id == ""
+    with pytest.raises(JobNotFound):
+        page_b.jobs.attach_job(jobs[0].id)  # another visitor's job is like an unknown one
+    _fill(page_b, QUICK)
+    job_b = page_b.form.launch()
+    assert job_b is not None and job_b.owner == bob
+    wait_for(lambda: "next in line" in page_b.monitor.queue.value or page_b.monitor.done, 120, "B queued")
+    assert "next in line" in page_b.monitor.queue.value  # A trains: B waits, and sees it
+    assert [j.id for j in page_b.jobs.jobs] == [job_b.id]
+
+    page_a_again = App(backend=backend, booth=True, visitor=alice, blueprint_id="tiny-llama-cpu")  # a reload
+    assert page_a_again.monitor.job_id == jobs[0].id and page_a_again.form.launch_button.disabled
+    assert page_a_again.form.controls["max_steps"].value == "12"  # the form shows that job's parameters
+    assert page_a_again.monitor.wait(300) and page_a_again.monitor.final_job.phase == JobPhase.SUCCEEDED
+    assert not page_a_again.form.launch_button.disabled  # free to launch again once it ended
+    page_b.monitor.cancel()
+    assert page_b.monitor.wait(120)
+
+
+def test_booth_page_without_a_valid_cookie_shows_nothing(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> None:
+    from voila_app.identity import COOKIE_NAME, SECRET_ENV, sign
+    from widgets.app import UNKNOWN_VISITOR, App
+
+    monkeypatch.setenv(SECRET_ENV, "k" * 40)
+    for cookie in ("", f"{COOKIE_NAME}={sign('another-secret-' + 'x' * 30, 'v-0000000000000000')}"):
+        monkeypatch.setenv("HTTP_COOKIE", cookie)
+        app = App(booth=True)
+        assert app.owner is None and app.gallery is None and app.jobs is None
+        assert html.escape(UNKNOWN_VISITOR) in app.status.value
+    monkeypatch.setenv("HTTP_COOKIE", f"{COOKIE_NAME}={sign('k' * 40, 'v-0123456789abcdef')}")
+    app = App(booth=True)  # what a kernel started by the booth's Voila sees
+    assert app.owner == "v-0123456789abcdef" and app.gallery is not None
+
+
 # -- no heavy imports in the UI -------------------------------------------------------------------
 
 
@@ -324,7 +544,7 @@ def test_threads_never_print(capfd: pytest.CaptureFixture[str]) -> None:
     """Errors in the reader thread land in the widget, not on stdout (Voila would show them)."""
 
     class Broken(ScriptedBackend):
-        def events(self, job_id: str, follow: bool = False) -> Iterator[Event]:
+        def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
             yield Phase(JobPhase.TRAINING)
             raise ConnectionError("stream dropped")
 
@@ -345,6 +565,8 @@ def test_threads_never_print(capfd: pytest.CaptureFixture[str]) -> None:
         (["app", "--backend", "nope"], "--backend 'nope': allowed: local, kubernetes"),
         (["app", "--blueprint", "nope"], "unknown blueprint 'nope'; known:"),
         (["app", "--port", "0"], "--port 0: allowed: 1 to 65535"),
+        (["app", "--booth", "--booth-max-kernels", "0"], "--booth-max-kernels 0: allowed: an integer from 1 to 1000"),
+        (["app", "--booth", "--booth-cull-seconds", "5"], "--booth-cull-seconds 5: allowed: an integer from 30 to"),
     ],
 )
 def test_app_command_bad_input_is_one_line_exit_2(argv: list[str], needle: str) -> None:
@@ -372,6 +594,42 @@ def test_app_command_uses_safe_voila_settings() -> None:
     ):
         assert flag in command
     assert any(a.startswith("--MappingKernelManager.cull_idle_timeout=") for a in command)
+    assert "--template=playground" in command  # a page title, no stylesheets from a CDN
+    assert not any("BoothKernelManager" in a or "config_file_paths" in a for a in command)
+
+
+def test_booth_mode_settings(isolated_home: Path) -> None:
+    from playground.cli import build_parser
+    from playground.commands.app import BOOTH_MAX_KERNELS, booth_environment, voila_command
+    from voila_app import CONFIG_DIR
+    from voila_app.identity import SECRET_ENV
+
+    args = build_parser().parse_args(["app", "--booth"])
+    assert (args.booth_max_kernels, args.booth_cull_seconds) == (BOOTH_MAX_KERNELS, 120)
+    command = voila_command(Path("app.ipynb"), port=1, ip="0.0.0.0", open_browser=False, cull_idle_seconds=120,
+                            booth_max_kernels=16)  # fmt: skip
+    for flag in (
+        "--MappingKernelManager.cull_idle_timeout=120",
+        "--MappingKernelManager.cull_interval=30",
+        "--MappingKernelManager.cull_connected=False",
+        f"--Voila.config_file_paths={CONFIG_DIR}",
+        "--BoothKernelManager.max_kernels=16",
+    ):
+        assert flag in command
+    assert (CONFIG_DIR / "voila.py").is_file()
+    # the kernels get booth mode (the engine's policy) and the secret that verifies visitor cookies
+    booth = booth_environment(args, {})
+    assert booth["PLAYGROUND_BOOTH"] == "1" and len(booth[SECRET_ENV]) == 64
+    assert booth_environment(args, {})[SECRET_ENV] == booth[SECRET_ENV]  # kept in the home: survives a restart
+    assert oct((isolated_home / "booth" / "secret").stat().st_mode & 0o777) == "0o600"
+    out = subprocess.run(
+        [sys.executable, "-m", "playground.cli", "app", "--booth"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, SECRET_ENV: "short"},
+    )
+    assert out.returncode == 2 and f"{SECRET_ENV} is 5 characters; allowed: at least 32" in out.stderr
 
 
 def test_app_on_a_taken_port_serves_and_prints_the_next_free_one(tmp_path: Path) -> None:

@@ -13,14 +13,16 @@ from playground import api
 from playground.backends import BACKENDS, get_backend
 from playground.backends.base import Backend
 from playground.blueprints import Blueprint, get_blueprint
+from playground.booth import booth_enabled
+from playground.errors import UserError
 from playground.events import JobPhase
 from playground.types import Job
 from widgets.chat import ChatPanel, ServePanel
 from widgets.form import LaunchForm
 from widgets.gallery import BlueprintGallery
 from widgets.jobs import JobsList
-from widgets.monitor import JobMonitor, loss_chart
-from widgets.state import error_text
+from widgets.monitor import JobMonitor
+from widgets.state import error_text, scrub_paths
 
 STYLE = """<style>
 .pg-card { border: 1px solid #ddd; border-radius: 8px; background: #fafafa; }
@@ -30,15 +32,26 @@ STYLE = """<style>
 .pg-note { color: #a15c00; margin-top: 4px; }
 .pg-badge { color: white; border-radius: 4px; padding: 1px 8px; font-weight: 600; }
 .pg-reason { color: #666; margin-left: 6px; }
-.pg-help { color: #777; font-size: 0.9em; }
+.pg-queue { color: #a15c00; margin: 0 8px; font-weight: 600; }
+.pg-help { color: #777; font-size: 0.9em; margin: 0 8px; }
 .pg-error-text { color: #c00; }
-.pg-log { max-height: 180px; overflow: auto; font-size: 0.85em; background: #f6f6f6; padding: 4px; margin: 0; }
+.pg-log { font-size: 0.85em; line-height: 1.35; background: #f6f6f6; padding: 4px; margin: 0; white-space: pre-wrap; }
+.pg-metrics-table { border-collapse: collapse; margin: 4px 0; }
+.pg-metrics-table th { text-align: left; font-weight: normal; color: #555; padding: 2px 16px 2px 0; }
+.pg-metrics-table td { font-weight: 600; font-variant-numeric: tabular-nums; text-align: right; }
 .pg-answers { border: 1px solid #ddd; border-radius: 6px; min-height: 80px; padding: 6px; }
 .pg-q { color: #555; font-style: italic; }
-.pg-a { font-family: monospace; font-size: 1.1em; margin-bottom: 6px; }
+.pg-a { font-family: monospace; font-size: 1.1em; margin-bottom: 6px; white-space: pre-wrap; }
+.pg-empty, .pg-whitespace { color: #888; }
 .pg-ok { color: #2ca02c; font-weight: bold; } .pg-bad { color: #d62728; font-weight: bold; }
 .pg-section h2 { margin: 12px 0 4px 0; }
 </style>"""
+
+RUNNING = "your job is still running: wait for it to finish, or cancel it"
+UNKNOWN_VISITOR = (
+    "This page could not recognise your visit (its cookie is missing or not valid). Reload the page; "
+    "if this message stays, allow cookies for this site."
+)
 
 
 def section(title: str, body: ipw.Widget, css: str) -> ipw.VBox:
@@ -47,7 +60,16 @@ def section(title: str, body: ipw.Widget, css: str) -> ipw.VBox:
 
 
 class App(ipw.VBox):
-    """The whole path in one widget. It talks only to a Backend and the chat client."""
+    """The whole path in one widget. It talks only to a Backend and the chat client.
+
+    Booth mode (``booth=True``, or ``PLAYGROUND_BOOTH=1`` in the environment as
+    ``playground app --booth`` sets it): the page belongs to one ``visitor`` (in Voila, the id
+    verified from the signed cookie; without a valid one the page shows nothing else). Every
+    backend call carries that owner, the backend choice is fixed, and visitors see no paths,
+    pids or command lines. Outside booth mode, the operator sees every job and a details expander.
+
+    On load the visitor's running job (else the newest) is reattached, history included.
+    """
 
     def __init__(
         self,
@@ -59,7 +81,17 @@ class App(ipw.VBox):
         model_source: str | None = None,
         dataset_source: str | None = None,
         backend_options: Mapping[str, Any] | None = None,
+        booth: bool | None = None,
+        visitor: str | None = None,
+        reattach: bool = True,
     ) -> None:
+        self.booth = booth_enabled() if booth is None else booth
+        if self.booth and visitor is None:
+            from voila_app.identity import visitor_from_environ
+
+            visitor = visitor_from_environ()
+        self.owner = visitor if self.booth else None
+        self.operator = not self.booth
         self.backend_name = backend_name or (backend.name if backend else os.environ.get("PLAYGROUND_BACKEND", "local"))
         self._backends: dict[str, Backend] = {self.backend_name: backend} if backend else {}
         self._backend_options = dict(backend_options or {})
@@ -68,29 +100,38 @@ class App(ipw.VBox):
         self._preset_for = blueprint_id
         self.blueprint: Blueprint | None = None
         self.form: LaunchForm | None = None
-        self.monitor: JobMonitor | None = None
         self.serve_panel: ServePanel | None = None
         self.chat: ChatPanel | None = None
         self.job: Job | None = None
+        self.jobs: JobsList | None = None
+        self.status = ipw.HTML("").add_class("pg-app-status")
+        header = ipw.HTML(STYLE + "<h1>Blueprint Playground</h1>")
+        if self.booth and not self.owner:  # fail closed: no identity, no jobs
+            self.monitor = JobMonitor(owner="", operator=False)
+            self.gallery = None
+            self.status.value = f"<p class='pg-error-text'>{html.escape(UNKNOWN_VISITOR)}</p>"
+            super().__init__([header, self.status])
+            self.add_class("pg-app")
+            return
 
-        self.chart = loss_chart()  # created now, while the page renders, and reused by every monitor
+        # The monitor (and its chart) is on the page from the start and stays there: every job is
+        # shown in it, so its plotly view never has to be created again (see JobMonitor).
+        self.monitor = JobMonitor(owner=self.owner, operator=self.operator, on_done=self._finished)
+        self.chart = self.monitor.chart
         self.gallery = BlueprintGallery(api.blueprints(), on_select=self.select, backend=self.backend_name)
         self.form_box = ipw.VBox([ipw.HTML("<i>pick a blueprint above</i>")])
-        self.monitor_box = ipw.VBox([ipw.HTML("<i>launch a job, or open one from “Your jobs”</i>")])
         self.serve_box = ipw.VBox([ipw.HTML("<i>available when the job has succeeded</i>")])
-        self.status = ipw.HTML("").add_class("pg-app-status")
         try:
-            self.jobs = JobsList(self.get_backend(self.backend_name), on_open=self.open_job)
+            self.jobs = JobsList(self.get_backend(self.backend_name), on_open=self.open_job, owner=self.owner)
         except Exception as exc:  # e.g. no cluster configured: shown, the gallery still works
-            self.jobs = None
-            self.status.value = f"<span class='pg-error-text'>{html.escape(error_text(exc))}</span>"
+            self.status.value = f"<span class='pg-error-text'>{html.escape(self._text(error_text(exc)))}</span>"
         super().__init__(
             [
-                ipw.HTML(STYLE + "<h1>Blueprint Playground</h1>"),
+                header,
                 self.status,
                 section("1 · Pick a blueprint", self.gallery, "pg-step-gallery"),
                 section("2 · Set parameters and launch", self.form_box, "pg-step-form"),
-                section("3 · Watch training", self.monitor_box, "pg-step-monitor"),
+                section("3 · Watch training", self.monitor, "pg-step-monitor"),
                 section("4 · Serve and chat: base vs fine-tuned", self.serve_box, "pg-step-chat"),
                 section("Your jobs", self.jobs or ipw.HTML(""), "pg-step-jobs"),
             ]
@@ -98,6 +139,8 @@ class App(ipw.VBox):
         self.add_class("pg-app")
         if blueprint_id:
             self.gallery.select(blueprint_id)
+        if reattach and self.jobs is not None and self.jobs.jobs:
+            self.reattach(self.jobs.jobs[0])
 
     # -- backends ------------------------------------------------------------------------------
 
@@ -107,6 +150,9 @@ class App(ipw.VBox):
             self._backends[name] = get_backend(name, **options)
         return self._backends[name]
 
+    def _text(self, text: str) -> str:
+        return text if self.operator else scrub_paths(text)
+
     # -- the path ------------------------------------------------------------------------------
 
     def select(self, blueprint: Blueprint) -> None:
@@ -114,21 +160,36 @@ class App(ipw.VBox):
         values = self.preset if self.preset and blueprint.id == self._preset_for else None
         backends = BACKENDS if self.backend_name in BACKENDS else (self.backend_name, *BACKENDS)
         self.form = LaunchForm(
-            blueprint, on_launch=self.launch, backend=self.backend_name, backends=backends, values=values
+            blueprint,
+            on_launch=self.launch,
+            backend=self.backend_name,
+            backends=backends,
+            values=values,
+            show_backend=not self.booth,
         )
-        self.form.backend.observe(lambda change: self.gallery.set_backend(change["new"]), names="value")
+        if self.gallery is not None and not self.booth:
+            self.form.backend.observe(lambda change: self.gallery.set_backend(change["new"]), names="value")
         self.form_box.children = [self.form]
+        self._update_launch()
 
     def launch(self, backend_name: str, params: dict[str, Any]) -> Job:
-        """Called by the form with validated params; engine errors propagate to the form."""
-        assert self.blueprint is not None
-        backend = self.get_backend(backend_name)
+        """Called by the form with validated params; engine errors propagate to the form.
+
+        Refused here (the kernel) while the shown job runs, whatever state the button is in:
+        a double-click makes one job. The engine's booth policy adds the visitor's quotas.
+        """
+        if self.blueprint is None:
+            raise UserError("pick a blueprint first", field="blueprint")
+        if self.monitor.running:
+            raise UserError(RUNNING, field="quota")
+        backend = self.get_backend(self.backend_name if self.booth else backend_name)
         request = api.make_request(
             self.blueprint.id,
             params,
             model_source=self.model_source,
             dataset_source=self.dataset_source,
             labels={"app": "playground"},
+            owner=self.owner,
         )
         job = backend.submit(request)
         self.attach(backend, job)
@@ -144,30 +205,52 @@ class App(ipw.VBox):
         backend = self.jobs.backend if self.jobs is not None else self.get_backend(self.backend_name)
         self.attach(backend, job)
 
+    def reattach(self, job: Job) -> None:
+        """After a reload: show ``job``, and its blueprint's form filled with its parameters
+        (unless the page was opened with other parameters)."""
+        known_blueprint = self.gallery is not None and job.blueprint_id in self.gallery.blueprints
+        same_blueprint = self.blueprint is None or self.blueprint.id == job.blueprint_id
+        if known_blueprint and same_blueprint and not self.preset:
+            known = get_blueprint(job.blueprint_id).parameters
+            self.preset = {k: v for k, v in job.params.items() if k in known}
+            self._preset_for = job.blueprint_id
+            self.gallery.select(job.blueprint_id)
+        self.open_job(job)
+
     def attach(self, backend: Backend, job: Job) -> JobMonitor:
         self.job = job
         try:
             blueprint = get_blueprint(job.blueprint_id)
         except Exception:
             blueprint = None
-        if self.monitor is not None:
-            self.monitor.detach()
-        self.monitor = JobMonitor(
-            backend, job, blueprint=blueprint, chart=self.chart, on_done=lambda j: self._finished(backend, j)
-        )
-        self.monitor_box.children = [self.monitor]
         self.serve_box.children = [ipw.HTML("<i>available when the job has succeeded</i>")]
+        self.monitor.follow(job, backend=backend, blueprint=blueprint)
+        self._update_launch()
         return self.monitor
 
-    def _finished(self, backend: Backend, job: Job) -> None:
+    def _update_launch(self) -> None:
+        if self.form is None:
+            return
+        if self.monitor.running:
+            self.form.block(RUNNING)
+        else:
+            self.form.unblock()
+
+    def _finished(self, job: Job) -> None:
+        """Called by the monitor (its thread) when the shown job ended."""
         if self.jobs is not None:
             self.jobs.refresh()
         if self.job is None or job.id != self.job.id:
             return
-        if job.phase != JobPhase.SUCCEEDED:
-            self.serve_box.children = [ipw.HTML(f"job ended {job.phase}: {html.escape(job.message)}")]
-            return
-        blueprint = get_blueprint(job.blueprint_id)
-        self.chat = ChatPanel(blueprint)
-        self.serve_panel = ServePanel(backend, job, chat=self.chat)
-        self.serve_box.children = [self.serve_panel, self.chat]
+        self.job = job
+        backend = self.monitor.backend
+        if job.phase != JobPhase.SUCCEEDED or backend is None:
+            reason = f": {html.escape(self._text(job.message))}" if job.message else ""
+            self.serve_box.children = [ipw.HTML(f"job ended {job.phase}{reason}")]
+        else:
+            blueprint = get_blueprint(job.blueprint_id)
+            self.chat = ChatPanel(blueprint, operator=self.operator)
+            self.serve_panel = ServePanel(backend, job, chat=self.chat, owner=self.owner, operator=self.operator)
+            self.serve_box.children = [self.serve_panel, self.chat]
+        if self.form is not None:
+            self.form.unblock()  # the monitor's stream has ended (it is marked done just after this)

@@ -14,10 +14,28 @@ from playground.answers import answer_is_correct
 from playground.backends.base import Backend
 from playground.blueprints import Blueprint
 from playground.types import Endpoint, Job
-from widgets.state import error_text
+from widgets.state import error_text, scrub_paths
 
 SIDES = ("base", "fine-tuned")
 SIDE_TITLES = {"base": "Base model", "fine-tuned": "Fine-tuned"}
+MAX_PROMPT_CHARS = 500  # anything longer is refused in the kernel (a client can send any text)
+
+
+def answer_html(turn: Turn) -> str:
+    """The answer exactly as the model gave it: whitespace made visible, an empty answer said so."""
+    if turn.error:
+        return f"<span class='pg-error-text'>{html.escape(turn.error)}</span>"
+    cursor = "" if turn.done else "<span class='pg-cursor'>▍</span>"
+    if turn.answer.strip() or not turn.done:
+        return html.escape(turn.answer) + cursor
+    if turn.answer:  # only whitespace: show it rather than hide it
+        visible = turn.answer.replace(" ", "␠").replace("\n", "⏎").replace("\t", "⇥")
+        return f"<span class='pg-whitespace' title='only whitespace'>{html.escape(visible)}</span>"
+    if turn.tokens:
+        plural = "s" if turn.tokens != 1 else ""
+        why = f"{turn.tokens} token{plural} generated, all of them special tokens with no text"
+        return f"<span class='pg-empty'>(empty answer: {why})</span>"
+    return "<span class='pg-empty'>(empty answer)</span>"
 
 
 @dataclass
@@ -28,6 +46,7 @@ class Turn:
     error: str = ""
     expected: str | None = None
     seconds: float | None = None
+    tokens: int | None = None  # completion tokens the server reported
 
     @property
     def correct(self) -> bool | None:
@@ -46,12 +65,7 @@ class Transcript:
             mark = ""
             if turn.correct is not None:
                 mark = " <span class='pg-ok'>✓</span>" if turn.correct else " <span class='pg-bad'>✗</span>"
-            cursor = "" if turn.done else "<span class='pg-cursor'>▍</span>"
-            answer = html.escape(turn.answer) + cursor
-            if turn.done and not turn.answer.strip() and not turn.error:
-                answer = "<span class='pg-empty'>(no answer)</span>"
-            if turn.error:
-                answer = f"<span class='pg-error-text'>{html.escape(turn.error)}</span>"
+            answer = answer_html(turn)
             parts.append(
                 f"<div class='pg-turn'><div class='pg-q'>{html.escape(turn.prompt)}</div>"
                 f"<div class='pg-a' data-side='{side}' data-done='{str(turn.done).lower()}'>{answer}{mark}</div></div>"
@@ -62,8 +76,9 @@ class Transcript:
 class ChatPanel(ipw.VBox):
     """Ask both models the same prompt; answers stream in side by side (≤ 10 updates/s each)."""
 
-    def __init__(self, blueprint: Blueprint, *, max_rate: float = 10.0) -> None:
+    def __init__(self, blueprint: Blueprint, *, max_rate: float = 10.0, operator: bool = True) -> None:
         self.blueprint = blueprint
+        self.operator = operator
         self.interval = 1.0 / max_rate
         self.endpoints: dict[str, Endpoint] = {}
         self.transcripts = {side: Transcript() for side in SIDES}
@@ -106,14 +121,38 @@ class ChatPanel(ipw.VBox):
     def set_endpoints(self, endpoints: dict[str, Endpoint]) -> None:
         self.endpoints = dict(endpoints)
         self._set_enabled(bool(self.endpoints))
-        names = ", ".join(f"{SIDE_TITLES.get(k, k)}: {e.url}" for k, e in self.endpoints.items())
-        self.status.value = f"ready · {html.escape(names)}" if self.endpoints else "serve the models to chat"
+        if not self.endpoints:
+            self.status.value = "serve the models to chat"
+        elif self.operator:
+            names = ", ".join(f"{SIDE_TITLES.get(k, k)}: {e.url}" for k, e in self.endpoints.items())
+            self.status.value = f"ready · {html.escape(names)}"
+        else:
+            self.status.value = "ready: ask both models"
+
+    @property
+    def busy(self) -> bool:
+        return any(t.is_alive() for t in self._threads)
 
     def ask(self, prompt: str) -> list[threading.Thread]:
-        """Send ``prompt`` to every served side; returns the streaming threads."""
-        prompt = prompt.strip()
-        if not prompt or not self.endpoints:
+        """Send ``prompt`` to every served side; returns the streaming threads.
+
+        One question at a time, of bounded length (checked here: any client can send a click or a text).
+        """
+        if not isinstance(prompt, str) or not self.endpoints:
             return []
+        prompt = prompt.strip()
+        if not prompt:
+            return []
+        if len(prompt) > MAX_PROMPT_CHARS:
+            self.status.value = (
+                f"<span class='pg-error-text'>the question is {len(prompt)} characters; "
+                f"allowed: up to {MAX_PROMPT_CHARS}</span>"
+            )
+            return []
+        if self.busy:
+            self.status.value = "<span class='pg-error-text'>wait for both answers before asking again</span>"
+            return []
+        self.set_endpoints(self.endpoints)  # clears an earlier message
         self.prompt.value = prompt
         threads = []
         for side in SIDES:
@@ -144,20 +183,22 @@ class ChatPanel(ipw.VBox):
         last = 0.0
         self._refresh(side)
         try:
-            for chunk in chat(
+            stream = chat(
                 endpoint,
                 [{"role": "user", "content": turn.prompt}],
                 stream=True,
                 max_tokens=self.blueprint.serving.max_new_tokens,
                 temperature=self.blueprint.serving.temperature,
-            ):
+            )
+            for chunk in stream:
                 turn.answer += chunk
                 now = time.monotonic()
                 if now - last >= self.interval:
                     last = now
                     self._refresh(side)
+            turn.tokens = getattr(stream, "completion_tokens", None)
         except Exception as exc:  # shown in the column, never printed from this thread
-            turn.error = error_text(exc)
+            turn.error = error_text(exc) if self.operator else scrub_paths(error_text(exc))
         turn.done = True
         turn.seconds = time.monotonic() - start
         self._refresh(side)
@@ -173,9 +214,13 @@ class ServePanel(ipw.VBox):
         *,
         chat: ChatPanel | None = None,
         on_ready: Callable[[dict[str, Endpoint]], None] | None = None,
+        owner: str | None = None,
+        operator: bool = True,
     ) -> None:
         self.backend = backend
         self.job = job
+        self.owner = owner
+        self.operator = operator
         self.chat = chat
         self.on_ready = on_ready
         self.endpoints: dict[str, Endpoint] = {}
@@ -196,15 +241,17 @@ class ServePanel(ipw.VBox):
     def _adopt_running(self) -> None:
         """After a reload, reuse servers already running for this job."""
         try:
-            running = [e for e in self.backend.endpoints() if e.job_id == self.job.id]
+            running = [e for e in self.backend.endpoints(owner=self.owner) if e.job_id == self.job.id]
         except Exception:
             return
         found = {e.kind: e for e in running if e.kind in SIDES}
         if "fine-tuned" in found:
             self._ready(found)
 
-    def serve(self) -> threading.Thread:
-        """Start both servers on background threads (they take a while to load)."""
+    def serve(self) -> threading.Thread | None:
+        """Start both servers on background threads (they take a while to load); once at a time."""
+        if (self._thread is not None and self._thread.is_alive()) or self.endpoints:
+            return None  # a second click (any client can click a disabled button) starts nothing
         self.serve_button.disabled = True
         self.status.value = "starting the model servers… (loading the models)"
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -223,9 +270,10 @@ class ServePanel(ipw.VBox):
 
         def one(side: str) -> None:
             try:
-                results[side] = self.backend.serve(self.job.id, base=side == "base")
+                results[side] = self.backend.serve(self.job.id, base=side == "base", owner=self.owner)
             except Exception as exc:
-                errors.append(f"{SIDE_TITLES[side]}: {error_text(exc)}")
+                message = error_text(exc) if self.operator else scrub_paths(error_text(exc))
+                errors.append(f"{SIDE_TITLES[side]}: {message}")
 
         threads = [threading.Thread(target=one, args=(side,), daemon=True) for side in ("fine-tuned", "base")]
         for t in threads:
@@ -244,10 +292,13 @@ class ServePanel(ipw.VBox):
         self.endpoints = dict(endpoints)
         self.serve_button.disabled = True
         self.stop_button.disabled = False
-        rows = " · ".join(
-            f"{SIDE_TITLES.get(k, k)}: <code>{html.escape(e.url)}</code> ({html.escape(e.model)})"
-            for k, e in sorted(self.endpoints.items())
-        )
+        if self.operator:
+            rows = " · ".join(
+                f"{SIDE_TITLES.get(k, k)}: <code>{html.escape(e.url)}</code> ({html.escape(e.model)})"
+                for k, e in sorted(self.endpoints.items())
+            )
+        else:
+            rows = " and ".join(SIDE_TITLES.get(k, k) for k in sorted(self.endpoints))
         extra = f" <span class='pg-error-text'>{html.escape(self.error)}</span>" if self.error else ""
         self.status.value = f"serving · {rows}{extra}"
         if self.chat is not None:
@@ -258,10 +309,11 @@ class ServePanel(ipw.VBox):
     def stop(self) -> None:
         self.stop_button.disabled = True
         try:
-            self.backend.unserve(self.job.id)
+            self.backend.unserve(self.job.id, owner=self.owner)
             self.status.value = "servers stopped"
         except Exception as exc:
-            self.status.value = f"<span class='pg-error-text'>{html.escape(error_text(exc))}</span>"
+            message = error_text(exc) if self.operator else scrub_paths(error_text(exc))
+            self.status.value = f"<span class='pg-error-text'>{html.escape(message)}</span>"
         self.endpoints = {}
         if self.chat is not None:
             self.chat.set_endpoints({})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-import math
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -12,35 +12,31 @@ import ipywidgets as ipw
 from playground.backends import BACKENDS
 from playground.blueprints import Blueprint
 from playground.errors import UserError
-from widgets.state import FieldSpec, FormModel, FormResult, clean_number, error_text
+from widgets.state import FieldSpec, FormModel, FormResult, error_text, format_param
 
 LaunchHandler = Callable[[str, dict[str, Any]], Any]
 
 
 def make_control(spec: FieldSpec, value: Any) -> ipw.ValueWidget:
-    """A bounded control for one parameter (bounds and choices come from the schema)."""
+    """One control per parameter. Numbers are typed into a text box: a bad value is shown as an
+    error next to the field rather than silently clamped, as a slider would do."""
     style = {"description_width": "170px"}
-    layout = ipw.Layout(width="460px")
-    common = {"description": spec.label, "style": style, "layout": layout, "continuous_update": False}
-    kind = spec.control
-    if kind == "Checkbox":
+    if spec.control == "Checkbox":
         return ipw.Checkbox(value=bool(value), description=spec.label, style=style, indent=True)
-    if kind == "Dropdown":
+    if spec.control == "Dropdown":
         return ipw.Dropdown(options=list(spec.choices), value=value, description=spec.label, style=style)
-    assert spec.min is not None and spec.max is not None
-    if kind == "IntSlider":
-        return ipw.IntSlider(value=int(value), min=int(spec.min), max=int(spec.max), **common)
-    if kind == "BoundedIntText":
-        common.pop("continuous_update")
-        return ipw.BoundedIntText(value=int(value), min=int(spec.min), max=int(spec.max), **common)
-    if kind == "FloatLogSlider":
-        lo, hi = math.log10(spec.min), math.log10(spec.max)
-        return ipw.FloatLogSlider(
-            value=float(value), base=10, min=lo, max=hi, step=(hi - lo) / 200, readout_format=".2e", **common
-        )
-    return ipw.FloatSlider(
-        value=float(value), min=spec.min, max=spec.max, step=(spec.max - spec.min) / 200, readout_format=".3g", **common
+    return ipw.Text(
+        value=format_param(value),
+        description=spec.label,
+        placeholder=spec.allowed,
+        continuous_update=False,
+        style=style,
+        layout=ipw.Layout(width="320px"),
     )
+
+
+def _error_html(message: str) -> str:
+    return f"<span class='pg-error-text'>{html.escape(message)}</span>" if message else ""
 
 
 class LaunchForm(ipw.VBox):
@@ -49,6 +45,10 @@ class LaunchForm(ipw.VBox):
     ``on_launch(backend_name, params)`` is called with validated params; a
     :class:`~playground.errors.UserError` it raises is shown inline (next to its field when it
     names one). Nothing is validated here that the engine does not validate itself.
+
+    Every value is read from the kernel-side widgets and validated at Launch: a client can send any
+    comm message (change a control's value, click a disabled button), so neither the controls'
+    bounds nor the button's ``disabled`` state is trusted. :meth:`block` refuses launches in the kernel.
     """
 
     def __init__(
@@ -59,28 +59,37 @@ class LaunchForm(ipw.VBox):
         backend: str = "local",
         backends: tuple[str, ...] = BACKENDS,
         values: Mapping[str, Any] | None = None,
+        show_backend: bool = True,
     ) -> None:
         self.blueprint = blueprint
         self.model = FormModel(blueprint)
         self.on_launch = on_launch
+        self.backend_name = backend
         self.controls: dict[str, ipw.ValueWidget] = {}
         self.errors: dict[str, ipw.HTML] = {}
+        self.blocked_reason = ""
+        self.show_backend = show_backend
+        self._launching = threading.Lock()
         rows = []
         initial = {**self.model.defaults(), **dict(values or {})}
         for spec in self.model.fields:
             value = initial[spec.name]
             try:
                 control = make_control(spec, value)
-            except Exception:  # a preset outside the bounds: start from the default, show the error below
+            except Exception:  # a preset a checkbox/dropdown cannot hold: start from the default
                 control = make_control(spec, spec.default)
             control.add_class(f"pg-field-{spec.name}")
-            help_text = ipw.HTML(f"<span class='pg-help'>{html.escape(spec.help)}</span>")
+            hint = " · ".join(part for part in (spec.help, spec.allowed if spec.control == "Text" else "") if part)
+            help_text = ipw.HTML(f"<span class='pg-help'>{html.escape(hint)}</span>")
             error = ipw.HTML("").add_class("pg-error").add_class(f"pg-error-{spec.name}")
+            control.observe(lambda _change, name=spec.name: self.check_field(name), names="value")
             self.controls[spec.name] = control
             self.errors[spec.name] = error
-            rows.append(ipw.HBox([control, help_text, error]))
+            rows.append(ipw.HBox([control, help_text, error], layout=ipw.Layout(align_items="center")))
         self.backend = ipw.Dropdown(options=list(backends), value=backend, description="backend")
         self.backend.add_class("pg-backend")
+        if not show_backend:
+            self.backend.layout.display = "none"
         self.launch_button = ipw.Button(description="Launch", icon="rocket", button_style="primary")
         self.launch_button.add_class("pg-launch")
         self.launch_button.on_click(lambda _: self.launch())
@@ -92,16 +101,25 @@ class LaunchForm(ipw.VBox):
             self.validate(initial)
 
     def values(self) -> dict[str, Any]:
-        return {name: clean_number(control.value) for name, control in self.controls.items()}
+        return {name: control.value for name, control in self.controls.items()}
+
+    def chosen_backend(self) -> str:
+        """The backend picked in the form; when the dropdown is hidden (booth), the App's, whatever a client sent."""
+        return str(self.backend.value) if self.show_backend else self.backend_name
+
+    def check_field(self, name: str) -> str:
+        """Validate one field as it changes; its error (or nothing) appears next to it."""
+        message = self.model.validate({name: self.controls[name].value}).errors.get(name, "")
+        self.errors[name].value = _error_html(message)
+        return message
 
     def validate(self, values: Mapping[str, Any] | None = None) -> FormResult:
         """Validate through the engine and show each error next to its field."""
         result = self.model.validate(self.values() if values is None else values)
         for name, widget in self.errors.items():
-            message = result.errors.get(name, "")
-            widget.value = f"<span class='pg-error-text'>{html.escape(message)}</span>" if message else ""
+            widget.value = _error_html(result.errors.get(name, ""))
         other = [msg for name, msg in result.errors.items() if name not in self.errors]
-        self.status.value = "<br>".join(f"<span class='pg-error-text'>{html.escape(m)}</span>" for m in other)
+        self.status.value = "<br>".join(_error_html(m) for m in other)
         return result
 
     def show_error(self, exc: BaseException) -> None:
@@ -109,26 +127,50 @@ class LaunchForm(ipw.VBox):
         message = error_text(exc)
         field = getattr(exc, "field", None)
         if field in self.errors:
-            self.errors[field].value = f"<span class='pg-error-text'>{html.escape(message)}</span>"
+            self.errors[field].value = _error_html(message)
         else:
-            self.status.value = f"<span class='pg-error-text'>{html.escape(message)}</span>"
+            self.status.value = _error_html(message)
+
+    def block(self, reason: str) -> None:
+        """Refuse launches (kernel-side) and disable the button, e.g. while the visitor's job runs."""
+        self.blocked_reason = reason
+        self.launch_button.disabled = True
+        self.launch_button.tooltip = reason
+
+    def unblock(self) -> None:
+        self.blocked_reason = ""
+        self.launch_button.disabled = False
+        self.launch_button.tooltip = ""
 
     def launch(self) -> Any:
         """Validate, then hand the params to ``on_launch``; returns what it returned (None on error)."""
-        result = self.validate()
-        if not result.ok or self.on_launch is None:
-            return None
-        self.launch_button.disabled = True
-        self.status.value = "launching…"
+        if not self._launching.acquire(blocking=False):
+            return None  # another launch is in progress (a second thread)
         try:
-            launched = self.on_launch(self.backend.value, result.params)
-        except UserError as exc:
-            self.show_error(exc)
-            return None
-        except Exception as exc:
-            self.status.value = f"<span class='pg-error-text'>{html.escape(error_text(exc))}</span>"
-            return None
+            if self.blocked_reason:  # e.g. the second click of a double-click: the first one launched
+                self.status.value = f"<span class='pg-help'>{html.escape(self.blocked_reason)}</span>"
+                return None
+            result = self.validate()
+            if not result.ok:
+                if not self.status.value:
+                    bad = ", ".join(name.replace("_", " ") for name in result.errors)
+                    self.status.value = _error_html(f"nothing launched: fix {bad}")
+                return None
+            if self.on_launch is None:
+                return None
+            self.launch_button.disabled = True
+            self.status.value = "launching…"
+            try:
+                launched = self.on_launch(self.chosen_backend(), result.params)
+            except UserError as exc:
+                self.show_error(exc)
+                return None
+            except Exception as exc:
+                self.status.value = _error_html(error_text(exc))
+                return None
+            finally:
+                self.launch_button.disabled = bool(self.blocked_reason)
+            self.status.value = "launched"
+            return launched
         finally:
-            self.launch_button.disabled = False
-        self.status.value = "launched"
-        return launched
+            self._launching.release()

@@ -11,7 +11,7 @@ import ipywidgets as ipw
 from playground.backends.base import Backend
 from playground.types import Job
 from widgets.monitor import phase_badge
-from widgets.state import attachable_jobs, error_text
+from widgets.state import attachable_jobs, error_text, scrub_paths
 
 
 def age_text(created_at: float, now: float | None = None) -> str:
@@ -24,20 +24,40 @@ def age_text(created_at: float, now: float | None = None) -> str:
 
 
 class JobsList(ipw.VBox):
-    """The backend's jobs, running first; ``on_open(job)`` attaches a monitor to one."""
+    """The backend's jobs, running first; ``on_open(job)`` attaches a monitor to one.
 
-    def __init__(self, backend: Backend, *, on_open: Callable[[Job], None] | None = None, limit: int = 20) -> None:
+    With ``owner`` (booth mode) only that visitor's jobs are listed and can be opened.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        on_open: Callable[[Job], None] | None = None,
+        limit: int = 20,
+        owner: str | None = None,
+    ) -> None:
         self.backend = backend
         self.on_open = on_open
+        self.owner = owner
         self.limit = limit
         self.jobs: list[Job] = []
+        self._last_click = float("-inf")
         self.refresh_button = ipw.Button(description="Refresh", icon="refresh")
         self.refresh_button.add_class("pg-refresh")
-        self.refresh_button.on_click(lambda _: self.refresh())
+        self.refresh_button.on_click(lambda _: self.refresh_clicked())
         self.rows = ipw.VBox([])
         self.status = ipw.HTML("")
         super().__init__([self.refresh_button, self.rows, self.status])
         self.add_class("pg-jobs")
+        self.refresh()
+
+    def refresh_clicked(self) -> None:
+        """Refresh, at most once a second however fast clicks arrive (any client can send them)."""
+        now = time.monotonic()
+        if now - self._last_click < 1.0:
+            return
+        self._last_click = now
         self.refresh()
 
     def set_backend(self, backend: Backend) -> None:
@@ -46,15 +66,22 @@ class JobsList(ipw.VBox):
 
     def refresh(self) -> list[Job]:
         try:
-            self.jobs = attachable_jobs(self.backend.list())[: self.limit]
+            self.jobs = attachable_jobs(self.backend.list(owner=self.owner))[: self.limit]
             self.status.value = "" if self.jobs else "no jobs yet"
         except Exception as exc:
             self.jobs = []
-            self.status.value = f"<span class='pg-error-text'>{html.escape(error_text(exc))}</span>"
+            message = error_text(exc) if self.owner is None else scrub_paths(error_text(exc))
+            self.status.value = f"<span class='pg-error-text'>{html.escape(message)}</span>"
+        for old in self.rows.children:  # free the previous rows' widgets (a long booth day)
+            for widget in old.children:
+                widget.close()
+            old.close()
         rows = []
         for job in self.jobs:
             progress = ""
-            if job.progress is not None:
+            if job.queue_position:
+                progress = f" · queued, position {job.queue_position}"
+            elif job.progress is not None:
                 progress = f" · step {job.progress.step}/{job.progress.total_steps}"
             label = ipw.HTML(
                 f"<code>{html.escape(job.id)}</code> · {html.escape(job.blueprint_id)} · "
@@ -69,6 +96,6 @@ class JobsList(ipw.VBox):
 
     def attach_job(self, job: Job | str) -> None:
         if isinstance(job, str):
-            job = self.backend.get(job)
+            job = self.backend.get(job, owner=self.owner)
         if self.on_open:
             self.on_open(job)

@@ -1,10 +1,12 @@
-"""JobMonitor: phase, progress bar with ETA, live loss/throughput chart, log tail, cluster events, Cancel."""
+"""JobMonitor: phase, queue position, progress bar with ETA, live loss/throughput chart, log tail,
+evaluation table, cluster events, Cancel; an operator "details" expander outside booth mode."""
 
 from __future__ import annotations
 
 import html
 import threading
 from collections.abc import Callable
+from copy import deepcopy
 
 import ipywidgets as ipw
 import plotly.graph_objects as go
@@ -13,7 +15,18 @@ from playground.backends.base import Backend
 from playground.blueprints import Blueprint
 from playground.events import JobPhase
 from playground.types import Job
-from widgets.state import Coalescer, Snapshot, error_text, follow_job, format_eta, format_rate
+from widgets.state import (
+    Coalescer,
+    Snapshot,
+    error_text,
+    follow_job,
+    format_eta,
+    format_rate,
+    metric_rows,
+    queue_text,
+    scrub_paths,
+    visitor_text,
+)
 
 PHASE_COLOURS = {
     JobPhase.PENDING: "#8a8a8a",
@@ -24,12 +37,22 @@ PHASE_COLOURS = {
     JobPhase.FAILED: "#d62728",
     JobPhase.CANCELLED: "#ff7f0e",
 }
+LOG_LINES = 15  # the log tail shows this many of the newest lines
 
 
 def phase_badge(phase: JobPhase, reason: str = "") -> str:
     colour = PHASE_COLOURS.get(phase, "#555")
     why = f" <span class='pg-reason'>{html.escape(reason)}</span>" if reason else ""
     return f"<span class='pg-badge' style='background:{colour}'>{phase}</span>{why}"
+
+
+def metrics_table(metrics: dict[str, float], *, operator: bool = False) -> str:
+    """The evaluation results as a small two-column table (names humanised, values formatted)."""
+    rows = "".join(
+        f"<tr><th>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
+        for label, value in metric_rows(metrics, operator=operator)
+    )
+    return f"<b>Results</b><table class='pg-metrics-table'>{rows}</table>" if rows else ""
 
 
 def loss_chart() -> go.FigureWidget:
@@ -52,65 +75,80 @@ def loss_chart() -> go.FigureWidget:
 
 
 class JobMonitor(ipw.VBox):
-    """Follows one job through ``backend.events(job_id, follow=True)`` on a background thread.
+    """Follows a job through ``backend.events(job_id, follow=True)`` on a background thread.
 
     The stream starts from the job's beginning, so attaching after a reload shows the whole
     history. Updates reach the widgets through a :class:`~widgets.state.Coalescer`
     (≤ ``max_rate`` per second); every progress point lands on the chart.
+
+    :meth:`follow` points the same monitor at another job. Its widgets, the chart above all, stay
+    on the page: plotly's FigureWidget view keeps listening to its model after it is taken off the
+    page, so a second view of the same figure made the dead one throw on every update ("Cannot
+    read properties of undefined (reading 'length')") and the new one stayed empty.
+
+    ``owner`` is passed to every backend call (booth mode: only that visitor's job is reachable);
+    ``operator=False`` hides command lines, pids and paths, and the details expander.
     """
 
     def __init__(
         self,
-        backend: Backend,
-        job: Job | str,
+        backend: Backend | None = None,
+        job: Job | str | None = None,
         *,
         blueprint: Blueprint | None = None,
         on_done: Callable[[Job], None] | None = None,
         max_rate: float = 10.0,
         autostart: bool = True,
         chart: go.FigureWidget | None = None,
+        owner: str | None = None,
+        operator: bool = True,
     ) -> None:
         self.backend = backend
-        self.job_id = job if isinstance(job, str) else job.id
+        self.job_id = ""
         self.blueprint = blueprint
         self.on_done = on_done
         self.max_rate = max_rate
+        self.owner = owner
+        self.operator = operator
         self.final_job: Job | None = None
         self.error: str = ""
+        self.coalescer: Coalescer | None = None
+        self._lock = threading.RLock()  # one job's updates at a time: rendering vs switching jobs
+        self._generation = 0
+        self._stop = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
-        self._steps: list[int] = []
-        self._losses: list[float | None] = []
-        self._rate_steps: list[int] = []
-        self._rates: list[float] = []
+        self._job_info: Job | None = None
+        self._details_lines = 0
+        self._reset_series()
 
-        title = blueprint.title if blueprint else (job.blueprint_id if isinstance(job, Job) else "")
-        self.header = ipw.HTML(f"<b>Job</b> <code>{html.escape(self.job_id)}</code> · {html.escape(title)}")
-        self.phase = ipw.HTML(phase_badge(JobPhase.PENDING)).add_class("pg-phase")
+        self.header = ipw.HTML("<i>No job yet: launch one above, or open one from “Your jobs”.</i>")
+        self.header.add_class("pg-monitor-header")
+        self.phase = ipw.HTML("").add_class("pg-phase")
+        self.queue = ipw.HTML("").add_class("pg-queue")
         self.progress = ipw.FloatProgress(value=0.0, min=0.0, max=1.0, layout=ipw.Layout(width="60%"))
         self.progress.add_class("pg-progress")
-        self.progress_text = ipw.HTML("waiting for the first progress point…").add_class("pg-progress-text")
+        self.progress_text = ipw.HTML("").add_class("pg-progress-text")
         self.points = ipw.HTML("0 points").add_class("pg-points")
-        # A chart created while the page renders (the App's) is safest: a FigureWidget created later
-        # sends its traces right after opening its comm, and a busy browser may drop that first update.
         self.chart = chart if chart is not None else loss_chart()
-        self._detached = False
-        with self.chart.batch_update():
-            for trace in self.chart.data:
-                trace.x, trace.y = [], []
         self.chart_box = ipw.Box([self.chart]).add_class("pg-chart")
         self.metrics = ipw.HTML("").add_class("pg-metrics")
         self.cluster = ipw.HTML("", layout=ipw.Layout(display="none")).add_class("pg-cluster-events")
         self.logs = ipw.HTML("<pre class='pg-log'></pre>").add_class("pg-logs")
         self.status = ipw.HTML("").add_class("pg-monitor-status")
-        self.cancel_button = ipw.Button(description="Cancel", icon="stop", button_style="warning")
+        self.cancel_button = ipw.Button(description="Cancel", icon="stop", button_style="warning", disabled=True)
         self.cancel_button.add_class("pg-cancel")
         self.cancel_button.on_click(lambda _: self.cancel())
-        self.coalescer: Coalescer | None = None
+        self.details = ipw.HTML("").add_class("pg-details-body")
+        self.details_box = ipw.Accordion(children=[self.details], selected_index=None)
+        self.details_box.set_title(0, "Details (operator)")
+        self.details_box.add_class("pg-details")
+        if not operator:
+            self.details_box.layout.display = "none"
         super().__init__(
             [
                 self.header,
-                ipw.HBox([self.phase, self.cancel_button]),
+                ipw.HBox([self.phase, self.queue, self.cancel_button], layout=ipw.Layout(align_items="center")),
                 ipw.HBox([self.progress, self.progress_text]),
                 self.chart_box,
                 self.points,
@@ -119,89 +157,226 @@ class JobMonitor(ipw.VBox):
                 ipw.HTML("<b>Log</b>"),
                 self.logs,
                 self.status,
+                self.details_box,
             ]
         )
         self.add_class("pg-monitor")
-        if autostart:
-            self.start()
+        if job is not None:
+            self.follow(job, backend=backend, blueprint=blueprint, start=autostart)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    def follow(
+        self,
+        job: Job | str,
+        *,
+        backend: Backend | None = None,
+        blueprint: Blueprint | None = None,
+        start: bool = True,
+    ) -> None:
+        """Show ``job`` from its beginning, replacing whatever this monitor showed."""
+        with self._lock:
+            self._stop.set()  # the previous job's reader stops at its next event; its updates are ignored
+            self._generation += 1
+            self._stop = threading.Event()
+            self._done = threading.Event()
+            self._thread = None
+            self.coalescer = None
+            self.backend = backend or self.backend
+            self.blueprint = blueprint
+            self.job_id = job if isinstance(job, str) else job.id
+            self.final_job = None
+            self.error = ""
+            self._reset_series()
+            with self.chart.batch_update():
+                for trace in self.chart.data:
+                    trace.x, trace.y = [], []
+            title = blueprint.title if blueprint else (job.blueprint_id if isinstance(job, Job) else "")
+            self.header.value = f"<b>Job</b> <code>{html.escape(self.job_id)}</code> · {html.escape(title)}"
+            phase = job.phase if isinstance(job, Job) else JobPhase.PENDING
+            self.phase.value = phase_badge(phase)
+            self.queue.value = ""
+            if isinstance(job, Job) and job.queue_position:
+                self.queue.value = html.escape(queue_text(job.queue_position, job.estimated_wait_seconds))
+            self.progress.value = 0.0
+            self.progress.bar_style = ""
+            self.progress_text.value = "waiting for the first progress point…"
+            self.points.value = "0 points"
+            self.metrics.value = ""
+            self.cluster.value = ""
+            self.cluster.layout.display = "none"
+            self.logs.value = "<pre class='pg-log'></pre>"
+            self.status.value = ""
+            self.cancel_button.disabled = isinstance(job, Job) and job.done
+            self._job_info = job if isinstance(job, Job) else None
+            self._details_lines = 0
+            self._show_details(self._job_info, [])
+        if start:
+            self.start()
+
     def start(self) -> None:
-        """Start following the job (idempotent)."""
-        if self._thread is not None:
-            return
-        self.coalescer = Coalescer(self._render, max_rate=self.max_rate)
-        self._thread = threading.Thread(target=self._follow, name=f"follow-{self.job_id}", daemon=True)
-        self._thread.start()
+        """Start following the current job (idempotent)."""
+        with self._lock:
+            if self._thread is not None or not self.job_id or self.backend is None:
+                return
+            generation = self._generation
+            self.coalescer = Coalescer(lambda snap: self._render(snap, generation), max_rate=self.max_rate)
+            self._thread = threading.Thread(
+                target=self._follow,
+                args=(generation, self.backend, self.job_id, self.coalescer, self._stop, self._done),
+                name=f"follow-{self.job_id}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop following (the reader ends at its next event; nothing more is drawn)."""
+        with self._lock:
+            self._stop.set()
+            self._generation += 1
 
     def detach(self) -> None:
-        """Stop drawing on the (shared) chart; the stream keeps being read until it ends."""
-        self._detached = True
+        """Alias of :meth:`stop` (kept for notebooks written against the first version)."""
+        self.stop()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the stream ended and the last update was applied."""
+        """Block until the current job's stream ended and the last update was applied."""
         return self._done.wait(timeout)
 
     @property
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def running(self) -> bool:
+        """A job is shown and has not finished."""
+        return bool(self.job_id) and not self._done.is_set()
+
     def cancel(self) -> None:
+        if not self.job_id or self.backend is None:
+            return
         self.cancel_button.disabled = True
-        threading.Thread(target=self._cancel, daemon=True).start()
+        threading.Thread(target=self._cancel, args=(self.backend, self.job_id), daemon=True).start()
 
-    def _cancel(self) -> None:
+    def _cancel(self, backend: Backend, job_id: str) -> None:
         try:
-            self.backend.cancel(self.job_id)
-            self.status.value = "cancel requested"
+            backend.cancel(job_id, owner=self.owner)
+            if job_id == self.job_id:
+                self.status.value = "cancel requested"
         except Exception as exc:
-            self.status.value = f"<span class='pg-error'>cancel failed: {html.escape(error_text(exc))}</span>"
-            self.cancel_button.disabled = False
+            if job_id == self.job_id:
+                message = html.escape(self._text(error_text(exc)))
+                self.status.value = f"<span class='pg-error'>cancel failed: {message}</span>"
+                self.cancel_button.disabled = False
 
-    def _follow(self) -> None:
-        assert self.coalescer is not None
+    def _current(self, generation: int) -> bool:
+        return generation == self._generation
+
+    def _follow(
+        self,
+        generation: int,
+        backend: Backend,
+        job_id: str,
+        coalescer: Coalescer,
+        stop: threading.Event,
+        done: threading.Event,
+    ) -> None:
         try:
-            stream = self.backend.events(self.job_id, follow=True)
-            follow_job(stream, self.coalescer, on_error=self._stream_error)
+            stream = backend.events(job_id, follow=True, owner=self.owner)
+            follow_job(stream, coalescer, stop=stop, on_error=lambda exc: self._stream_error(exc, generation))
         except Exception as exc:
-            self._stream_error(exc)
-            self.coalescer.close()
-        try:
-            self.final_job = self.backend.get(self.job_id)
-            self._render_final(self.final_job)
-        except Exception as exc:
-            self._stream_error(exc)
-        if self.coalescer.error is not None:
-            self._stream_error(self.coalescer.error)
-        self.cancel_button.disabled = True
-        if self.on_done and self.final_job is not None:
+            self._stream_error(exc, generation)
+            coalescer.close()
+        final: Job | None = None
+        if not stop.is_set():
             try:
-                self.on_done(self.final_job)
+                final = backend.get(job_id, owner=self.owner)
+                self._render_final(final, generation, coalescer)
             except Exception as exc:
-                self._stream_error(exc)
-        self._done.set()  # after on_done: whoever waits sees its effects (e.g. the serve panel)
+                self._stream_error(exc, generation)
+        if coalescer.error is not None:
+            self._stream_error(coalescer.error, generation)
+        with self._lock:
+            if self._current(generation):
+                self.final_job = final
+                self.cancel_button.disabled = True
+        if self.on_done and final is not None and self._current(generation):
+            try:
+                self.on_done(final)
+            except Exception as exc:
+                self._stream_error(exc, generation)
+        done.set()  # after on_done: whoever waits sees its effects (e.g. the serve panel)
 
-    def _stream_error(self, exc: BaseException) -> None:
-        self.error = error_text(exc)
-        self.status.value = f"<span class='pg-error'>{html.escape(self.error)}</span>"
+    def _stream_error(self, exc: BaseException, generation: int) -> None:
+        with self._lock:
+            if not self._current(generation):
+                return
+            self.error = error_text(exc)
+            self.status.value = f"<span class='pg-error'>{html.escape(self._text(self.error))}</span>"
+
+    # -- what a visitor may read -------------------------------------------------------------------
+
+    def _text(self, text: str) -> str:
+        return text if self.operator else scrub_paths(text)
+
+    def _log_lines(self, lines: list[str]) -> list[str]:
+        if self.operator:
+            return lines
+        return [shown for line in lines if (shown := visitor_text(line)) is not None]
+
+    def _show_details(self, job: Job | None, lines: list[str]) -> None:
+        if not self.operator:
+            return
+        rows = []
+        if job is not None:
+            fields = {
+                "job": job.id,
+                "backend": job.backend,
+                "owner": job.owner or "(operator)",
+                "model": job.model_dir or "–",
+                "base model": job.base_model or "–",
+                "parameters": ", ".join(f"{k}={v}" for k, v in sorted(job.params.items())),
+                "labels": ", ".join(f"{k}={v}" for k, v in sorted(job.labels.items())) or "–",
+            }
+            rows = [f"<tr><th>{k}</th><td><code>{html.escape(str(v))}</code></td></tr>" for k, v in fields.items()]
+        supervisor = [line for line in lines if visitor_text(line) is None]
+        log = f"<pre class='pg-log'>{html.escape(chr(10).join(supervisor[-10:]))}</pre>" if supervisor else ""
+        self.details.value = f"<table class='pg-card-table'>{''.join(rows)}</table>{log}"
 
     # -- rendering (called ≤ max_rate times per second from the coalescer thread) ----------------
 
-    def _render(self, snap: Snapshot) -> None:
-        self.phase.value = phase_badge(snap.phase, snap.reason)
+    def _reset_series(self) -> None:
+        self._steps: list[int] = []
+        self._losses: list[float | None] = []
+        self._rate_steps: list[int] = []
+        self._rates: list[float] = []
+
+    def _draw_chart(self) -> None:
+        with self.chart.batch_update():
+            self.chart.data[0].x = list(self._steps)
+            self.chart.data[0].y = list(self._losses)
+            self.chart.data[1].x = list(self._rate_steps)
+            self.chart.data[1].y = list(self._rates)
+
+    def _render(self, snap: Snapshot, generation: int) -> None:
+        with self._lock:
+            if not self._current(generation):
+                return
+            self._render_snapshot(snap)
+
+    def _render_snapshot(self, snap: Snapshot) -> None:
+        self.phase.value = phase_badge(snap.phase, self._text(snap.reason))
+        self.queue.value = (
+            html.escape(queue_text(snap.queue_position, snap.estimated_wait_seconds)) if snap.queue_position else ""
+        )
         for point in snap.new_points:
             self._steps.append(point.step)
             self._losses.append(point.loss)
             if point.tokens_per_second is not None:
                 self._rate_steps.append(point.step)
                 self._rates.append(point.tokens_per_second)
-        if snap.new_points and not self._detached:
-            with self.chart.batch_update():
-                self.chart.data[0].x = list(self._steps)
-                self.chart.data[0].y = list(self._losses)
-                self.chart.data[1].x = list(self._rate_steps)
-                self.chart.data[1].y = list(self._rates)
+        if snap.new_points:
+            self._draw_chart()
         self.points.value = f"{len(self._steps)} points"
         self.progress.value = snap.fraction
         latest = snap.latest
@@ -212,33 +387,45 @@ class JobMonitor(ipw.VBox):
                 f"{format_eta(latest.eta_seconds if not snap.phase.terminal else 0)} · loss {loss} · "
                 f"{format_rate(latest.tokens_per_second)} tokens/s"
             )
+        elif snap.queue_position:
+            self.progress_text.value = "queued: training starts when a slot is free"
         if snap.metrics:
-            self.metrics.value = "<b>Evaluation</b> " + " · ".join(
-                f"{html.escape(k)} = {v:.4g}" for k, v in sorted(snap.metrics.items())
-            )
+            self.metrics.value = metrics_table(snap.metrics, operator=self.operator)
         if snap.cluster_events:
             rows = "".join(
-                f"<li><b>{html.escape(e.kind)}</b> {html.escape(e.reason)}: {html.escape(e.message)}</li>"
+                f"<li><b>{html.escape(e.kind)}</b> {html.escape(e.reason)}: {html.escape(self._text(e.message))}</li>"
                 for e in snap.cluster_events
             )
             self.cluster.value = f"<b>Cluster events</b><ul>{rows}</ul>"
             self.cluster.layout.display = None
-        tail = "\n".join(snap.log_tail[-30:])
-        self.logs.value = f"<pre class='pg-log'>{html.escape(tail)}</pre>"
+        tail = self._log_lines(snap.log_tail)[-LOG_LINES:]
+        self.logs.value = f"<pre class='pg-log'>{html.escape(chr(10).join(tail))}</pre>"
         if snap.phase.terminal:
             self.cancel_button.disabled = True
+        if self.operator:
+            supervisor = [line for line in snap.log_tail if visitor_text(line) is None]
+            if len(supervisor) != self._details_lines:
+                self._details_lines = len(supervisor)
+                self._show_details(self._job_info, supervisor)
 
-    def _render_final(self, job: Job) -> None:
-        self.phase.value = phase_badge(job.phase, job.message)
-        if job.phase == JobPhase.SUCCEEDED:
-            self.progress.value = 1.0
-            self.progress.bar_style = "success"
-        elif job.phase in (JobPhase.FAILED, JobPhase.CANCELLED):
-            self.progress.bar_style = "danger" if job.phase == JobPhase.FAILED else "warning"
-        if job.metrics:
-            self.metrics.value = "<b>Evaluation</b> " + " · ".join(
-                f"{html.escape(k)} = {v:.4g}" for k, v in sorted(job.metrics.items())
-            )
-        if job.phase == JobPhase.FAILED and job.log_tail:
-            tail = "\n".join(job.log_tail[-30:])
-            self.logs.value = f"<pre class='pg-log'>{html.escape(tail)}</pre>"
+    def _render_final(self, job: Job, generation: int, coalescer: Coalescer) -> None:
+        with self._lock:
+            if not self._current(generation):
+                return
+            self.phase.value = phase_badge(job.phase, self._text(job.message))
+            self.queue.value = ""
+            if job.phase == JobPhase.SUCCEEDED:
+                self.progress.value = 1.0
+                self.progress.bar_style = "success"
+            elif job.phase in (JobPhase.FAILED, JobPhase.CANCELLED):
+                self.progress.bar_style = "danger" if job.phase == JobPhase.FAILED else "warning"
+            if job.metrics:
+                self.metrics.value = metrics_table(job.metrics, operator=self.operator)
+            if job.phase == JobPhase.FAILED and job.log_tail:
+                tail = self._log_lines(job.log_tail)[-LOG_LINES:]
+                self.logs.value = f"<pre class='pg-log'>{html.escape(chr(10).join(tail))}</pre>"
+            # A chart view created from now on draws from the model's own copy of the data:
+            # keep it current (views that already exist got every update through restyles).
+            self.chart._widget_data = deepcopy(self.chart._data)
+            self._draw_chart()
+            self._show_details(job, list(coalescer.state.logs))

@@ -6,12 +6,15 @@
 - :class:`FormModel` turns a blueprint's parameter schema into form fields and form values
   into validated params (the engine's :class:`~playground.errors.ParameterError` per field).
 - :func:`attachable_jobs` / :func:`replay` are the reattach path after a reload.
+- :func:`visitor_text`, :func:`progress_line`, :func:`metric_rows`: what a visitor reads (no paths,
+  no command lines, metrics humanised).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 import time
 from collections import deque
@@ -22,7 +25,7 @@ from typing import Any
 from playground.blueprints import Blueprint
 from playground.blueprints.fit import local_fit
 from playground.errors import ParameterError, UserError
-from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress
+from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress, Queued
 from playground.types import Job
 
 # ---------------------------------------------------------------------------------------------
@@ -42,6 +45,8 @@ class Snapshot:
     cluster_events: list[ClusterEvent]
     metrics: dict[str, float]
     events_seen: int
+    queue_position: int | None = None  # while waiting for a training slot (1 = next)
+    estimated_wait_seconds: float | None = None
 
     @property
     def fraction(self) -> float:
@@ -51,7 +56,11 @@ class Snapshot:
 
 
 class JobState:
-    """A job's history folded from its events (thread-safe: one writer, one reader)."""
+    """A job's history folded from its events (thread-safe: one writer, one reader).
+
+    The log tail interleaves the trainer's own lines with one readable line per progress point,
+    phase change and queue move, so it stays live while the trainer only reports numbers.
+    """
 
     def __init__(self, log_tail: int = 200) -> None:
         self._lock = threading.Lock()
@@ -62,6 +71,8 @@ class JobState:
         self.cluster_events: list[ClusterEvent] = []
         self.metrics: dict[str, float] = {}
         self.events_seen = 0
+        self.queue_position: int | None = None
+        self.estimated_wait_seconds: float | None = None
         self._delivered = 0
 
     def apply(self, event: Event) -> None:
@@ -69,8 +80,20 @@ class JobState:
             self.events_seen += 1
             if isinstance(event, Progress):
                 self.points.append(event)
+                self.logs.append(progress_line(event))
+                self.queue_position = None
             elif isinstance(event, Phase):
+                if event.phase != self.phase or event.reason != self.reason:
+                    self.logs.append(f"→ {event.phase}" + (f": {event.reason}" if event.reason else ""))
                 self.phase, self.reason = event.phase, event.reason
+                if event.phase != JobPhase.PENDING:
+                    self.queue_position = None
+            elif isinstance(event, Queued):
+                position = event.position if event.position > 0 else None
+                if position is not None and position != self.queue_position:
+                    waiting = queue_text(position, event.estimated_wait_seconds)
+                    self.logs.append(f"waiting for a training slot: {waiting}")
+                self.queue_position, self.estimated_wait_seconds = position, event.estimated_wait_seconds
             elif isinstance(event, Log):
                 self.logs.append(event.line if event.source in ("trainer", "") else f"[{event.source}] {event.line}")
             elif isinstance(event, ClusterEvent):
@@ -93,6 +116,8 @@ class JobState:
                 cluster_events=list(self.cluster_events[-20:]),
                 metrics=dict(self.metrics),
                 events_seen=self.events_seen,
+                queue_position=self.queue_position,
+                estimated_wait_seconds=self.estimated_wait_seconds,
             )
 
 
@@ -215,6 +240,9 @@ def latest_running(jobs: Iterable[Job], blueprint_id: str | None = None) -> Job 
 # Form model
 
 
+MAX_INPUT_CHARS = 64  # a form value longer than this is refused before parsing (anything can arrive over a comm)
+
+
 @dataclass(frozen=True)
 class FieldSpec:
     """One form control derived from a blueprint parameter."""
@@ -234,17 +262,30 @@ class FieldSpec:
 
     @property
     def control(self) -> str:
-        """The widget kind: IntSlider, IntText (bounded, wide ranges), FloatLogSlider, FloatSlider..."""
+        """The widget kind: numbers are typed into a Text box (no slider silently clamps a bad value)."""
         if self.kind == "bool":
             return "Checkbox"
         if self.kind == "choice":
             return "Dropdown"
-        if self.kind == "int":
-            assert self.min is not None and self.max is not None
-            return "IntSlider" if self.max - self.min <= 10_000 else "BoundedIntText"
-        if self.log_scale and self.min and self.min > 0:
-            return "FloatLogSlider"
-        return "FloatSlider"
+        return "Text"
+
+    @property
+    def allowed(self) -> str:
+        if self.kind in ("int", "float") and self.min is not None and self.max is not None:
+            kind = "an integer" if self.kind == "int" else "a number"
+            return f"{kind} from {format_param(self.min)} to {format_param(self.max)}"
+        if self.kind == "choice":
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        return ""
+
+
+def format_param(value: Any) -> str:
+    """A parameter value as a person types it: 300, 0.003, 1e-05, True."""
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return f"{value:g}"
+    return str(value)
 
 
 @dataclass
@@ -258,7 +299,11 @@ class FormResult:
 
 
 class FormModel:
-    """The launch form's model: fields from the schema, validation by the engine."""
+    """The launch form's model: fields from the schema, validation by the engine.
+
+    Values may be typed text, numbers or anything a client sends over a widget comm: each is
+    checked by the blueprint's own parameter validation (the engine's one-line errors).
+    """
 
     def __init__(self, blueprint: Blueprint) -> None:
         self.blueprint = blueprint
@@ -282,24 +327,125 @@ class FormModel:
     def validate(self, values: Mapping[str, Any]) -> FormResult:
         """Validate every field on its own (so each error sits next to its field), then together."""
         result = FormResult()
+        cleaned: dict[str, Any] = {}
         for name, value in values.items():
+            value = clean_number(value)
+            if isinstance(value, str) and len(value) > MAX_INPUT_CHARS:
+                result.errors[name] = f"parameter {name!r}: the value is too long ({len(value)} characters)"
+                continue
+            if isinstance(value, str) and not value.strip():
+                result.errors[name] = f"parameter {name!r}: empty; allowed: {self._allowed(name)}"
+                continue
             try:
-                self.blueprint.resolve_params({name: clean_number(value)})
+                self.blueprint.resolve_params({name: value})
             except ParameterError as exc:
                 result.errors[exc.field or name] = str(exc)
+                continue
+            cleaned[name] = value
         if result.ok:
             try:
-                result.params = self.blueprint.resolve_params({k: clean_number(v) for k, v in values.items()})
+                result.params = self.blueprint.resolve_params(cleaned)
             except ParameterError as exc:
                 result.errors[exc.field or "form"] = str(exc)
         return result
 
+    def _allowed(self, name: str) -> str:
+        spec = next((f for f in self.fields if f.name == name), None)
+        return spec.allowed if spec is not None else "a known parameter"
+
 
 def clean_number(value: Any) -> Any:
-    """Round slider floats (10**x) to 4 significant digits so 0.003 stays 0.003."""
+    """Round floats (e.g. 10**x) to 4 significant digits so 0.003 stays 0.003."""
     if isinstance(value, float) and math.isfinite(value) and value != 0:
         return float(f"{value:.4g}")
     return value
+
+
+# ---------------------------------------------------------------------------------------------
+# What a visitor reads
+
+_PATH = re.compile(r"(?<![\w:/.])(?:~|[A-Za-z]:)?(?:/[\w.@+%-]+){2,}/?")
+_OPERATOR_ONLY = ("[supervisor]",)
+
+
+def scrub_paths(text: str) -> str:
+    """Absolute paths become ``…/last-part`` (a visitor never sees where files live)."""
+    return _PATH.sub(lambda m: "…/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
+
+
+def visitor_text(line: str) -> str | None:
+    """A log line as a visitor sees it: paths scrubbed; None for operator-only lines (command lines, pids)."""
+    if line.lstrip().startswith(_OPERATOR_ONLY):
+        return None
+    return scrub_paths(line)
+
+
+def progress_line(point: Progress) -> str:
+    """One readable log line for a progress point."""
+    parts = [f"step {point.step}/{point.total_steps}"]
+    if point.loss is not None:
+        parts.append(f"loss {point.loss:.4f}")
+    if point.learning_rate is not None:
+        parts.append(f"lr {point.learning_rate:.2e}")
+    if point.tokens_per_second is not None:
+        parts.append(f"{format_rate(point.tokens_per_second)} tokens/s")
+    return " · ".join(parts)
+
+
+def queue_text(position: int, wait_seconds: float | None) -> str:
+    """``position 2 in the queue · about 1:30``."""
+    ahead = "next in line" if position == 1 else f"position {position} in the queue"
+    if wait_seconds is None:
+        return f"{ahead} · waiting for admission"
+    return f"{ahead} · about {format_eta(wait_seconds)} to wait"
+
+
+# name -> (label, kind): kind "percent", "loss", "seconds", "count", "number"
+METRIC_LABELS: dict[str, tuple[str, str]] = {
+    "eval_exact_match": ("Exact match on held-out examples", "percent"),
+    "eval_accuracy": ("Accuracy on held-out examples", "percent"),
+    "eval_loss": ("Loss on held-out examples", "loss"),
+    "train_loss": ("Training loss (last steps)", "loss"),
+    "train_seconds": ("Training time", "seconds"),
+    "num_train_examples": ("Training examples", "count"),
+    "num_eval_examples": ("Held-out examples", "count"),
+    "steps": ("Optimizer steps", "count"),
+    "parameters": ("Parameters", "count"),
+}
+OPERATOR_METRICS = ("world_size", "train_cpu_seconds", "wall_seconds", "resumed_from_step")
+
+
+def format_metric(name: str, value: float) -> str:
+    kind = METRIC_LABELS.get(name, ("", "number"))[1]
+    if not math.isfinite(value):
+        return str(value)
+    if kind == "percent":
+        return f"{value * 100:.1f} %"
+    if kind == "loss":
+        return f"{value:.3f}" if value == 0 or abs(value) >= 0.001 else f"{value:.1e}"  # not "0.000"
+    if kind == "seconds":
+        return format_duration(value)
+    if kind == "count" or (float(value).is_integer() and abs(value) < 1e15):
+        return f"{int(value):,}"
+    return f"{value:.4g}"
+
+
+def humanise(name: str) -> str:
+    text = name.replace("_", " ").strip()
+    return text[:1].upper() + text[1:]
+
+
+def metric_rows(metrics: Mapping[str, float], *, operator: bool = False) -> list[tuple[str, str]]:
+    """(label, value) rows: the known metrics first in a fixed order, then the rest by name."""
+    known = [n for n in METRIC_LABELS if n in metrics]
+    rest = sorted(n for n in metrics if n not in METRIC_LABELS and (operator or n not in OPERATOR_METRICS))
+    return [(METRIC_LABELS.get(n, (humanise(n), ""))[0], format_metric(n, metrics[n])) for n in (*known, *rest)]
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return format_eta(seconds)
 
 
 # ---------------------------------------------------------------------------------------------

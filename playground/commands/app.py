@@ -12,6 +12,8 @@ import playground
 from playground.errors import UserError, shown
 
 APP_NOTEBOOK = "playground.ipynb"
+BOOTH_MAX_KERNELS = 16  # ~165 MB per visitor kernel: 16 fit a 4 GB app budget with the Voila server
+BOOTH_CULL_SECONDS = 120  # a kernel whose browser left is culled after this (even while its job trains)
 
 
 def notebooks_dir() -> Path:
@@ -39,8 +41,16 @@ def voila_command(
     ip: str,
     open_browser: bool,
     cull_idle_seconds: int = 600,
+    booth_max_kernels: int | None = None,
 ) -> list[str]:
-    """The Voila command line: sources stripped, no tracebacks to visitors, idle kernels culled."""
+    """The Voila command line: sources stripped, no tracebacks to visitors, idle kernels culled.
+
+    ``booth_max_kernels`` turns on booth mode: the visitor-cookie hook and the capped kernel
+    manager from :mod:`voila_app` (its ``voila.py`` config file), faster culling.
+    """
+    from voila_app import CONFIG_DIR, TEMPLATE
+
+    booth = booth_max_kernels is not None
     command = [
         sys.executable,
         "-m",
@@ -52,10 +62,13 @@ def voila_command(
         "--strip_sources=True",
         "--show_tracebacks=False",
         "--theme=light",
+        f"--template={TEMPLATE}",  # voila_app's template: a page title, no stylesheets from a CDN
         f"--MappingKernelManager.cull_idle_timeout={cull_idle_seconds}",
-        "--MappingKernelManager.cull_interval=60",
+        f"--MappingKernelManager.cull_interval={30 if booth else 60}",
         "--MappingKernelManager.cull_connected=False",
     ]
+    if booth:
+        command += [f"--Voila.config_file_paths={CONFIG_DIR}", f"--BoothKernelManager.max_kernels={booth_max_kernels}"]
     if not open_browser:
         command.append("--no-browser")
     return command
@@ -78,6 +91,11 @@ def cmd_app(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     repo_root = str(notebooks.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
+    from voila_app import SHARE_DIR
+
+    env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(SHARE_DIR), env.get("JUPYTER_PATH", "")) if p)
+    if args.booth:
+        env.update(booth_environment(args, env))
     if args.backend:
         env["PLAYGROUND_BACKEND"] = args.backend
     if args.blueprint:
@@ -85,11 +103,36 @@ def cmd_app(args: argparse.Namespace) -> int:
     port = first_free_port(args.ip, args.port)
     if port != args.port:
         print(f"port {args.port} is in use; using {port}", flush=True)
-    command = voila_command(notebooks / APP_NOTEBOOK, port=port, ip=args.ip, open_browser=not args.no_browser)
+    command = voila_command(
+        notebooks / APP_NOTEBOOK,
+        port=port,
+        ip=args.ip,
+        open_browser=not args.no_browser,
+        cull_idle_seconds=args.booth_cull_seconds if args.booth else 600,
+        booth_max_kernels=args.booth_max_kernels if args.booth else None,
+    )
     print(f"Blueprint Playground on http://{args.ip}:{port}/  (Ctrl-C stops it)", flush=True)
     os.chdir(notebooks)
     os.execvpe(command[0], command, env)  # Voila takes over this process (signals, exit code)
     return 0  # pragma: no cover
+
+
+def booth_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, str]:
+    """What booth mode adds to the environment of Voila and its kernels (the engine's booth policy reads it)."""
+    for flag, value, low, high in (
+        ("--booth-max-kernels", args.booth_max_kernels, 1, 1000),
+        ("--booth-cull-seconds", args.booth_cull_seconds, 30, 86400),
+    ):
+        if not low <= value <= high:
+            raise UserError(f"{flag} {value}: allowed: an integer from {low} to {high}", field=flag)
+    from playground.paths import playground_home
+    from voila_app.identity import SECRET_ENV, IdentityError, booth_secret
+
+    try:
+        secret = booth_secret(playground_home(), environ)
+    except IdentityError as exc:
+        raise UserError(str(exc), field=SECRET_ENV) from None
+    return {"PLAYGROUND_BOOTH": "1", SECRET_ENV: secret}
 
 
 def first_free_port(ip: str, start: int, tries: int = 20) -> int:
@@ -124,4 +167,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-browser", action="store_true", help="do not open a web browser")
     parser.add_argument("--backend", default=None, help="local (default) or kubernetes; env PLAYGROUND_BACKEND")
     parser.add_argument("--blueprint", default=None, help="preselect this blueprint (e.g. tiny-llama-cpu)")
+    booth = parser.add_argument_group("booth mode (strangers in a browser; see README 'Run a booth')")
+    booth.add_argument(
+        "--booth",
+        action="store_true",
+        help="visitors own their jobs (signed cookie), per-visitor quotas, a kernel cap, fast culling",
+    )
+    booth.add_argument(
+        "--booth-max-kernels",
+        type=int,
+        default=BOOTH_MAX_KERNELS,
+        help=f"live visitor kernels at most; beyond: a 'booth is full' page (default {BOOTH_MAX_KERNELS})",
+    )
+    booth.add_argument(
+        "--booth-cull-seconds",
+        type=int,
+        default=BOOTH_CULL_SECONDS,
+        help=f"free a kernel this long after its browser left (default {BOOTH_CULL_SECONDS})",
+    )
     parser.set_defaults(func=cmd_app)

@@ -195,9 +195,35 @@ def complete(
     return _chunks(session.stream("/completions", body), "text")
 
 
-def _chunks(events: Iterator[dict[str, Any]], field: str) -> Iterator[str]:
-    for event in events:
-        for choice in event.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content") if field == "delta" else choice.get("text")
-            if text:
-                yield text
+class TextStream(Iterator[str]):
+    """The text chunks of a streamed completion. Once exhausted, ``finish_reason`` and
+    ``completion_tokens`` (when the server reports usage) tell why it ended and how many tokens
+    the model generated: an empty text after 12 tokens means they were all special tokens."""
+
+    def __init__(self, events: Iterator[dict[str, Any]], field: str) -> None:
+        self._events = events
+        self._field = field
+        self._pending: list[str] = []
+        self.finish_reason: str | None = None
+        self.completion_tokens: int | None = None
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        while not self._pending:
+            event = next(self._events)  # StopIteration ends the text stream too
+            usage = event.get("usage")
+            if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                self.completion_tokens = usage["completion_tokens"]
+            for choice in event.get("choices") or []:
+                if choice.get("finish_reason"):
+                    self.finish_reason = choice["finish_reason"]
+                text = (choice.get("delta") or {}).get("content") if self._field == "delta" else choice.get("text")
+                if text:
+                    self._pending.append(text)
+        return self._pending.pop(0)
+
+
+def _chunks(events: Iterator[dict[str, Any]], field: str) -> TextStream:
+    return TextStream(events, field)

@@ -1,0 +1,13 @@
+"""The Voila side of ``playground app``: page template, visitor identity, kernel cap (booth mode).
+
+Only the Voila server process loads :mod:`voila_app.server`; a visitor's kernel imports
+:mod:`voila_app.identity` alone (pure Python + tornado's signed values) to verify who it serves.
+The engine (``playground``) never imports this package.
+"""
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SHARE_DIR = PACKAGE_DIR / "share"  # a Jupyter data dir: voila/templates/playground/
+CONFIG_DIR = PACKAGE_DIR / "config"  # voila.py: the booth hooks
+TEMPLATE = "playground"

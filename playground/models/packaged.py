@@ -223,8 +223,8 @@ def check(source: str) -> PackagedFile:
     packaged = locate(source)
     verify_file(packaged)
     if not is_complete(converted_dir(packaged)):
-        verify_gguf(packaged)
         ensure_cache_writable(source)
+        verify_gguf(packaged)
     return packaged
 
 
@@ -251,6 +251,43 @@ def ensure_converted(source: str, *, say: Callable[[str], None] | None = None) -
             lock.release()
     _READY[source] = target
     return target
+
+
+def prepare_in_subprocess(source: str, *, timeout: float = 900) -> Path:
+    """:func:`ensure_converted` in a child process (``python -m playground.models prepare``), for
+    callers that must not import torch (the UI kernel, the local backend). Converted already: no child."""
+    found = find_converted(source)
+    if found is not None:
+        return found
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "playground.models", "prepare", source],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"},
+    )
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    if proc.returncode != 0:
+        last = lines[-1].removeprefix("playground: error: ") if lines else f"exit code {proc.returncode}"
+        raise UserError(last, field="model")
+    return Path(lines[-1].strip())
+
+
+def missing_package_note(source: str) -> str | None:
+    """A short note when the package behind a ``pkg://`` source is not installed (no hashing, no parsing)."""
+    import importlib.metadata as metadata
+
+    try:
+        distribution, _ = parse(source)
+        metadata.distribution(distribution)
+    except UserError as exc:
+        return str(exc)
+    except metadata.PackageNotFoundError:
+        return f"needs the Python package {distribution!r}: {install_command(distribution)}"
+    return None
 
 
 def _convert_locked(packaged: PackagedFile, target: Path, say: Callable[[str], None]) -> None:

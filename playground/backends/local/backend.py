@@ -119,6 +119,11 @@ class LocalBackend(Backend):
                 "allowed: a local .json/.jsonl file or directory, or hf://ORG/NAME",
                 field="dataset_source",
             )
+        source = model or blueprint.model.source
+        if source.startswith("pkg://"):  # installed, intact, convertible, cache writable: before anything starts
+            from playground.models.packaged import check
+
+            check(source)
         stand_in = model is not None and not _is_remote(model)
         need = blueprint.resources.gpus_per_node
         nproc = 1

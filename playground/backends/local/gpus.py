@@ -67,6 +67,12 @@ def detect_gpus() -> int:
 
 def runnable_here(blueprint) -> tuple[bool, str]:
     """Whether ``blueprint`` can train on this machine, and a short note saying why (for tables and cards)."""
+    if blueprint.model.source.startswith("pkg://"):
+        from playground.models.packaged import missing_package_note
+
+        missing = missing_package_note(blueprint.model.source)
+        if missing:
+            return False, missing
     need = blueprint.resources.gpus_per_node
     if need <= 0:
         return True, "runs here (CPU)"

@@ -33,6 +33,7 @@ from playground.e2e.metrics import GpuInfo, ResourceSummary, Sampler, gpu_info, 
 from playground.e2e.profiles import Profile
 from playground.e2e.scrub import Scrubber, check_parameter_names
 from playground.errors import UserError
+from playground.models.packaged import cache_root as model_cache_root
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -323,6 +324,8 @@ def run_notebook(
         **os.environ,
         **options.profile.env,
         "PLAYGROUND_HOME": str(home / "playground-home"),
+        # converted packaged models (pkg://) stay in the user's cache: each notebook's fresh home would convert again
+        "PLAYGROUND_MODEL_CACHE": str(model_cache_root()),
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }

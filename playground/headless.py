@@ -25,6 +25,9 @@ from playground.blueprints import Blueprint, get_blueprint
 from playground.events import JobPhase, Metric, Phase, Progress
 
 STANDIN = "standin"
+FROM_CONFIG = "config"  # model_source: the hub model's architecture at full size, random init, no hub
+STANDIN_ROWS = 64
+FROM_CONFIG_ROWS = 1000  # the hub blueprints' split (train[:1000]): 50 held out, no prompt shared with training
 RESULT_FILE = "result.json"
 
 
@@ -42,21 +45,41 @@ def standin_arch(blueprint: Blueprint) -> str:
     return "qwen2" if "qwen" in source else "llama"
 
 
+def needs_local_build(model_source: str | None, dataset_source: str | None) -> bool:
+    """True when a source names something built locally (``"standin"``, ``"config"``)."""
+    return model_source in (STANDIN, FROM_CONFIG) or dataset_source == STANDIN
+
+
 def build_standins(
-    blueprint: Blueprint, model_source: str | None, dataset_source: str | None, workdir: Path
+    blueprint: Blueprint,
+    model_source: str | None,
+    dataset_source: str | None,
+    workdir: Path,
+    *,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> tuple[str | None, str | None]:
-    """Replace ``"standin"`` sources by a tiny local model / a few Alpaca rows built in ``workdir``."""
-    if STANDIN not in (model_source, dataset_source):
+    """Replace ``"standin"`` sources by a tiny local model / a few Alpaca rows built in ``workdir``, and
+    ``model_source="config"`` by the hub model's architecture at full size with random weights
+    (``config_overrides`` shrink it: the CPU tests); with it, the Alpaca stand-in is 1000 rows of
+    learnable tasks with distinct prompts (:func:`playground.train.standins.task_rows`)."""
+    if not needs_local_build(model_source, dataset_source):
         return model_source, dataset_source
     from playground.train import standins  # heavy (transformers): only in the headless kernel
 
+    arch = standin_arch(blueprint)
+    from_config = model_source == FROM_CONFIG
     if model_source == STANDIN:
-        target = workdir / f"standin-{standin_arch(blueprint)}"
-        built = standins.build_standin(standin_arch(blueprint), target)
+        target = workdir / f"standin-{arch}"
+        built = standins.build_standin(arch, target)
+        model_source = str(built or target)
+    elif model_source == FROM_CONFIG:
+        target = workdir / f"config-{arch}"
+        built = standins.build_from_config(arch, target, overrides=dict(config_overrides or {}))
         model_source = str(built or target)
     if dataset_source == STANDIN:
         target = workdir / "alpaca.jsonl"
-        written = standins.write_alpaca_rows(target, 64)
+        rows = FROM_CONFIG_ROWS if from_config else STANDIN_ROWS
+        written = standins.write_alpaca_rows(target, rows, tasks=from_config)
         dataset_source = str(written or target)
     return model_source, dataset_source
 
@@ -110,11 +133,15 @@ def run_blueprint(
     out_dir: str | Path = ".",
     backend_options: Mapping[str, Any] | None = None,
     max_new_tokens: int | None = None,
+    quality_threshold: float | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
     say: Callable[[str], None] = _say,
 ) -> dict[str, Any]:
     """Run the whole path with no clicks; returns (and writes) the result.
 
     ``max_new_tokens`` caps the chat answers (None: the blueprint's ``serving.max_new_tokens``).
+    ``quality_threshold`` replaces the blueprint's bar (same metric and direction): a model built
+    from config starts from random weights and cannot meet a bar set for the pretrained one.
     ``result["passed"]`` is True when the job succeeded, the servers answered and, with
     ``assert_quality``, the blueprint's quality bar was met. The caller asserts on it.
     """
@@ -122,6 +149,9 @@ def run_blueprint(
 
     t0 = time.time()
     blueprint = get_blueprint(blueprint_id)
+    quality = blueprint.quality
+    if quality_threshold is not None:
+        quality = quality.model_copy(update={"threshold": float(quality_threshold)})
     be = get_backend(backend, **dict(backend_options or {})) if isinstance(backend, str) else backend
     out = Path(out_dir)
     result: dict[str, Any] = {
@@ -134,9 +164,10 @@ def run_blueprint(
         "sources": {"model": model_source, "dataset": dataset_source},
         "metrics": {},
         "quality": {
-            "metric": blueprint.quality.metric,
-            "threshold": blueprint.quality.threshold,
-            "higher_is_better": blueprint.quality.higher_is_better,
+            "metric": quality.metric,
+            "threshold": quality.threshold,
+            "blueprint_threshold": blueprint.quality.threshold,
+            "higher_is_better": quality.higher_is_better,
             "value": None,
             "passed": None,
             "asserted": bool(assert_quality),
@@ -148,13 +179,15 @@ def run_blueprint(
         "error": None,
     }
     timings = result["timings"]
-    needs_standins = STANDIN in (model_source, dataset_source)
+    needs_standins = needs_local_build(model_source, dataset_source)
     workdir = Path(tempfile.mkdtemp(prefix="playground-standins-")) if needs_standins else None
     job_id: str | None = None
     try:
         if workdir is not None:
             t = time.monotonic()
-            model_source, dataset_source = build_standins(blueprint, model_source, dataset_source, workdir)
+            model_source, dataset_source = build_standins(
+                blueprint, model_source, dataset_source, workdir, config_overrides=config_overrides
+            )
             timings["standins_seconds"] = round(time.monotonic() - t, 3)
             say(f"stand-ins: model={model_source} dataset={dataset_source}")
 
@@ -200,9 +233,9 @@ def run_blueprint(
             raise RuntimeError(f"job {job.id} ended {job.phase}: {job.message}\n{tail}".rstrip())
 
         # evaluate: the trainer's held-out evaluation, checked against the blueprint's bar
-        value = job.metrics.get(blueprint.quality.metric)
+        value = job.metrics.get(quality.metric)
         result["quality"]["value"] = value
-        result["quality"]["passed"] = value is not None and blueprint.quality.passed(value)
+        result["quality"]["passed"] = value is not None and quality.passed(value)
 
         # serve fine-tuned and base
         t = time.monotonic()
@@ -229,8 +262,8 @@ def run_blueprint(
         result["passed"] = bool(result["quality"]["passed"]) or not assert_quality
         if not result["passed"]:
             result["error"] = (
-                f"quality bar not met: {blueprint.quality.metric} = {value} "
-                f"({'≥' if blueprint.quality.higher_is_better else '≤'} {blueprint.quality.threshold} required)"
+                f"quality bar not met: {quality.metric} = {value} "
+                f"({'≥' if quality.higher_is_better else '≤'} {quality.threshold} required)"
             )
     except BaseException as exc:
         result["passed"] = False

@@ -44,17 +44,27 @@ class TrainRun:
         return [e.line for e in self.events if isinstance(e, Log)]
 
 
-def run_trainer(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> TrainRun:
-    """Run the entrypoint in a child process (as every backend does) and parse stdout into events."""
+def trainer_command(*args: str, nproc: int = 1) -> list[str]:
+    """``python -m playground.train ARGS``, under torchrun (``--standalone``: a free port) when ``nproc > 1``."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+    return [sys.executable, *launcher, "-m", "playground.train", *args]
+
+
+def trainer_env(env: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_trainer(*args: str, timeout: float = 300, env: dict[str, str] | None = None, nproc: int = 1) -> TrainRun:
+    """Run the entrypoint in a child process (as every backend does) and parse stdout into events."""
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "playground.train", *args],
+        trainer_command(*args, nproc=nproc),
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
+        env=trainer_env(env),
         cwd=REPO_ROOT,
     )
     events = [parse_line(line) for line in proc.stdout.splitlines() if line.strip()]

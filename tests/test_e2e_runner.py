@@ -399,6 +399,52 @@ def test_verdict_comes_from_papermills_outcome(tmp_path: Path) -> None:
     assert verdict(run, PapermillOutcome(), timed_out=False, options=options) == ("passed", "")
 
 
+def test_gpu_config_profile_parameters() -> None:
+    """gpu-config: hub notebooks get the full-size from-config model, the task stand-in, bounded steps and
+    the random-init bar, all declared by the notebooks (none dropped); tiny-llama-cpu runs its defaults."""
+    from playground.e2e.profiles import CONFIG_QUALITY_THRESHOLD, get_profile
+    from playground.e2e.runner import RunOptions, plan_parameters
+
+    options = RunOptions(profile=get_profile("gpu-config"), out=Path("unused"))
+    for nb in default_notebooks():
+        _, params, dropped = plan_parameters(nb, options)
+        assert dropped == [], f"{nb.name} does not declare {dropped}"
+        if nb.stem in HUB_NOTEBOOKS:
+            assert params["model_source"] == "config" and params["dataset_source"] == "standin"
+            assert params["quality_threshold"] == CONFIG_QUALITY_THRESHOLD and params["assert_quality"] is True
+            assert 1 <= params["max_steps"] <= 200
+        else:
+            assert "model_source" not in params and "quality_threshold" not in params
+            assert params["assert_quality"] is True
+
+
+class _FakeNvml:
+    """The two pynvml memory calls: v1 ``used`` includes the driver's reserved memory, v2's does not
+    (as read on an idle H100: v1 480 MiB, v2 0 MiB, reserved 480 MiB, nvidia-smi 0 MiB)."""
+
+    nvmlMemory_v2 = 0x2000028
+
+    def __init__(self, has_v2: bool) -> None:
+        self.has_v2 = has_v2
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object, version: int | None = None):
+        from types import SimpleNamespace
+
+        if version is None:
+            return SimpleNamespace(used=480 * 2**20 + 1000)
+        if not self.has_v2:
+            raise RuntimeError("NVMLError_FunctionNotFound")
+        assert version == self.nvmlMemory_v2
+        return SimpleNamespace(used=1000, reserved=480 * 2**20)
+
+
+def test_gpu_memory_used_leaves_out_reserved_memory_like_nvidia_smi() -> None:
+    from playground.e2e.metrics import memory_used
+
+    assert memory_used(_FakeNvml(has_v2=True), handle=None) == 1000
+    assert memory_used(_FakeNvml(has_v2=False), handle=None) == 480 * 2**20 + 1000  # old drivers: v1
+
+
 # ------------------------------------------------------------------------------------- workflows
 
 

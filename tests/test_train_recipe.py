@@ -43,7 +43,7 @@ def stages(tmp_path_factory: pytest.TempPathFactory):
     settings = recipe.Settings.from_spec(spec)
     runtime = recipe.setup_distributed(spec, reporter)
     data = recipe.setup_data(spec, runtime, settings, reporter)
-    model = recipe.setup_model(spec, runtime, data, reporter)
+    model = recipe.setup_model(spec, runtime, settings, data, reporter)
     return spec, settings, runtime, data, model
 
 
@@ -76,7 +76,7 @@ def test_loop_checkpoint_restore_and_mfu_after_warmup(stages, monkeypatch: pytes
     spec, settings, runtime, data, model = stages
     monkeypatch.setenv("PLAYGROUND_PEAK_FLOPS", "1e12")  # a made-up CPU peak, so MFU is computed
     optim = recipe.setup_optimizer(runtime, settings, model)
-    state = recipe.restore(spec, model, optim, _reporter()[0])
+    state = recipe.restore(spec, runtime, settings, model, optim, _reporter()[0])
     assert state.start_step == 0
     reporter, stream = _reporter()
     state = recipe.train_loop(spec, runtime, settings, data, model, optim, state, reporter)
@@ -93,7 +93,7 @@ def test_loop_checkpoint_restore_and_mfu_after_warmup(stages, monkeypatch: pytes
         for p in model.model.parameters():
             p.zero_()
     fresh = recipe.setup_optimizer(runtime, settings, model)
-    restored = recipe.restore(replace(spec, resume=True), model, fresh, _reporter()[0])
+    restored = recipe.restore(replace(spec, resume=True), runtime, settings, model, fresh, _reporter()[0])
     assert (restored.start_step, restored.history) == (STEPS, state.history)
     assert all(torch.equal(weights[k], v) for k, v in model.model.state_dict().items())
     assert fresh.scheduler.last_epoch == STEPS
@@ -109,3 +109,44 @@ def test_final_eval_and_save(stages) -> None:
     metrics = recipe.save(spec, runtime, data, model, state, final, wall_start=0.0, reporter=reporter)
     assert metrics["steps"] == STEPS and metrics["resumed_from_step"] == STEPS and metrics["train_loss"] == 1.5
     assert (spec.output / "model" / "model.safetensors").exists() and (spec.output / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "accum", "world", "expected"),
+    [
+        (8, 1, 1, (8, 8, 1)),
+        (8, 1, 2, (8, 4, 1)),  # the batch splits
+        (8, 4, 2, (32, 8, 2)),  # accumulation divides first, nanoGPT style
+        (6, 2, 4, (12, 3, 1)),  # then the batch
+    ],
+)
+def test_global_batch_is_fixed_whatever_the_world_size(tmp_path: Path, batch_size, accum, world, expected) -> None:
+    settings = recipe.Settings.from_spec(_spec(tmp_path))
+    settings = replace(settings, batch_size=batch_size, gradient_accumulation_steps=accum)
+    plan = settings.plan(world)
+    assert (plan.global_batch, plan.micro_batch, plan.micro_steps) == expected
+    assert plan.micro_batch * plan.micro_steps * world == settings.global_batch_size
+
+
+def test_uneven_global_batch_is_refused_naming_the_field(tmp_path: Path) -> None:
+    from playground.errors import UserError
+
+    settings = recipe.Settings.from_spec(_spec(tmp_path, "batch_size=3"))
+    with pytest.raises(UserError, match=r"batch_size=3 .* global batch 3 cannot be split evenly over 2") as err:
+        settings.plan(2)
+    assert err.value.field == "batch_size"
+
+
+def test_every_world_size_sees_the_same_examples_per_step(stages) -> None:
+    """Batches for 1 process × 4 micro-batches and for 2 ranks × 2 micro-batches cover the same
+    rows in every optimizer step, across an epoch boundary; the step's answer-token count too."""
+    from playground.train.data import Batches
+
+    train = stages[3].train_set
+    one = Batches(train, batch_size=4, seed=3, grad_accum=4)
+    ranks = [Batches(train, batch_size=4, seed=3, rank=r, world_size=2, grad_accum=2) for r in (0, 1)]
+    for step in range(one.per_epoch + 2):
+        rows_one = sorted(int(i) for m in range(4) for i in one._rows(step * 4 + m))
+        rows_two = sorted(int(i) for b in ranks for m in range(2) for i in b._rows(step * 2 + m))
+        assert rows_one == rows_two and len(rows_one) == 16
+        assert one.label_tokens(step) == ranks[1].label_tokens(step) == int((train.labels[rows_one, 1:] != -100).sum())

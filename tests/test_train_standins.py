@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from _train_helpers import describe, run_trainer
 
-from playground.train.standins import build_standin, write_alpaca_rows
+from playground.train.standins import HUB_ARCHITECTURES, build_from_config, build_standin, task_rows, write_alpaca_rows
 
 BLUEPRINTS = {"llama": "llama-3.2-1b-lora-alpaca", "qwen2": "qwen2.5-1.5b-lora-alpaca"}
 
@@ -77,3 +77,46 @@ def test_standin_builders(tmp_path: Path) -> None:
         assert tokenizer.eos_token == eos and tokenizer.chat_template
         text = "Reverse the word: kube"
         assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_build_from_config_keeps_the_hub_architecture(tmp_path: Path) -> None:
+    """The GPU e2e's from-config model: the hub config's dimensions (shrunk here by overrides), the real
+    vocabulary size, Llama 3 RoPE scaling, bf16 weights, the locally built tokenizer and chat template."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    shrink = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+              "num_key_value_heads": 2}  # fmt: skip
+    path = build_from_config("llama", tmp_path / "llama", overrides={**shrink, "head_dim": 8})
+    config = AutoConfig.from_pretrained(path)
+    assert config.vocab_size == HUB_ARCHITECTURES["llama"]["vocab_size"] == 128256
+    assert config.rope_parameters["rope_type"] == "llama3" and config.tie_word_embeddings
+    weights = load_file(path / "model.safetensors")
+    assert weights["model.embed_tokens.weight"].shape == (128256, 32)
+    assert {str(w.dtype) for w in weights.values()} == {"torch.bfloat16"}
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert len(tokenizer) < config.vocab_size and tokenizer.eos_token == "<|eot_id|>" and tokenizer.chat_template
+    assert AutoConfig.from_pretrained(build_from_config("qwen2", tmp_path / "q", overrides=shrink)).vocab_size == 151936
+    with pytest.raises(ValueError, match="allowed"):
+        build_from_config("mistral", tmp_path / "m")  # type: ignore[arg-type]
+
+
+def test_task_rows_held_out_prompts_never_seen_in_training() -> None:
+    """The from-config stand-in: three tasks whose held-out split (as the trainer makes it) keeps almost every
+    row, so the eval loss measures answers to prompts the model never trained on."""
+    from playground.train.data import file_splits
+
+    rows = task_rows(1000)
+    assert rows == task_rows(1000) and rows != task_rows(1000, seed=1)
+    assert {r["instruction"].split()[0] for r in rows} == {"Add", "Repeat", "List"}
+    for row in rows:
+        if row["instruction"].startswith("Add"):
+            a, b = (int(x) for x in row["instruction"].removeprefix("Add ").removesuffix(".").split(" and "))
+            assert row["output"] == str(a + b)
+        elif row["instruction"].startswith("List"):
+            assert row["output"].split(", ") == sorted(row["input"].split(", "))
+        else:
+            assert row["output"] == row["input"]
+    train, held = file_splits(rows, None, fmt="alpaca", eval_fraction=0.05, num_train=None, num_eval=200, seed=0)
+    assert len(held) == 50 and len(train) >= 900
+    assert not {s.prompt for s in held} & {s.prompt for s in train}

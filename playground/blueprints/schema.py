@@ -16,8 +16,8 @@ from playground.errors import ParameterError, shown
 KNOWN_PARAMETERS: dict[str, str] = {
     "learning_rate": "peak learning rate (cosine decay after warmup)",
     "max_steps": "optimizer steps to train",
-    "batch_size": "examples per optimizer step (per device)",
-    "gradient_accumulation_steps": "micro-batches accumulated per optimizer step",
+    "batch_size": "examples per micro-batch; × gradient_accumulation_steps = the global batch, whatever the GPU count",
+    "gradient_accumulation_steps": "micro-batches per optimizer step (split over the processes first)",
     "warmup_steps": "linear warmup steps",
     "weight_decay": "AdamW weight decay",
     "seed": "random seed (data order, init)",
@@ -30,6 +30,9 @@ KNOWN_PARAMETERS: dict[str, str] = {
     "eval_every": "evaluate every N steps (0: only at the end)",
     "checkpoint_every": "save a resumable checkpoint every N steps (0: never)",
     "log_every": "print a progress line every N steps",
+    "packing": "pack each micro-batch's examples into one row without padding (no cross-example attention)",
+    "compile": "torch.compile the training forward/backward",
+    "distributed": "several processes: auto (FSDP2 when DDP's replicated state would not fit), ddp or fsdp",
 }
 
 

@@ -22,7 +22,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="default: every notebook in notebooks/ but the app")
-    p.add_argument("--profile", default="smoke", help="smoke (CPU, stand-ins) or gpu (real blueprints, bounded steps)")
+    p.add_argument(
+        "--profile",
+        default="smoke",
+        help="smoke (CPU, stand-ins), gpu (real blueprints, bounded steps) or gpu-config (GPU, full-size "
+        "architectures built from config, no hub)",
+    )
     p.add_argument("--out", required=True, help="output folder for the run's artifacts (created; must be writable)")
     p.add_argument("--timeout-cell", type=int, default=None, metavar="S", help="seconds per cell (default: profile's)")
     p.add_argument("--timeout", type=int, default=None, metavar="S", help="seconds per whole notebook; then kill it")

@@ -132,7 +132,7 @@ class Sampler:
         for handle in handles:
             try:
                 utils.append(float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
-                used = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+                used = memory_used(nvml, handle)
             except Exception as exc:
                 self.error = f"NVML sample failed: {exc}"
                 continue
@@ -151,6 +151,19 @@ class Sampler:
             gpu_util_peak_percent=self._gpu_peak_util,
             gpu_memory_peak_bytes=self._gpu_mem_peak,
         )
+
+
+def memory_used(nvml: Any, handle: Any) -> int:
+    """Bytes of GPU memory in use, as ``nvidia-smi`` counts them: NVML's v2 memory info, whose ``used``
+    leaves out the driver's reserved memory. The v1 call's ``used`` (total - free) includes it: on an
+    H100 that read ~480 MiB above nvidia-smi on an idle GPU. Drivers without v2 fall back to v1."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            return int(nvml.nvmlDeviceGetMemoryInfo(handle, version=version).used)
+        except Exception:  # NVMLError_FunctionNotFound on old drivers
+            pass
+    return int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
 
 
 def _avg(values: list[float]) -> float | None:

@@ -4,6 +4,11 @@
   bar); hub blueprints on local stand-ins (``model_source``/``dataset_source`` = ``"standin"``) for a
   few steps, quality not asserted (a random stand-in cannot meet a real bar).
 - ``gpu``: the real blueprints from the hub for a bounded number of steps, quality asserted.
+- ``gpu-config``: GPU, no hub. The hub blueprints' architectures at full size built from config
+  (``model_source="config"``: Llama-3.2-1B / Qwen2.5-1.5B dimensions, random init, a tokenizer built
+  locally) on a learnable local Alpaca-format stand-in (2000 rows), bounded steps, LoRA as the
+  blueprint says, quality asserted against a bar a random-init model can honestly meet (see
+  ``CONFIG_QUALITY_THRESHOLD``); tiny-llama-cpu with its defaults and its own bar.
 """
 
 from __future__ import annotations
@@ -13,7 +18,13 @@ from typing import Any
 
 from playground.errors import UserError, shown
 
-PROFILES = ("smoke", "gpu")
+PROFILES = ("smoke", "gpu", "gpu-config")
+# eval_loss bar (nats per answer token) for random-init models built from config, on the task stand-in
+# (playground.train.standins.task_rows): the untrained model scores ln(vocab) ≈ 11.8; a uniform guess
+# among the 51 token types the answers use scores ln(51) = 3.93; knowing their frequencies (the unigram
+# entropy) 2.9 (Llama tokenizer) / 3.15 (Qwen). At most 3.5 means training taught the model which
+# tokens answer and roughly how often; below ~3, it uses the prompt.
+CONFIG_QUALITY_THRESHOLD = 3.5
 
 
 @dataclass(frozen=True)
@@ -81,7 +92,27 @@ GPU = Profile(
     hub={"model_source": None, "dataset_source": None, "max_steps": 60},
 )
 
-_BY_NAME = {p.name: p for p in (SMOKE, GPU)}
+GPU_CONFIG = Profile(
+    name="gpu-config",
+    description="GPU, no hub: the hub blueprints' architectures at full size from config (random init), bounded steps",
+    cell_timeout=1800,
+    run_timeout=2700,
+    needs_gpu=True,
+    env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+    common={"assert_quality": True},
+    hub={
+        "model_source": "config",
+        "dataset_source": "standin",
+        "max_steps": 100,
+        "learning_rate": 1e-3,  # LoRA on random weights: the pretrained-model default (2e-4) moves too little
+        "checkpoint_every": 50,  # a GPU checkpoint is written (and the run goes on past it)
+        "log_every": 10,
+        "quality_threshold": CONFIG_QUALITY_THRESHOLD,
+        "max_new_tokens": 32,  # chat answers of a random-init model: bounded
+    },
+)
+
+_BY_NAME = {p.name: p for p in (SMOKE, GPU, GPU_CONFIG)}
 
 
 def get_profile(name: str) -> Profile:

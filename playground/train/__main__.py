@@ -77,7 +77,7 @@ def gpu_count() -> int:
 def prepare(argv: list[str] | None):
     """Parse and validate everything before writing anything; returns the TrainSpec."""
     from playground.train.model import parse_source
-    from playground.train.recipe import TrainSpec
+    from playground.train.recipe import Settings, TrainSpec, check_resume
 
     args = build_parser().parse_args(argv)
     blueprint = get_blueprint(args.blueprint)
@@ -95,8 +95,13 @@ def prepare(argv: list[str] | None):
     if not args.output.strip():
         raise UserError("--output is empty; allowed: a directory path (created if missing)", field="--output")
     output = Path(args.output).expanduser().resolve()
+    spec = TrainSpec(blueprint, params, output, model_source, dataset_source, resume=args.resume)
+    settings = Settings.from_spec(spec)
+    settings.plan(int(os.environ.get("WORLD_SIZE", 1)))  # the global batch splits over the processes
+    if args.resume:
+        check_resume(spec, settings)  # the seed, global batch and schedule match the checkpoint's
     ensure_writable_dir(output, what="output directory")
-    return TrainSpec(blueprint, params, output, model_source, dataset_source, resume=args.resume)
+    return spec
 
 
 def _quiet_libraries() -> None:

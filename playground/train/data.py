@@ -242,26 +242,39 @@ def tokenize(samples: list[Sample], tokenizer: Any, max_seq_length: int) -> Toke
 
 
 class Batches:
-    """Deterministic batches: epoch ``e`` is ``randperm(N, seed + e)``; rank ``r`` of ``w`` takes
-    every ``w``-th example of each global batch. ``batch(step)`` needs no state at all."""
+    """Deterministic batches, the same examples per optimizer step whatever the world size.
 
-    def __init__(self, data: TokenizedSet, *, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+    Optimizer step ``s`` takes the next ``global_batch = batch_size × world_size × grad_accum``
+    examples of its epoch's permutation (epoch ``e``: ``randperm(N)`` seeded by ``seed`` and ``e``);
+    its ``grad_accum`` micro-batches are consecutive slices of that, and rank ``r`` of ``w`` takes
+    every ``w``-th example of each slice. ``batch(micro_step)`` needs no state at all."""
+
+    def __init__(
+        self, data: TokenizedSet, *, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, grad_accum: int = 1
+    ):
         self.data = data
         self.batch_size = batch_size
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.global_batch = batch_size * world_size
-        self.per_epoch = max(1, len(data) // self.global_batch)
+        self.grad_accum = grad_accum
+        self.micro_global = batch_size * world_size  # examples in one micro-step, all ranks together
+        self.global_batch = self.micro_global * grad_accum  # examples per optimizer step
+        self.per_epoch = max(1, len(data) // self.global_batch)  # optimizer steps per epoch
+        self._label_counts = (data.labels[:, 1:] != -100).sum(1).cpu()  # what the loss averages over
         self._perm_epoch = -1
         self._perm: Any = None
 
     def position(self, micro_step: int) -> tuple[int, int]:
-        """(epoch, batch index within the epoch) of the ``micro_step``-th micro-batch."""
-        return divmod(micro_step, self.per_epoch)
+        """(epoch, optimizer step within the epoch) of the ``micro_step``-th micro-batch."""
+        return divmod(micro_step // self.grad_accum, self.per_epoch)
 
     def epoch_float(self, micro_step: int) -> float:
-        return micro_step * self.global_batch / max(1, len(self.data))
+        return micro_step * self.micro_global / max(1, len(self.data))
+
+    def label_tokens(self, step: int) -> int:
+        """Answer tokens the loss counts in optimizer step ``step`` (0-based), over all ranks and micro-batches."""
+        return int(self._label_counts[self._step_rows(step)].sum())
 
     def batch(self, micro_step: int) -> tuple[Any, Any, int]:
         """``(input_ids, labels, n_tokens)`` of one micro-batch, trimmed to its longest row."""
@@ -275,19 +288,21 @@ class Batches:
         return self.data.lengths[self._rows(micro_step)]
 
     def _rows(self, micro_step: int) -> Any:
+        step, micro = divmod(micro_step, self.grad_accum)
+        rows = self._step_rows(step)[micro * self.micro_global : (micro + 1) * self.micro_global]
+        return rows[self.rank :: self.world_size]
+
+    def _step_rows(self, step: int) -> Any:
         import torch
 
-        epoch, index = self.position(micro_step)
+        epoch, index = divmod(step, self.per_epoch)
         if epoch != self._perm_epoch:
             gen = torch.Generator().manual_seed(self.seed * 7919 + epoch)
             self._perm = torch.randperm(len(self.data), generator=gen)
             self._perm_epoch = epoch
-        start = index * self.global_batch
         if len(self.data) < self.global_batch:  # tiny datasets: wrap around
-            rows = self._perm.repeat(self.global_batch // len(self.data) + 1)[: self.global_batch]
-        else:
-            rows = self._perm[start : start + self.global_batch]
-        return rows[self.rank :: self.world_size]
+            return self._perm.repeat(self.global_batch // len(self.data) + 1)[: self.global_batch]
+        return self._perm[index * self.global_batch : (index + 1) * self.global_batch]
 
     def __iter__(self) -> Iterator[tuple[Any, Any, int]]:
         step = 0

@@ -9,8 +9,8 @@ baseline our benchmarks compare against.
 
 ``run()`` is a list of named stages, torchtune style, each a function of what the earlier ones
 returned (small dataclasses), so each can be called and tested on its own: settings →
-``setup_distributed`` → ``setup_data`` (tokenizer, data, batch order) → ``setup_model`` (+ LoRA,
-DDP) → ``setup_optimizer`` → ``restore`` (``--resume``) → ``train_loop`` (log, checkpoint, eval) →
+``setup_distributed`` → ``setup_data`` (tokenizer, data, batch order) → ``setup_model`` (+ LoRA;
+DDP or FSDP2) → ``setup_optimizer`` → ``restore`` (``--resume``) → ``train_loop`` (log, checkpoint, eval) →
 ``final_eval`` → ``save`` (model dir, metrics.json) → ``teardown``.
 """
 
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.blueprints import Blueprint
+from playground.errors import UserError
 from playground.events import JobPhase, Progress
 from playground.train.flops import FlopCounter
 from playground.train.reporting import Reporter
@@ -46,6 +47,9 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 0,
     "checkpoint_every": 0,
     "log_every": 10,
+    "packing": False,  # speed levers (playground/train/perf.py): fixed settings, off unless a blueprint sets them
+    "compile": False,
+    "distributed": "auto",  # auto | ddp | fsdp (playground/train/parallel.py has the rule)
 }
 MAX_GRAD_NORM = 1.0
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak
@@ -99,14 +103,16 @@ def init_distributed() -> Dist:
 
 
 def cpu_threads() -> int:
-    """Cores this process may really use: the affinity mask, capped by a cgroup CPU quota."""
+    """Cores this process may really use: the affinity mask, capped by a cgroup CPU quota, shared
+    with the other training processes on this machine."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     with contextlib.suppress(OSError, ValueError):
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
         if quota != "max":
             cores = min(cores, max(1, math.floor(int(quota) / int(period))))
     override = os.environ.get("PLAYGROUND_TRAIN_THREADS")
-    return int(override) if override else max(1, cores)
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this machine share them
+    return int(override) if override else max(1, cores // processes)
 
 
 class Clock:
@@ -154,8 +160,8 @@ def lr_lambda(warmup: int, total: int):
     return schedule
 
 
-def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist) -> tuple[Any, Any]:
-    """Tokenized train and held-out sets (never overlapping)."""
+def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist | None = None) -> tuple[Any, Any]:
+    """Tokenized train and held-out sets (never overlapping). The same on every rank."""
     from playground.train import data
 
     ds = spec.blueprint.dataset
@@ -163,7 +169,7 @@ def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist) -> tuple[Any, Any]:
     num_eval = spec.setting("num_eval_examples")
     num_train = spec.setting("num_train_examples")
     if spec.dataset_source.startswith("synthetic://"):
-        global_batch = spec.setting("batch_size") * spec.setting("gradient_accumulation_steps") * dist.world_size
+        global_batch = int(spec.setting("batch_size")) * int(spec.setting("gradient_accumulation_steps"))
         train, held = data.synthetic_splits(
             spec.dataset_source.removeprefix("synthetic://"),
             ds.options,
@@ -221,6 +227,17 @@ class Runtime:
 
 
 @dataclass(frozen=True)
+class BatchPlan:
+    """How one optimizer step's global batch is split: every rank runs ``micro_steps``
+    micro-batches of ``micro_batch`` examples; ``micro_batch × micro_steps × world_size`` is
+    always ``global_batch``."""
+
+    global_batch: int
+    micro_batch: int
+    micro_steps: int
+
+
+@dataclass(frozen=True)
 class Settings:
     """The run's resolved training settings (parameters > the blueprint's ``training`` > DEFAULTS)."""
 
@@ -234,11 +251,47 @@ class Settings:
     log_every: int
     eval_every: int
     checkpoint_every: int
+    packing: bool = False
+    compile: bool = False
+    distributed: str = "auto"
+    max_seq_length: int = 512
+    num_train_examples: int | None = None
+    num_eval_examples: int | None = 200  # the held-out prompts are kept out of the training rows
+
+    # What a resumed run must keep (checked against the checkpoint): the data and its order (the seed;
+    # the training rows, their tokenization and the held-out prompts kept out of them; the global
+    # batch) and the learning-rate schedule. Everything else may change, notably the number of
+    # processes, DDP/FSDP2 and how the global batch is split: a step sees the same examples and
+    # computes the same update either way.
+    RESUME_KEEPS = (
+        "seed",
+        "global_batch_size",
+        "max_steps",
+        "warmup_steps",
+        "learning_rate",
+        "max_seq_length",
+        "num_train_examples",
+        "num_eval_examples",
+    )
+    RESUME_MAY_CHANGE = (
+        "the number of GPUs/processes, DDP/FSDP2, the batch_size × gradient_accumulation_steps split "
+        "and the log/eval/checkpoint cadence"
+    )
+    RESUME_HINTS = {"global_batch_size": "batch_size × gradient_accumulation_steps = {saved}"}
 
     @classmethod
     def from_spec(cls, spec: TrainSpec) -> Settings:
+        from playground.train.parallel import STRATEGIES
+
         max_steps = int(spec.setting("max_steps"))
         warmup = spec.setting("warmup_steps")
+        distributed = str(spec.setting("distributed"))
+        num_train, num_eval = spec.setting("num_train_examples"), spec.setting("num_eval_examples")
+        if distributed not in STRATEGIES:
+            raise UserError(
+                f"training setting 'distributed': {distributed!r} is not allowed; allowed: {', '.join(STRATEGIES)}",
+                field="distributed",
+            )
         return cls(
             max_steps=max_steps,
             learning_rate=float(spec.setting("learning_rate")),
@@ -250,7 +303,36 @@ class Settings:
             log_every=max(1, int(spec.setting("log_every"))),
             eval_every=int(spec.setting("eval_every")),
             checkpoint_every=int(spec.setting("checkpoint_every")),
+            packing=bool(spec.setting("packing")),
+            compile=bool(spec.setting("compile")),
+            distributed=distributed,
+            max_seq_length=int(spec.setting("max_seq_length")),
+            num_train_examples=None if num_train is None else int(num_train),
+            num_eval_examples=None if num_eval is None else int(num_eval),
         )
+
+    @property
+    def global_batch_size(self) -> int:
+        """Examples per optimizer step, whatever the number of processes."""
+        return self.batch_size * self.gradient_accumulation_steps
+
+    def resume_config(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.RESUME_KEEPS}
+
+    def plan(self, world_size: int) -> BatchPlan:
+        """Split the fixed global batch over ``world_size`` processes, nanoGPT style: the
+        accumulation steps divide first, then the micro-batch. A one-line UserError when the global
+        batch cannot be split evenly."""
+        accum, batch = self.gradient_accumulation_steps, self.batch_size
+        split_accum = math.gcd(accum, world_size)
+        split_batch = world_size // split_accum
+        if batch % split_batch:
+            raise UserError(
+                f"batch_size={batch} × gradient_accumulation_steps={accum} = global batch {batch * accum} cannot be "
+                f"split evenly over {world_size} processes; allowed: a global batch divisible by {world_size}",
+                field="batch_size",
+            )
+        return BatchPlan(batch * accum, batch // split_batch, accum // split_accum)
 
 
 @dataclass
@@ -261,15 +343,18 @@ class DataState:
     train_set: Any
     eval_set: Any
     batches: Any
+    plan: BatchPlan
 
 
 @dataclass
 class ModelState:
-    """The model as saved and evaluated (``model``) and as trained (``train_model``: DDP-wrapped
-    when distributed), with what MFU and the optimizer need to know about it."""
+    """The model as saved and evaluated (``model``) and as trained (``train_model``: the same
+    module when single or FSDP2-sharded in place, a wrapper under DDP), with what MFU and the
+    optimizer need to know about it."""
 
     model: Any
     train_model: Any
+    strategy: str  # single | ddp | fsdp
     trainable: list[Any]
     n_params: int
     weights_dtype: Any
@@ -294,7 +379,8 @@ class TrainState:
 
 
 def setup_distributed(spec: TrainSpec, reporter: Reporter) -> Runtime:
-    """Stage 1: ranks (torchrun or a single process), the device, bf16 or float32, the seed."""
+    """Stage 1: ranks (torchrun or a single process; NCCL on GPU, gloo on CPU), the device, bf16 or
+    float32, the seed."""
     import torch
 
     dist = init_distributed()
@@ -314,57 +400,93 @@ def setup_data(spec: TrainSpec, runtime: Runtime, settings: Settings, reporter: 
     from playground.train.data import Batches
     from playground.train.model import load_tokenizer, parse_source
 
+    plan = settings.plan(runtime.dist.world_size)
     kind, ref = parse_source(spec.model_source)
     tokenizer = load_tokenizer(kind, ref, spec.blueprint.model)
     train_set, eval_set = load_data(spec, tokenizer, runtime.dist)
     reporter.log(
         f"data: {len(train_set)} training and {len(eval_set)} held-out examples from {spec.dataset_source} "
-        f"(up to {train_set.input_ids.shape[1]} tokens each)"
+        f"(up to {train_set.input_ids.shape[1]} tokens each); global batch {plan.global_batch} = "
+        f"{runtime.dist.world_size} process(es) × {plan.micro_steps} micro-batch(es) × {plan.micro_batch}"
     )
     # Small tensors: keep the whole tokenized training set on the device, index it there.
     train_set.input_ids = train_set.input_ids.to(runtime.device)
     train_set.labels = train_set.labels.to(runtime.device)
     batches = Batches(
         train_set,
-        batch_size=settings.batch_size,
+        batch_size=plan.micro_batch,
         seed=settings.seed,
         rank=runtime.dist.rank,
         world_size=runtime.dist.world_size,
+        grad_accum=plan.micro_steps,
     )
-    return DataState(tokenizer, train_set, eval_set, batches)
+    return DataState(tokenizer, train_set, eval_set, batches, plan)
 
 
-def setup_model(spec: TrainSpec, runtime: Runtime, data: DataState, reporter: Reporter) -> ModelState:
-    """Stage 3: build or load the model (+ LoRA), save the untrained scratch model, wrap for DDP."""
+def build_model(spec: TrainSpec, tokenizer: Any, weights_dtype: Any) -> Any:
+    """The blueprint's model as it trains (LoRA-wrapped for LoRA), on the CPU, with its generation
+    settings; seeded, so every rank builds the same weights."""
+    from playground.train import model as models
+
+    kind, ref = models.parse_source(spec.model_source)
+    blueprint = spec.blueprint
+    model = models.build_model(
+        kind, ref, blueprint.model, tokenizer, dtype=weights_dtype, seed=int(spec.setting("seed"))
+    )
+    models.configure_generation(model, tokenizer, blueprint.serving.max_new_tokens)
+    return model
+
+
+def setup_model(
+    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, reporter: Reporter
+) -> ModelState:
+    """Stage 3: build or load the model (+ LoRA), save the untrained scratch model, then wrap it
+    for data parallelism (DDP, or FSDP2 sharding; see playground/train/parallel.py)."""
     import torch
 
+    from playground.train import parallel
     from playground.train.flops import count_flops
-    from playground.train.model import apply_lora, build_model, configure_generation, parse_source
+    from playground.train.model import apply_lora, parse_source
     from playground.train.save import save_model_dir
 
     blueprint, dist = spec.blueprint, runtime.dist
-    kind, ref = parse_source(spec.model_source)
+    kind, _ = parse_source(spec.model_source)
     weights_dtype = torch.bfloat16 if (runtime.bf16 and kind != "scratch") else torch.float32
-    model = build_model(kind, ref, blueprint.model, data.tokenizer, dtype=weights_dtype, seed=int(spec.setting("seed")))
-    configure_generation(model, data.tokenizer, blueprint.serving.max_new_tokens)
+    model = build_model(spec, data.tokenizer, weights_dtype)
     if kind == "scratch" and dist.main and not (spec.output / "base-model").exists():
         save_model_dir(model, data.tokenizer, spec.output / "base-model")  # the untrained model, for base-vs-tuned chat
     if blueprint.method.kind == "lora":
         model = apply_lora(model, blueprint.method, spec.params)
     model.to(runtime.device)
     n_params = sum(p.numel() for p in model.parameters())
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    workers = f"{dist.world_size} GPUs" if runtime.cuda else f"{torch.get_num_threads()} threads"
-    reporter.log(
-        f"model: {spec.model_source} ({n_params / 1e6:.2f}M parameters, {sum(p.numel() for p in trainable) / 1e6:.2f}M "
-        f"trainable, {blueprint.method.kind}) on {runtime.device} in {'bf16' if runtime.bf16 else 'float32'}, {workers}"
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    flops = count_flops(model)
+    device_bytes = torch.cuda.get_device_properties(runtime.device).total_memory if runtime.cuda else None
+    strategy = parallel.choose_strategy(
+        settings.distributed,
+        world_size=dist.world_size,
+        state_bytes=parallel.training_state_bytes(model),
+        device_bytes=device_bytes,
     )
-    train_model = model
-    if dist.world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel
+    train_model = parallel.wrap(
+        model, strategy, device_ids=[dist.local_rank] if runtime.cuda else None, bf16_compute=runtime.bf16
+    )
+    workers = (
+        f"{dist.world_size} GPUs"
+        if runtime.cuda
+        else f"{dist.world_size} process(es) × {torch.get_num_threads()} threads"
+    )
+    reporter.log(
+        f"model: {spec.model_source} ({n_params / 1e6:.2f}M parameters, {n_trainable / 1e6:.2f}M trainable, "
+        f"{blueprint.method.kind}) on {runtime.device} in {'bf16' if runtime.bf16 else 'float32'}, {workers}"
+        + (f", {'FSDP2' if strategy == 'fsdp' else 'DDP'}" if strategy != "single" else "")
+    )
+    if settings.compile:
+        from playground.train.perf import compile_model
 
-        train_model = DistributedDataParallel(model, device_ids=[dist.local_rank] if runtime.cuda else None)
-    return ModelState(model, train_model, trainable, n_params, weights_dtype, count_flops(model))
+        train_model = compile_model(train_model, dynamic=settings.packing)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # after sharding: FSDP2 swaps in DTensors
+    return ModelState(model, train_model, strategy, trainable, n_params, weights_dtype, flops)
 
 
 def setup_optimizer(runtime: Runtime, settings: Settings, model: ModelState) -> OptimizerState:
@@ -383,24 +505,45 @@ def setup_optimizer(runtime: Runtime, settings: Settings, model: ModelState) -> 
     return OptimizerState(optimizer, scheduler)
 
 
-def restore(spec: TrainSpec, model: ModelState, optim: OptimizerState, reporter: Reporter) -> TrainState:
+def check_resume(spec: TrainSpec, settings: Settings) -> Path | None:
+    """The checkpoint ``--resume`` continues from (None: none yet), after checking that the run
+    keeps the seed, global batch and schedule it was trained with (a one-line UserError naming the
+    first setting that changed). Reads JSON only: the entrypoint calls it before starting anything."""
+    from playground.train import checkpoint
+
+    latest = checkpoint.latest_checkpoint(spec.output / "checkpoints")
+    if latest is not None:
+        checkpoint.check_resume(latest, settings.resume_config(), Settings.RESUME_MAY_CHANGE, Settings.RESUME_HINTS)
+    return latest
+
+
+def restore(
+    spec: TrainSpec, runtime: Runtime, settings: Settings, model: ModelState, optim: OptimizerState, reporter: Reporter
+) -> TrainState:
     """Stage 5: with ``--resume``, load the latest checkpoint (weights, optimizer, schedule, RNG,
-    step, history, training time); otherwise a fresh state at step 0."""
+    step, history, training time) on every rank; otherwise a fresh state at step 0."""
     from playground.train import checkpoint
 
     state = TrainState()
     if not spec.resume:
         return state
-    latest = checkpoint.latest_checkpoint(spec.output / "checkpoints")
-    if latest is None:
+    latest = check_resume(spec, settings) if runtime.dist.main else None
+    saved = checkpoint.load_checkpoint(
+        latest,
+        model=model.model,
+        optimizer=optim.optimizer,
+        scheduler=optim.scheduler,
+        world_size=runtime.dist.world_size,
+        main=runtime.dist.main,
+    )
+    if saved is None:
         reporter.log("resume: no checkpoint yet; starting from step 0")
         return state
-    saved = checkpoint.load_checkpoint(latest, model=model.model, optimizer=optim.optimizer, scheduler=optim.scheduler)
     state.start_step = state.step = int(saved["step"])
     state.history = list(saved["extra"].get("history", []))
     state.clock.wall = float(saved["extra"].get("train_seconds", 0.0))
     state.clock.cpu = float(saved["extra"].get("train_cpu_seconds", 0.0))
-    reporter.log(f"resume: continuing from {latest.relative_to(spec.output)} (step {state.start_step})")
+    reporter.log(f"resume: continuing from checkpoints/step-{state.start_step} (step {state.start_step})")
     return state
 
 
@@ -408,14 +551,16 @@ def evaluate_model(
     spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState, state: TrainState,
     reporter: Reporter,
 ) -> dict[str, float]:  # fmt: skip
-    """Held-out metrics on rank 0 (eval loss; exact match for synthetic tasks), reported as Metric
-    events and appended to the history. Every rank waits for it."""
+    """Held-out metrics (eval loss; exact match for synthetic tasks), reported by rank 0 as Metric
+    events and appended to the history. Rank 0 evaluates alone, except under FSDP2, where every
+    forward pass is a collective: there every rank runs the same eval (generation with
+    ``synced_gpus``, which transformers turns on for FSDP-managed models)."""
     from playground.train import evaluate
     from playground.train.save import unwrap
 
     results: dict[str, float] = {}
     trained_seconds = state.clock.wall_total()  # before the eval's own time
-    if runtime.dist.main:
+    if runtime.dist.main or model.strategy == "fsdp":
         bare = unwrap(model.model)
         results["eval_loss"] = evaluate.eval_loss(
             bare, data.eval_set, batch_size=max(settings.batch_size, 32), device=runtime.device,
@@ -428,6 +573,7 @@ def evaluate_model(
                     bare, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=gen_tokens, device=runtime.device
                 )
             results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
+    if runtime.dist.main:
         for name, value in results.items():
             reporter.metric(name, value)
         state.history.append({"step": state.step, "train_seconds": round(trained_seconds, 3), **results})
@@ -439,25 +585,28 @@ def save_checkpoint(
     spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState,
     optim: OptimizerState, state: TrainState,
 ) -> None:  # fmt: skip
-    """Write ``checkpoints/step-N`` (rank 0) for ``--resume``; every rank waits for it."""
+    """Write ``checkpoints/step-N`` for ``--resume``: every rank gathers, rank 0 writes."""
     from playground.train import checkpoint
 
-    if runtime.dist.main:
-        micro_step = state.step * settings.gradient_accumulation_steps
-        checkpoint.save_checkpoint(
-            spec.output / "checkpoints",
-            step=state.step,
-            model=model.model,
-            optimizer=optim.optimizer,
-            scheduler=optim.scheduler,
-            data_position=dict(zip(("epoch", "batch"), data.batches.position(micro_step), strict=True)),
-            extra={
-                "history": state.history,
-                "train_seconds": state.clock.wall_total(),
-                "train_cpu_seconds": state.clock.cpu_total(),
-                "loss": state.last_loss,
-            },
-        )
+    micro_step = state.step * data.plan.micro_steps
+    checkpoint.save_checkpoint(
+        spec.output / "checkpoints",
+        step=state.step,
+        model=model.model,
+        optimizer=optim.optimizer,
+        scheduler=optim.scheduler,
+        data_position=dict(zip(("epoch", "batch"), data.batches.position(micro_step), strict=True)),
+        config=settings.resume_config(),
+        extra={
+            "history": state.history,
+            "train_seconds": state.clock.wall_total(),
+            "train_cpu_seconds": state.clock.cpu_total(),
+            "loss": state.last_loss,
+            "world_size": runtime.dist.world_size,
+            "strategy": model.strategy,
+        },
+        main=runtime.dist.main,
+    )
     runtime.barrier()
 
 
@@ -478,12 +627,19 @@ def train_loop(
 ) -> TrainState:  # fmt: skip
     """Stage 6: steps ``start_step+1 .. max_steps``: gradient accumulation, clipping, AdamW, the
     schedule; a Progress event every ``log_every`` steps (and the last), eval and checkpoints on
-    their cadence. ``loss.item()`` (a device sync) happens only on logging steps."""
+    their cadence. ``loss.item()`` (a device sync) happens only on logging steps.
+
+    The loss of a step is the mean over every answer token of its global batch, whatever the
+    number of processes and micro-batches: each micro-batch sums its token losses and divides by
+    the step's total (``num_items_in_batch``), and the gradient is scaled by the world size because
+    DDP and FSDP2 average gradients over ranks. So 1 and 16 processes compute the same step."""
     import torch
 
     from playground.train.flops import MFU_WARMUP_STEPS, peak_flops
+    from playground.train.parallel import gradient_sync
+    from playground.train.perf import model_inputs
 
-    dist, accum, max_steps = runtime.dist, settings.gradient_accumulation_steps, settings.max_steps
+    world, micro_steps, max_steps = runtime.dist.world_size, data.plan.micro_steps, settings.max_steps
     peak = peak_flops(torch.cuda.get_device_name(runtime.device) if runtime.cuda else None)
     # MFU leaves out this process's first steps (warm-up), but always measures at least one step.
     warmup_end = state.start_step + min(MFU_WARMUP_STEPS, max(0, max_steps - state.start_step - 1))
@@ -492,13 +648,14 @@ def train_loop(
     window = _Window(torch.zeros((), device=runtime.device))
     state.clock.lap()  # training time starts now
     for step in range(state.start_step + 1, max_steps + 1):
-        for micro in range(accum):
-            micro_step = (step - 1) * accum + micro
+        label_tokens = data.batches.label_tokens(step - 1)
+        for micro in range(micro_steps):
+            micro_step = (step - 1) * micro_steps + micro
             ids, labels, n_tokens = data.batches.batch(micro_step)
-            sync = micro == accum - 1 or dist.world_size == 1
-            with contextlib.nullcontext() if sync else model.train_model.no_sync(), runtime.autocast():
-                loss = model.train_model(input_ids=ids, labels=labels).loss / accum
-            loss.backward()
+            inputs = model_inputs(ids, labels, data.batches.lengths(micro_step), packing=settings.packing)
+            with gradient_sync(model.train_model, model.strategy, micro == micro_steps - 1), runtime.autocast():
+                loss = model.train_model(**inputs, num_items_in_batch=label_tokens).loss
+            (loss * world).backward()
             window.loss += loss.detach()
             window.tokens += n_tokens
             if peak and step > warmup_end:
@@ -542,7 +699,7 @@ def _report_progress(
     if world > 1:
         torch.distributed.all_reduce(totals)
     loss_sum, tokens, flops = totals.tolist()  # the only device sync of the window
-    state.last_loss = loss_sum / world / window.steps
+    state.last_loss = loss_sum / window.steps  # each step's loss is already its global-batch mean
     timed = state.clock.lap()  # since the window (or the MFU timer) started
     elapsed = window.warmup_seconds + timed
     step, max_steps = state.step, settings.max_steps
@@ -550,7 +707,7 @@ def _report_progress(
         Progress(
             step=step,
             total_steps=max_steps,
-            epoch=round(data.batches.epoch_float(step * settings.gradient_accumulation_steps), 4),
+            epoch=round(data.batches.epoch_float(step * data.plan.micro_steps), 4),
             loss=state.last_loss,
             learning_rate=optim.scheduler.get_last_lr()[0],
             tokens_per_second=tokens / elapsed if elapsed > 0 else None,
@@ -576,16 +733,29 @@ def save(
     spec: TrainSpec, runtime: Runtime, data: DataState, model: ModelState, state: TrainState,
     final: dict[str, float], wall_start: float, reporter: Reporter,
 ) -> dict[str, Any]:  # fmt: skip
-    """Stage 8: the servable ``model/`` directory and ``metrics.json`` (rank 0; written atomically)."""
+    """Stage 8: the servable ``model/`` directory and ``metrics.json``, written atomically by rank 0.
+    FSDP2-sharded weights are gathered into a plain copy of the model on rank 0's CPU first."""
     import torch
 
+    from playground.train import parallel
     from playground.train.save import save_model_dir
 
     reporter.phase(JobPhase.SAVING)
+    to_save = model.model
+    if model.strategy == "fsdp":
+        weights = parallel.full_state_dict(model.model)  # every rank takes part; rank 0 gets them
+        to_save = None
+        if runtime.dist.main:
+            to_save = build_model(spec, data.tokenizer, model.weights_dtype)
+            if spec.blueprint.method.kind == "lora":
+                from playground.train.model import apply_lora
+
+                to_save = apply_lora(to_save, spec.blueprint.method, spec.params)
+            to_save.load_state_dict(weights)
     metrics: dict[str, Any] = {}
     if runtime.dist.main:
         save_dtype = torch.bfloat16 if model.weights_dtype == torch.bfloat16 else None
-        save_model_dir(model.model, data.tokenizer, spec.output / "model", dtype=save_dtype)
+        save_model_dir(to_save, data.tokenizer, spec.output / "model", dtype=save_dtype)
         metrics = {
             **final,
             "train_loss": state.last_loss,
@@ -598,6 +768,8 @@ def save(
             "parameters": model.n_params,
             "device": str(runtime.device),
             "world_size": runtime.dist.world_size,
+            "strategy": model.strategy,
+            "global_batch_size": data.plan.global_batch,
             "resumed_from_step": state.start_step or None,
             "history": state.history,
         }
@@ -622,9 +794,9 @@ def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
     settings = Settings.from_spec(spec)
     runtime = setup_distributed(spec, reporter)
     data = setup_data(spec, runtime, settings, reporter)
-    model = setup_model(spec, runtime, data, reporter)
+    model = setup_model(spec, runtime, settings, data, reporter)
     optim = setup_optimizer(runtime, settings, model)
-    state = restore(spec, model, optim, reporter)
+    state = restore(spec, runtime, settings, model, optim, reporter)
     state = train_loop(spec, runtime, settings, data, model, optim, state, reporter)
     final = final_eval(spec, runtime, settings, data, model, state, reporter)
     metrics = save(spec, runtime, data, model, state, final, wall_start, reporter)

@@ -4,7 +4,10 @@
 same architecture as Llama 3.2 / Qwen2.5 (tied embeddings, grouped-query attention), random
 weights, with a byte-level BPE tokenizer trained locally by the ``tokenizers`` library and the
 family's chat format (Llama 3 headers or ChatML). ``write_alpaca_rows(path, n)`` writes Alpaca-
-format rows. Tests, the notebooks and the e2e smoke profile run the hub blueprints' code on them:
+format rows. Tests, the notebooks and the e2e smoke profile run the hub blueprints' code on them.
+``build_from_config(arch, out_dir)`` writes the same kind of directory at the real models' full size
+(``HUB_ARCHITECTURES``: the hub configs' dimensions, random init, bf16): the GPU e2e profile
+``gpu-config`` and ``benchmarks/gpu_blueprints.py`` train it where the hub cannot be reached:
 
     build_standin("llama", "/tmp/s"); write_alpaca_rows("/tmp/rows.jsonl", 24)
     python -m playground.train --blueprint llama-3.2-1b-lora-alpaca --set max_steps=3 \\
@@ -49,7 +52,58 @@ _FAMILIES: dict[str, dict[str, Any]] = {
     },
 }
 
+# The dimensions of the hub models the blueprints name (their config.json on the hub): the
+# compute and memory of a run match the real model's, only the weights are random.
+HUB_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": {  # meta-llama/Llama-3.2-1B-Instruct
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+    },
+    "qwen2": {  # Qwen/Qwen2.5-1.5B-Instruct
+        "vocab_size": 151936,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "use_sliding_window": False,
+    },
+}
+
 _WORDS = ["kube", "flow", "serve", "train", "model", "token", "graph", "node", "pod", "queue", "cloud", "data", "batch"]
+
+
+def _add_row(rng: random.Random, high: int) -> dict[str, str]:
+    a, b = rng.randint(0, high), rng.randint(0, high)
+    return {"instruction": f"Add {a} and {b}.", "input": "", "output": str(a + b)}
+
+
+def _sort_row(rng: random.Random) -> dict[str, str]:
+    words = rng.sample(_WORDS, 3)
+    return {"instruction": "List these words in alphabetical order.", "input": ", ".join(words),
+            "output": ", ".join(sorted(words))}  # fmt: skip
 
 
 def alpaca_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -57,27 +111,39 @@ def alpaca_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        kind = i % 3
-        if kind == 0:
-            a, b = rng.randint(0, 50), rng.randint(0, 50)
-            rows.append({"instruction": f"Add {a} and {b}.", "input": "", "output": str(a + b)})
-        elif kind == 1:
+        if i % 3 == 0:
+            rows.append(_add_row(rng, 50))
+        elif i % 3 == 1:
             word = rng.choice(_WORDS)
             rows.append({"instruction": "Reverse the word.", "input": word, "output": word[::-1]})
         else:
-            words = rng.sample(_WORDS, 3)
-            rows.append(
-                {"instruction": "List these words in alphabetical order.", "input": ", ".join(words),
-                 "output": ", ".join(sorted(words))}
-            )  # fmt: skip
+            rows.append(_sort_row(rng))
     return rows
 
 
-def write_alpaca_rows(path: str | Path, n: int, seed: int = 0) -> Path:
-    """Write ``n`` Alpaca rows as JSON lines to ``path``; returns the path."""
+def task_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` Alpaca-format rows of three learnable tasks with thousands of distinct prompts each (so a
+    held-out split shares no prompt with training): add two numbers below 100, repeat two or three
+    words, sort three words alphabetically."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        if i % 3 == 0:
+            rows.append(_add_row(rng, 99))
+        elif i % 3 == 1:
+            words = ", ".join(rng.choices(_WORDS, k=rng.randint(2, 3)))
+            rows.append({"instruction": "Repeat these words.", "input": words, "output": words})
+        else:
+            rows.append(_sort_row(rng))
+    return rows
+
+
+def write_alpaca_rows(path: str | Path, n: int, seed: int = 0, *, tasks: bool = False) -> Path:
+    """Write ``n`` Alpaca rows (``tasks``: :func:`task_rows`) as JSON lines to ``path``; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in alpaca_rows(n, seed)))
+    rows = task_rows(n, seed) if tasks else alpaca_rows(n, seed)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
 
 
@@ -111,10 +177,49 @@ def build_tokenizer(arch: Literal["llama", "qwen2"], *, chat_template: bool = Tr
     return tokenizer
 
 
+TINY_DIMS: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,  # grouped-query attention, as in the real models
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
+
+
 def build_standin(
     arch: Literal["llama", "qwen2"], out_dir: str | Path, *, chat_template: bool = True, seed: int = 0
 ) -> Path:
     """Write a tiny random-weight model of ``arch`` with its tokenizer to ``out_dir``; returns it."""
+    extra = {"rope_theta": 500000.0} if arch == "llama" else {}
+    return _write_model(arch, out_dir, {**TINY_DIMS, **extra}, chat_template=chat_template, seed=seed)
+
+
+def build_from_config(
+    arch: Literal["llama", "qwen2"],
+    out_dir: str | Path,
+    *,
+    overrides: dict[str, Any] | None = None,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+) -> Path:
+    """Write a random-init model of ``arch`` at the hub model's full size (``HUB_ARCHITECTURES``,
+    ``overrides`` on top: the tests shrink it) in ``dtype``, with the locally built tokenizer.
+
+    The vocabulary keeps the real size, so the embedding and output layers cost what they cost in
+    the real model; the tokenizer uses only its first few hundred ids (the rest are never fed in,
+    and decoding skips them if generation ever picks one)."""
+    if arch not in HUB_ARCHITECTURES:
+        raise ValueError(f"arch {arch!r}: allowed: {', '.join(HUB_ARCHITECTURES)}")
+    dims = {**HUB_ARCHITECTURES[arch], **(overrides or {})}
+    return _write_model(arch, out_dir, dims, chat_template=True, seed=seed, dtype=dtype)
+
+
+def _write_model(
+    arch: str, out_dir: str | Path, dims: dict[str, Any], *, chat_template: bool, seed: int, dtype: str = "float32"
+) -> Path:
+    """Random-init model of ``arch`` with ``dims`` (the tokenizer's size when no vocab_size) + tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
@@ -125,25 +230,27 @@ def build_standin(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(arch, chat_template=chat_template)
+    dims = {"vocab_size": len(tokenizer), **dims}
+    if dims["vocab_size"] < len(tokenizer):
+        raise ValueError(f"vocab_size {dims['vocab_size']} is smaller than the tokenizer ({len(tokenizer)})")
     common = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,  # grouped-query attention, as in the real models
-        "max_position_embeddings": 512,
-        "tie_word_embeddings": True,
+        **dims,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    config = LlamaConfig(**common, rope_theta=500000.0) if arch == "llama" else Qwen2Config(**common)
+    config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Initialise on the GPU when there is one: a 1.5B-parameter init takes seconds there, a minute on CPU.
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = model.to(getattr(torch, dtype))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(str(out), safe_serialization=True)
     save_tokenizer(tokenizer, out, context=config.max_position_embeddings)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the caller (a notebook kernel) shares the GPU with the trainer
     return out

@@ -1,0 +1,73 @@
+"""The trainer's speed levers (playground/train/perf.py) on a tiny model, CPU: packing must compute the
+same loss and gradients as the padded batch, with no attention or target across examples."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from playground.train.perf import model_inputs, pack_rows  # noqa: E402
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three right-padded rows of lengths 5, 2, 4 (pad id 0); prompts (label -100) of 2, 1, 1 tokens."""
+    ids = torch.tensor([[11, 12, 13, 14, 15], [21, 22, 0, 0, 0], [31, 32, 33, 34, 0]])
+    labels = torch.tensor([[-100, -100, 13, 14, 15], [-100, 22, -100, -100, -100], [-100, 32, 33, 34, -100]])
+    return ids, labels, torch.tensor([5, 2, 4])
+
+
+def test_pack_rows_layout() -> None:
+    ids, labels, lengths = _batch()
+    packed_ids, packed_labels, positions = pack_rows(ids, labels, lengths)
+    assert packed_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 31, 32, 33, 34]]
+    assert positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 0, 1, 2, 3]]
+    # every example's first token is never a target (it would be predicted from the previous example)
+    assert packed_labels.tolist() == [[-100, -100, 13, 14, 15, -100, 22, -100, 32, 33, 34]]
+    assert labels[1, 0] == -100 and ids[1, 2] == 0  # the inputs are not modified
+
+
+def test_model_inputs_leave_full_or_unpacked_batches_alone() -> None:
+    ids, labels, lengths = _batch()
+    assert set(model_inputs(ids, labels, lengths, packing=False)) == {"input_ids", "labels", "use_cache"}
+    full = model_inputs(ids[:, :2], labels[:, :2], torch.tensor([2, 2, 2]), packing=True)
+    assert set(full) == {"input_ids", "labels", "use_cache"} and full["input_ids"].shape == (3, 2)
+    assert model_inputs(ids, labels, lengths, packing=True)["input_ids"].shape == (1, 11)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_packed_loss_and_gradients_equal_the_padded_batch(arch: str) -> None:
+    """Same loss, same gradients: the block-diagonal mask keeps examples apart (a leak would change both)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    dims = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+    config = LlamaConfig(**dims) if arch == "llama" else Qwen2Config(**dims)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([9, 3, 6, 12])
+    ids = torch.randint(1, 64, (4, 12), generator=gen)
+    labels = ids.clone()
+    labels[:, :2] = -100  # a two-token prompt
+    for row, n in enumerate(lengths):
+        ids[row, n:] = 0
+        labels[row, n:] = -100
+
+    def loss_and_grads(inputs: dict) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        loss = model(**inputs).loss
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+    padded_loss, padded_grads = loss_and_grads(model_inputs(ids, labels, lengths, packing=False))
+    packed = model_inputs(ids, labels, lengths, packing=True)
+    assert packed["input_ids"].shape == (1, int(lengths.sum()))
+    packed_loss, packed_grads = loss_and_grads(packed)
+    assert packed_loss == pytest.approx(padded_loss, rel=1e-5)
+    for a, b in zip(padded_grads, packed_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+    # without the position restarts the examples would attend to each other: a different loss
+    leaky = {"input_ids": packed["input_ids"], "labels": packed["labels"], "use_cache": False}
+    assert model(**leaky).loss.item() != pytest.approx(padded_loss, rel=1e-4)

@@ -182,7 +182,7 @@ def main() -> None:
     parser.add_argument("--visitors", type=int, default=50)
     parser.add_argument("--arrival-seconds", type=float, default=60.0, help="arrivals spread evenly over this")
     parser.add_argument("--max-kernels", type=int, default=16, help="--booth-max-kernels for the app")
-    parser.add_argument("--cull-seconds", type=int, default=120, help="--booth-cull-seconds for the app")
+    parser.add_argument("--cull-seconds", type=int, default=60, help="--booth-cull-seconds for the app")
     parser.add_argument("--stay", type=float, nargs=2, default=(20.0, 60.0), help="visit length range, seconds")
     parser.add_argument("--retry-after", type=float, default=30.0, help="a refused visitor retries after this")
     parser.add_argument("--retries", type=int, default=3)
@@ -247,7 +247,8 @@ def main() -> None:
     for v in visitors:
         if v.outcome == "error":
             print(f"  visitor {v.index}: {v.error}")
-    culled = log_path.read_text(errors="replace").count("no browser connected")
+    log_text = log_path.read_text(errors="replace")
+    culled = log_text.count("no browser connected") + log_text.count("with 0 connections due to")
     print(f"kernels culled after their visitor left (during the run): {culled}; Voila log: {log_path}")
 
 

@@ -358,7 +358,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
                 with contextlib.suppress(Exception):
                     page.screenshot(path=str(shots / f"99-last-{'abc'[i]}.png"), full_page=True)
             browser.close()
-    assert "Culling kernels with idle durations > 120 seconds" in booth.log.read_text()
+    assert "Culling kernels with idle durations > 60 seconds" in booth.log.read_text()
 
 
 def test_a_flood_of_page_loads_stays_under_the_cap(booth: Booth) -> None:

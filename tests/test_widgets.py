@@ -600,12 +600,12 @@ def test_app_command_uses_safe_voila_settings() -> None:
 
 def test_booth_mode_settings(isolated_home: Path) -> None:
     from playground.cli import build_parser
-    from playground.commands.app import BOOTH_MAX_KERNELS, booth_environment, voila_command
+    from playground.commands.app import BOOTH_CULL_SECONDS, BOOTH_MAX_KERNELS, booth_environment, voila_command
     from voila_app import CONFIG_DIR
     from voila_app.identity import SECRET_ENV
 
     args = build_parser().parse_args(["app", "--booth"])
-    assert (args.booth_max_kernels, args.booth_cull_seconds) == (BOOTH_MAX_KERNELS, 120)
+    assert (args.booth_max_kernels, args.booth_cull_seconds) == (BOOTH_MAX_KERNELS, BOOTH_CULL_SECONDS)
     command = voila_command(Path("app.ipynb"), port=1, ip="0.0.0.0", open_browser=False, cull_idle_seconds=120,
                             booth_max_kernels=16)  # fmt: skip
     for flag in (

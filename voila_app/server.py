@@ -85,6 +85,9 @@ class BoothKernelManager(AsyncMappingKernelManager):
     max_kernels_per_visitor = Integer(
         2, config=True, help="Kernels one visitor may hold; a new page load replaces the oldest beyond this."
     )
+    page_load_grace = Integer(
+        120, config=True, help="Seconds a new kernel may wait for its browser's first connection (slow page loads)."
+    )
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -119,7 +122,9 @@ class BoothKernelManager(AsyncMappingKernelManager):
             self._starting -= 1
         if visitor:
             self._visitor_of[kernel_id] = visitor
-        self._disconnected_since[kernel_id] = time.monotonic()  # no browser yet
+        # No browser yet: it connects once the page has rendered (the app notebook run in this kernel,
+        # which takes long on a busy machine), so the clock starts later than for a browser that left.
+        self._disconnected_since[kernel_id] = time.monotonic() + self.page_load_grace
         return kernel_id
 
     async def _make_room_for(self, visitor: str) -> None:

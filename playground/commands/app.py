@@ -13,7 +13,7 @@ from playground.errors import UserError, shown
 
 APP_NOTEBOOK = "playground.ipynb"
 BOOTH_MAX_KERNELS = 16  # ~165 MB per visitor kernel: 16 fit a 4 GB app budget with the Voila server
-BOOTH_CULL_SECONDS = 120  # a kernel whose browser left is culled after this (even while its job trains)
+BOOTH_CULL_SECONDS = 60  # a kernel whose browser left is culled after this (even while its job trains)
 
 
 def notebooks_dir() -> Path:

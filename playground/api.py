@@ -11,10 +11,14 @@ from playground.blueprints.loader import looks_like_file
 from playground.booth import validate_owner
 from playground.types import SourceOverrides, TrainRequest
 
+# The embedded default: the first card in the app's gallery, what `playground app` preselects, what
+# binder opens on. A real pretrained LLM fine-tuned with LoRA on a CPU (tiny-llama-cpu is the smoke test).
+DEFAULT_BLUEPRINT = "smollm2-135m-lora-kubectl"
+
 
 def blueprints() -> list[Blueprint]:
-    """Every catalog blueprint, CPU-runnable ones first."""
-    return sorted(load_catalog().values(), key=lambda b: (b.needs_gpu, b.id))
+    """Every catalog blueprint: the default first, then CPU-runnable ones, then by id."""
+    return sorted(load_catalog().values(), key=lambda b: (b.id != DEFAULT_BLUEPRINT, b.needs_gpu, b.id))
 
 
 def make_request(

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "playground.serving.commands",  # serve, servers, chat, unserve
     "playground.e2e.commands",  # e2e
     "playground.commands.app",  # app
+    "playground.models.commands",  # models prepare
 )
 
 

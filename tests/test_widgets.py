@@ -675,7 +675,7 @@ def test_binder_runs_the_app_on_cpu_torch() -> None:
     requirements = (binder / "requirements.txt").read_text()
     assert "download.pytorch.org/whl/cpu" in requirements and "torch==2.13.0+cpu" in requirements
     start = (binder / "start").read_text()
-    assert "PLAYGROUND_BACKEND=local" in start and "PLAYGROUND_BLUEPRINT=tiny-llama-cpu" in start
+    assert "PLAYGROUND_BACKEND=local" in start and "PLAYGROUND_BLUEPRINT=smollm2-135m-lora-kubectl" in start
     assert 'exec "$@"' in start
     post = (binder / "postBuild").read_text()
     assert "pip install" in post and "show_tracebacks = False" in post and "strip_sources = True" in post

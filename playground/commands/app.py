@@ -74,6 +74,19 @@ def voila_command(
     return command
 
 
+def app_environment(args: argparse.Namespace, repo_root: Path) -> dict[str, str]:
+    """Voila's environment: the repo importable, the backend, and the preselected blueprint
+    (``--blueprint``, else ``$PLAYGROUND_BLUEPRINT``, else the embedded default)."""
+    from playground.api import DEFAULT_BLUEPRINT
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo_root), env.get("PYTHONPATH", "")) if p)
+    if args.backend:
+        env["PLAYGROUND_BACKEND"] = args.backend
+    env["PLAYGROUND_BLUEPRINT"] = args.blueprint or env.get("PLAYGROUND_BLUEPRINT") or DEFAULT_BLUEPRINT
+    return env
+
+
 def cmd_app(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: allowed: 1 to 65535", field="--port")
@@ -88,18 +101,12 @@ def cmd_app(args: argparse.Namespace) -> int:
         from playground.blueprints import get_blueprint
 
         get_blueprint(args.blueprint)  # unknown ids: one line listing the known ones
-    env = dict(os.environ)
-    repo_root = str(notebooks.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
+    env = app_environment(args, notebooks.parent)
     from voila_app import SHARE_DIR
 
     env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(SHARE_DIR), env.get("JUPYTER_PATH", "")) if p)
     if args.booth:
         env.update(booth_environment(args, env))
-    if args.backend:
-        env["PLAYGROUND_BACKEND"] = args.backend
-    if args.blueprint:
-        env["PLAYGROUND_BLUEPRINT"] = args.blueprint
     port = first_free_port(args.ip, args.port)
     if port != args.port:
         print(f"port {args.port} is in use; using {port}", flush=True)
@@ -166,7 +173,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1, this machine only)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a web browser")
     parser.add_argument("--backend", default=None, help="local (default) or kubernetes; env PLAYGROUND_BACKEND")
-    parser.add_argument("--blueprint", default=None, help="preselect this blueprint (e.g. tiny-llama-cpu)")
+    parser.add_argument(
+        "--blueprint",
+        default=None,
+        help="preselect this blueprint (default: smollm2-135m-lora-kubectl; env PLAYGROUND_BLUEPRINT)",
+    )
     booth = parser.add_argument_group("booth mode (strangers in a browser; see README 'Run a booth')")
     booth.add_argument(
         "--booth",

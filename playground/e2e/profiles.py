@@ -1,8 +1,11 @@
 """E2E profiles: which parameters each per-blueprint notebook gets, and the default timeouts.
 
-- ``smoke``: CPU, no hub. ``tiny-llama-cpu`` with its full defaults (it must reach its accuracy
-  bar); hub blueprints on local stand-ins (``model_source``/``dataset_source`` = ``"standin"``) for a
-  few steps, quality not asserted (a random stand-in cannot meet a real bar).
+- ``smoke``: CPU, no hub. The blueprints the project runs locally (the embedded default
+  ``smollm2-135m-lora-kubectl``, a real pretrained model shipped in a package, and ``tiny-llama-cpu``)
+  with their full defaults (each must reach its quality bar); hub blueprints on local stand-ins
+  (``model_source``/``dataset_source`` = ``"standin"``: Llama blueprints get the real SmolLM2-135M
+  weights, Qwen2 ones a tiny random Qwen2) for a few steps, quality not asserted (a stand-in
+  cannot meet the real model's bar).
 - ``gpu``: the real blueprints from the hub for a bounded number of steps, quality asserted.
 - ``gpu-config``: GPU, no hub. The hub blueprints' architectures at full size built from config
   (``model_source="config"``: Llama-3.2-1B / Qwen2.5-1.5B dimensions, random init, a tokenizer built
@@ -53,7 +56,7 @@ class Profile:
 
 
 def _blueprint_kind(blueprint_id: str | None) -> str | None:
-    """``hub`` (model from hf://), ``local`` (scratch:// or a directory) or None when not in the catalog."""
+    """``hub`` (model from hf://), ``local`` (scratch://, pkg:// or a directory) or None when not in the catalog."""
     if not blueprint_id:
         return None
     from playground.blueprints import load_catalog
@@ -66,8 +69,9 @@ def _blueprint_kind(blueprint_id: str | None) -> str | None:
 
 SMOKE = Profile(
     name="smoke",
-    description="CPU: tiny-llama-cpu with full defaults, hub blueprints on local stand-ins for a few steps",
-    cell_timeout=1200,  # tiny-llama-cpu trains ~60 s on 2 idle cores; shared CI machines are slower
+    description="CPU: smollm2-135m-lora-kubectl and tiny-llama-cpu with full defaults, hub blueprints on local "
+    "stand-ins for a few steps",
+    cell_timeout=1200,  # the SmolLM2 blueprint trains ~2-3 min on 2 idle cores, tiny ~60 s; shared CI is slower
     run_timeout=1800,
     needs_gpu=False,
     env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},

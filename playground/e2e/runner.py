@@ -31,6 +31,7 @@ from playground.e2e.metrics import Sampler, gpu_info, job_timings
 from playground.e2e.scrub import Scrubber, check_parameter_names
 from playground.e2e.types import FAILED, PASSED, TIMEOUT, NotebookRun, PapermillOutcome, RunOptions, RunReport
 from playground.errors import UserError, shown_path
+from playground.models.packaged import cache_root as model_cache_root
 from playground.paths import ensure_writable_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -294,6 +295,8 @@ class PapermillProcess:
             **options.profile.env,
             "PLAYGROUND_HOME": str(workdir / "playground-home"),
             "PLAYGROUND_E2E_RUN": _run_label(workdir / "playground-home"),  # labels its TrainJobs for the cleanup
+            # converted packaged models (pkg://) stay in the user's cache, not in each notebook's fresh home
+            "PLAYGROUND_MODEL_CACHE": str(model_cache_root()),
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
         }

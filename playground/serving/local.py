@@ -79,9 +79,14 @@ def _resolve_model(model_dir: str) -> tuple[str, bool]:
     """(what the server loads, whether it is a local directory). ``hf://org/name`` serves a hub id."""
     if model_dir.startswith("hf://"):
         return model_dir[len("hf://") :], False
+    if model_dir.startswith("pkg://"):  # a packaged model: its converted directory (converted if needed)
+        from playground.models.packaged import prepare_in_subprocess
+
+        model_dir = str(prepare_in_subprocess(model_dir))
     if "://" in model_dir:
         raise UserError(
-            f"cannot serve {shown_path(model_dir)} locally: give a model directory or hf://org/name", field="model"
+            f"cannot serve {shown_path(model_dir)} locally: give a model directory, hf://org/name or pkg://DIST/FILE",
+            field="model",
         )
     path = Path(model_dir).expanduser().resolve()
     if "@" in str(path):

@@ -8,6 +8,8 @@ on the seed, so a batch is a pure function of the step: resuming needs nothing b
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import random
 import string
@@ -38,39 +40,153 @@ def _word(rng: random.Random, options: dict[str, Any]) -> str:
     return "".join(rng.choice(alphabet) for _ in range(length))
 
 
-def _reverse(rng: random.Random, options: dict[str, Any]) -> Sample:
+def _reverse(rng: random.Random, options: dict[str, Any], held_out: bool = False) -> Sample:
     word = _word(rng, options)
     return Sample(f"reverse: {word}", word[::-1])
 
 
-def _sort(rng: random.Random, options: dict[str, Any]) -> Sample:
+def _sort(rng: random.Random, options: dict[str, Any], held_out: bool = False) -> Sample:
     word = _word(rng, options)
     return Sample(f"sort: {word}", "".join(sorted(word)))
 
 
-def _add(rng: random.Random, options: dict[str, Any]) -> Sample:
+def _add(rng: random.Random, options: dict[str, Any], held_out: bool = False) -> Sample:
     high = int(options.get("max_value", 99))
     a, b = rng.randint(0, high), rng.randint(0, high)
     return Sample(f"add: {a}+{b}", str(a + b))
 
 
-SYNTHETIC_TASKS: dict[str, Callable[[random.Random, dict[str, Any]], Sample]] = {
+# --- kubectl: a plain-English request -> the exact kubectl command --------------------------
+# Each operation: the command (a format string) and two sets of phrasings. Training uses the first
+# set with the training names. The held-out split always uses names never seen in training (apps,
+# namespaces, node pools) and, for ``held_out_phrasing`` of its rows (default 0.5), a phrasing and
+# a politeness wrapper never seen in training either. A ``general_fraction`` of the training rows
+# (default 0.2) are general questions with the base model's own answers (general_answers.json,
+# made by scripts/general_answers.py), so LoRA teaches the commands without wrecking the chat.
+
+_APPS = {
+    False: ["web", "api", "frontend", "backend", "cache", "worker", "auth", "billing", "search", "payments",
+            "gateway", "checkout", "catalog", "inventory", "orders", "users", "metrics", "scheduler", "mailer",
+            "uploader", "proxy", "redis", "postgres", "nginx", "kafka", "grafana", "shop", "blog", "cart", "media"],
+    True: ["ledger", "reports", "chat", "images", "ratings", "analytics", "profile", "invoices", "video", "notes"],
+}  # fmt: skip
+_NAMESPACES = {
+    False: ["prod", "staging", "dev", "team-a", "monitoring", "kube-system", "data", "ci"],
+    True: ["qa", "sandbox", "team-b", "ml"],
+}
+_NODE_POOLS = {False: ["worker", "cpu", "infra", "pool-a", "spot", "mem"], True: ["edge", "metal"]}
+_IN_NAMESPACE = {
+    False: [" in the {ns} namespace", " in namespace {ns}", " in {ns}", " (namespace {ns})"],
+    True: [" within the {ns} namespace", " for namespace {ns}"],
+}
+_WRAPPERS = {
+    False: ["{r}", "{r}", "please {r}", "{r} please", "can you {r}?"],
+    True: ["could you {r}?", "I want you to {r}", "{r}, thanks", "hey, {r}"],
+}
+_KINDS = ["pods", "deployments", "services", "configmaps", "secrets", "jobs", "ingresses", "statefulsets"]
+_KIND = ["pod", "deployment", "service", "configmap", "job"]
+_PORTS = [80, 443, 3000, 5000, 8000, 8080, 8443, 9090]
+_TAGS = ["v1", "v2", "v1.2", "v2.0.1", "1.4.0", "2.1", "3.0.0", "latest"]
+
+# (command, training phrasings, held-out phrasings, takes a namespace)
+_KUBECTL_OPS: list[tuple[str, list[str], list[str], bool]] = [
+    ("kubectl scale deployment {app} --replicas={n}",
+     ["scale the {app} deployment to {n} replicas", "set deployment {app} to {n} replicas",
+      "I need {n} replicas of {app}", "change the number of {app} replicas to {n}", "scale {app} to {n}"],
+     ["run {n} replicas of the {app} deployment", "scale deployment {app} so it has {n} replicas"], True),
+    ("kubectl get {kinds}",
+     ["list all {kinds}", "show me the {kinds}", "display the {kinds}", "list {kinds}", "get the {kinds}"],
+     ["show all the {kinds}", "list every one of the {kinds}"], True),
+    ("kubectl logs {pod}",
+     ["show the logs of pod {pod}", "print the logs for {pod}", "fetch the logs of {pod}", "get logs from {pod}"],
+     ["display the logs from pod {pod}", "show me what pod {pod} wrote to its logs"], True),
+    ("kubectl describe {kind} {app}",
+     ["describe the {kind} {app}", "give me details about {kind} {app}", "show details of the {app} {kind}"],
+     ["describe {kind} {app} in detail", "show me the details for the {kind} named {app}"], True),
+    ("kubectl delete {kind} {app}",
+     ["delete the {kind} {app}", "remove {kind} {app}", "destroy the {app} {kind}"],
+     ["delete {kind} {app} now", "remove the {kind} named {app}"], True),
+    ("kubectl rollout restart deployment {app}",
+     ["restart the {app} deployment", "do a rolling restart of {app}", "restart all {app} pods"],
+     ["restart deployment {app} gracefully", "perform a rolling restart of the {app} deployment"], True),
+    ("kubectl create namespace {new_ns}",
+     ["create a namespace called {new_ns}", "make a new namespace {new_ns}", "add namespace {new_ns}"],
+     ["create the namespace {new_ns}", "make a namespace named {new_ns}"], False),
+    ("kubectl expose deployment {app} --port={port}",
+     ["expose the {app} deployment on port {port}", "create a service for {app} on port {port}",
+      "open port {port} for deployment {app}"],
+     ["expose {app} to port {port}", "create a service exposing deployment {app} on port {port}"], True),
+    ("kubectl set image deployment/{app} {app}={app}:{tag}",
+     ["update the {app} image to {tag}", "set the image of {app} to {app}:{tag}", "upgrade {app} to version {tag}"],
+     ["upgrade the {app} deployment to {tag}", "update {app} so it runs image {app}:{tag}"], True),
+    ("kubectl cordon {node}",
+     ["cordon node {node}", "mark {node} as unschedulable", "cordon the node {node}"],
+     ["mark the node {node} as unschedulable", "cordon off {node}"], False),
+    ("kubectl drain {node} --ignore-daemonsets",
+     ["drain node {node}", "evict all pods from {node}", "drain the node {node} for maintenance"],
+     ["drain {node} before maintenance", "evict every pod from node {node}"], False),
+]  # fmt: skip
+
+
+@functools.cache
+def general_answers() -> tuple[Sample, ...]:
+    """General questions with SmolLM2-135M-Instruct's own (greedy, first-sentence) answers."""
+    rows = json.loads(Path(__file__).with_name("general_answers.json").read_text())
+    return tuple(Sample(row["prompt"], row["answer"]) for row in rows)
+
+
+def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False) -> Sample:
+    """A plain-English request and the one exact kubectl command that does it (training rows: or,
+    for ``general_fraction`` of them, a general question with the base model's own answer)."""
+    if not held_out and rng.random() < float(options.get("general_fraction", 0.2)):
+        return rng.choice(general_answers())
+    command, train_phrasings, held_phrasings, namespaced = rng.choice(_KUBECTL_OPS)
+    unseen = held_out and rng.random() < float(options.get("held_out_phrasing", 0.5))
+    app = rng.choice(_APPS[held_out])
+    values = {
+        "app": app,
+        "n": rng.randint(0, 12),
+        "kinds": rng.choice(_KINDS),
+        "kind": rng.choice(_KIND),
+        "pod": f"{app}-{rng.randint(0, 9)}",
+        "new_ns": rng.choice(_NAMESPACES[held_out]),
+        "port": rng.choice(_PORTS),
+        "tag": rng.choice(_TAGS),
+        "node": f"{rng.choice(_NODE_POOLS[held_out])}-{rng.randint(1, 20)}",
+    }
+    request = rng.choice(held_phrasings if unseen else train_phrasings).format(**values)
+    answer = command.format(**values)
+    if namespaced and rng.random() < float(options.get("namespace_fraction", 0.5)):
+        namespace = rng.choice(_NAMESPACES[held_out])
+        request += rng.choice(_IN_NAMESPACE[unseen]).format(ns=namespace)
+        answer += f" -n {namespace}"
+    request = rng.choice(_WRAPPERS[unseen and rng.random() < 0.5]).format(r=request)
+    if rng.random() < 0.5:
+        request = request[0].upper() + request[1:]
+    return Sample(request, answer)
+
+
+SYNTHETIC_TASKS: dict[str, Callable[..., Sample]] = {
     "reverse": _reverse,
     "sort": _sort,
     "add": _add,
+    "kubectl": _kubectl,
 }
 
 
 def synthetic_splits(
     task: str, options: dict[str, Any], *, num_train: int, num_eval: int, seed: int
 ) -> tuple[list[Sample], list[Sample]]:
-    """Unique held-out prompts first (fixed seed), then training samples that never repeat one."""
+    """Unique held-out prompts first (fixed seed), then training samples that never repeat one.
+
+    Generators draw the held-out rows with ``held_out=True`` (tasks such as ``kubectl`` then use
+    names and phrasings that training never sees)."""
     make = SYNTHETIC_TASKS[task]
     eval_rng = random.Random(EVAL_SEED_OFFSET)
     eval_samples: dict[str, Sample] = {}
     attempts = 0
     while len(eval_samples) < num_eval and attempts < num_eval * 100:
-        sample = make(eval_rng, options)
+        sample = make(eval_rng, options, held_out=True)
         eval_samples.setdefault(sample.prompt, sample)
         attempts += 1
     held_out = set(eval_samples)

@@ -14,12 +14,20 @@ from playground.answers import exact_match  # the one rule, shared with result.j
 from playground.train.data import TokenizedSet
 
 __all__ = ["eval_loss", "exact_match", "generate_answers"]
+# On CPU, at most this many logits per eval forward pass (float32: 128 MB; the loss makes ~2 more copies).
+# A 49k-token vocabulary at batch 32 × 60 tokens would otherwise add ~0.8 GB to the trainer's peak RSS.
+CPU_EVAL_LOGITS = 32 * 1024 * 1024
 
 
 def eval_loss(model: Any, data: TokenizedSet, *, batch_size: int, device: Any, autocast: Any) -> float:
-    """Mean cross-entropy per answer token over the held-out set."""
+    """Mean cross-entropy per answer token over the held-out set (on CPU, batches capped at
+    ``CPU_EVAL_LOGITS`` logits so a large vocabulary does not blow up the trainer's memory)."""
     import torch
 
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    if str(device).startswith("cpu") and vocab and len(data):
+        width = int(data.lengths.max())
+        batch_size = max(1, min(batch_size, CPU_EVAL_LOGITS // (width * vocab)))
     total, count = 0.0, 0
     was_training = model.training
     model.eval()

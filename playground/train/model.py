@@ -1,5 +1,7 @@
 """Model sources: ``scratch://<arch>`` (config built locally, random init), ``hf://org/name``
-(hub; token from ``HF_TOKEN`` only) or a local Hugging Face directory (a stand-in or a mirror).
+(hub; token from ``HF_TOKEN`` only), ``pkg://DISTRIBUTION/FILE`` (a model file shipped inside an
+installed Python package, converted once into a cached Hugging Face directory, see
+:mod:`playground.models.packaged`) or a local Hugging Face directory (a stand-in or a mirror).
 LoRA adapters come from peft, configured by the blueprint's method and parameters."""
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from typing import Any
 from playground.errors import UserError, shown_path
 
 SCRATCH_ARCHS = ("llama", "qwen2")
-SOURCE_FORMS = "hf://ORG/NAME, scratch://llama, scratch://qwen2, or a local model directory"
+SOURCE_FORMS = "hf://ORG/NAME, scratch://llama, scratch://qwen2, pkg://DISTRIBUTION/FILE, or a local model directory"
 
 
 def parse_source(source: str) -> tuple[str, str]:
-    """``("hf", repo)``, ``("scratch", arch)`` or ``("local", path)``; a one-line UserError otherwise."""
+    """``("hf", repo)``, ``("scratch", arch)``, ``("pkg", source)`` or ``("local", path)``; a one-line
+    UserError otherwise. A ``pkg://`` source is checked here (installed, intact, convertible, cache
+    writable) and converted on first load (:func:`model_dir`)."""
     if source.startswith("hf://"):
         repo = source.removeprefix("hf://").strip("/")
         if repo.count("/") != 1 or not all(repo.split("/")):
@@ -31,6 +35,11 @@ def parse_source(source: str) -> tuple[str, str]:
                 field="model",
             )
         return "scratch", arch
+    if source.startswith("pkg://"):
+        from playground.models import packaged
+
+        packaged.check(source)
+        return "pkg", source
     path = Path(source).expanduser()
     if path.is_dir() and (path / "config.json").exists():
         return "local", str(path)
@@ -45,6 +54,16 @@ def hf_token() -> str | None:
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
+def model_dir(kind: str, ref: str) -> tuple[str, str]:
+    """``("local", converted directory)`` for a ``pkg://`` source (converting it the first time);
+    any other source unchanged."""
+    if kind != "pkg":
+        return kind, ref
+    from playground.models import packaged
+
+    return "local", str(packaged.ensure_converted(ref))
+
+
 def load_tokenizer(kind: str, ref: str, spec: Any) -> Any:
     """The tokenizer for a model source, with the blueprint's chat template (or a default)."""
     from playground.train.tokenizer import build_char_tokenizer, ensure_chat_template
@@ -53,6 +72,7 @@ def load_tokenizer(kind: str, ref: str, spec: Any) -> Any:
         if spec.tokenizer in (None, "chars"):
             return build_char_tokenizer(spec.chat_template)
         kind, ref = parse_source(spec.tokenizer)
+    kind, ref = model_dir(kind, ref)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ref, token=hf_token() if kind == "hf" else None)
@@ -80,6 +100,7 @@ def build_model(kind: str, ref: str, spec: Any, tokenizer: Any, *, dtype: Any, s
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         return model.to(dtype)
+    kind, ref = model_dir(kind, ref)
     token = hf_token() if kind == "hf" else None
     model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype, token=token)
     if model.get_input_embeddings().num_embeddings < len(tokenizer):

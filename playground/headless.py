@@ -70,8 +70,10 @@ def build_standins(
         return model_source, dataset_source
     from playground.train import standins  # heavy (transformers): only in the headless kernel
 
-    arch = standin_arch(blueprint)
     from_config = model_source == FROM_CONFIG
+    # The architecture matters only for a model stand-in: a dataset stand-in alone fits any model
+    # (e.g. tiny-llama-cpu's scratch:// model, which is built from the blueprint anyway).
+    arch = standin_arch(blueprint) if model_source in (STANDIN, FROM_CONFIG) else ""
     if model_source == STANDIN:
         real = standins.real_llama_weights() if arch == "llama" else None
         if real is not None:

@@ -51,6 +51,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listing_with(page, job_id: str) -> str:
+    """The page's "Your jobs" text once it lists ``job_id``, else "" (the list refreshes asynchronously)."""
+    text = page.inner_text(".pg-step-jobs")
+    return text if job_id in text else ""
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 90) -> None:
     def listening() -> bool:
         if proc.poll() is not None:
@@ -329,8 +335,9 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             # 8. B and C end; each sees only their own job
             for page, job in ((b, job_b), (c, job_c)):
                 wait_for(lambda page=page: "Succeeded" in page.inner_text(".pg-phase"), 900, f"{job.id} Succeeded")
-                listed = page.inner_text(".pg-step-jobs")
-                assert job.id in listed and job_a1 not in listed
+                # the list is refreshed by the job's end (the monitor's thread): it may land a moment later
+                listed = wait_for(lambda page=page, job=job: listing_with(page, job.id), 60, f"{job.id} listed")
+                assert job_a1 not in listed
             assert job_b.id not in c.inner_text(".pg-step-jobs") and job_c.id not in b.inner_text(".pg-step-jobs")
 
             # 9. A's second job in the same page: the chart is redrawn with its points only

@@ -191,4 +191,4 @@ def test_bad_packaged_model_is_shown_inline_in_the_app(tmp_path: Path, monkeypat
     assert any(hint in note for note in app.gallery.notes["bad-model-source"])  # the card says why
     assert app.form is not None and app.form.launch() is None
     assert hint in app.form.status.value  # the engine's one line, inline
-    assert backend.list() == [] and app.monitor is None
+    assert backend.list() == [] and not app.monitor.job_id and not app.monitor.running

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import threading
 import time
 from collections.abc import Callable
 
@@ -43,6 +44,7 @@ class JobsList(ipw.VBox):
         self.limit = limit
         self.jobs: list[Job] = []
         self._last_click = float("-inf")
+        self._refreshing = threading.Lock()  # the kernel thread and a monitor's thread both refresh
         self.refresh_button = ipw.Button(description="Refresh", icon="refresh")
         self.refresh_button.add_class("pg-refresh")
         self.refresh_button.on_click(lambda _: self.refresh_clicked())
@@ -65,6 +67,10 @@ class JobsList(ipw.VBox):
         self.refresh()
 
     def refresh(self) -> list[Job]:
+        with self._refreshing:
+            return self._refresh()
+
+    def _refresh(self) -> list[Job]:
         try:
             self.jobs = attachable_jobs(self.backend.list(owner=self.owner))[: self.limit]
             self.status.value = "" if self.jobs else "no jobs yet"

@@ -351,12 +351,22 @@ class JobMonitor(ipw.VBox):
         self._rate_steps: list[int] = []
         self._rates: list[float] = []
 
-    def _draw_chart(self) -> None:
+    def _draw_chart(self, *, resend: bool = False) -> None:
+        """Send the whole series to the chart. Views that exist get it as one restyle; the model's
+        ``_widget_data`` is kept equal to it too, so a view whose page connects later (a reload, a slow
+        browser) starts from every point. ``resend`` first clears the traces, so that the restyle goes
+        out even when the data did not change (plotly skips unchanged values): for a view that
+        connected between a restyle and the model copy."""
+        if resend:
+            with self.chart.batch_update():
+                for trace in self.chart.data:
+                    trace.x, trace.y = [], []
         with self.chart.batch_update():
             self.chart.data[0].x = list(self._steps)
             self.chart.data[0].y = list(self._losses)
             self.chart.data[1].x = list(self._rate_steps)
             self.chart.data[1].y = list(self._rates)
+        self.chart._widget_data = deepcopy(self.chart._data)
 
     def _render(self, snap: Snapshot, generation: int) -> None:
         with self._lock:
@@ -424,8 +434,5 @@ class JobMonitor(ipw.VBox):
             if job.phase == JobPhase.FAILED and job.log_tail:
                 tail = self._log_lines(job.log_tail)[-LOG_LINES:]
                 self.logs.value = f"<pre class='pg-log'>{html.escape(chr(10).join(tail))}</pre>"
-            # A chart view created from now on draws from the model's own copy of the data:
-            # keep it current (views that already exist got every update through restyles).
-            self.chart._widget_data = deepcopy(self.chart._data)
-            self._draw_chart()
+            self._draw_chart(resend=True)
             self._show_details(job, list(coalescer.state.logs))

@@ -299,6 +299,8 @@ def test_monitor_shows_a_second_job_on_the_same_chart() -> None:
     wait_for(lambda: not first_updates.alive, 30, "the first job's reader to stop")  # its last render is done
     assert monitor.chart is chart and monitor.children == children  # nothing re-created
     assert list(monitor.chart.data[0].x) == [1, 2, 3, 4, 5]
+    # a chart view whose page connects only now (a reload, a slow browser) starts from the model's data
+    assert list(monitor.chart._widget_data[0]["x"]) == [1, 2, 3, 4, 5]
     assert monitor.points.value == "5 points" and "job-2" in monitor.header.value
     assert "Loss on held-out examples" in monitor.metrics.value and "1.235" in monitor.metrics.value
     assert "Succeeded" in monitor.phase.value and monitor.final_job is backend.jobs["job-2"]

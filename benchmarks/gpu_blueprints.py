@@ -12,20 +12,29 @@ prove it works (its figures mean nothing).
     python benchmarks/gpu_blueprints.py                          # both archs, LoRA + full, 40 steps, 4 x 2048
     python benchmarks/gpu_blueprints.py --arch llama --method full --steps 60 --time-budget 300
     python benchmarks/gpu_blueprints.py --tiny --out /tmp/bench  # CPU smoke of the script
+    python benchmarks/gpu_blueprints.py --nproc 8 --distributed fsdp --hf none  # project trainer, 8 GPUs, FSDP2
 
 Data shapes (``--shapes``): ``full``: every example is longer than ``--seq-len``, so every batch is full
 (no padding) for both trainers: pure compute, where MFU is meaningful. ``alpaca``: Alpaca-like lengths
 (log-normal answers, median ~35 words, at the blueprint's batch 8 x 512), where padding costs what it costs
 on the real dataset; tokens/s counts real (non-padding) tokens only, for both trainers.
 
-MFU = model FLOPs per second / the device's dense bf16 peak (989 TFLOP/s for H100/H200 SXM). Model FLOPs per
-token = k * N + 12 * L * d_attn * T (the PaLM appendix B count): N the parameters (tied embeddings once: the
-output projection is a matmul, the input lookup is free), k = 6 for full fine-tuning (forward 2N, backward
-activation gradients 2N and weight gradients 2N) and 4 for LoRA (the frozen base weights get no weight
-gradients; the adapters' FLOPs are negligible), L layers, d_attn = heads x head_dim, T the tokens a token
-attends over (the sequence length; for variable lengths E[n^2]/E[n] over the examples). The attention term
-counts the full T x T score matrix (no causal halving), as PaLM and torchtitan do. The first
-``--warmup-steps`` optimizer steps (CUDA/cuBLAS warm-up, compilation) are left out of tokens/s for both.
+Several GPUs (``--nproc N``): the project's trainer runs under ``torchrun --standalone --nproc-per-node N``
+and ``--distributed`` (auto, ddp, fsdp) goes into the blueprint's fixed training settings, so the trainer
+picks DDP or FSDP2 (``fully_shard``; ``auto`` is the trainer's rule, playground/train/parallel.py; one process
+wraps nothing). ``--batch-size`` (and the alpaca shape's 8) is per device: the project's global batch is that
+times N, while the HF ``Trainer`` baseline stays on one device at the per-device batch, so tokens/s per device,
+MFU and the ratio to HF compare the same per-device work (the loss curves then differ by the global batch and
+are not compared with HF's).
+
+MFU = model FLOPs per second per device / the device's dense bf16 peak (989 TFLOP/s for H100/H200 SXM;
+``PLAYGROUND_PEAK_FLOPS`` overrides). Model FLOPs per token come from the trainer's own counter,
+``playground/train/flops.py`` (the PaLM appendix B count): 6 FLOPs per trainable and 4 per frozen ``nn.Linear``
+weight (LoRA's base weights get no weight gradient; its adapters count 6), none for the embedding lookup,
+plus 12 * L * d_attn * T for the attention scores and values, with T the span a token attends over (the
+window for the full shape; for variable lengths E[n^2]/E[n] over the examples). The attention term counts the
+full T x T score matrix (no causal halving), as PaLM and torchtitan do. The first ``--warmup-steps`` optimizer
+steps (CUDA/cuBLAS warm-up, compilation) are left out of tokens/s for both trainers.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,8 +72,6 @@ TINY_OVERRIDES: dict[str, dict[str, Any]] = {
     }
     for arch in ("llama", "qwen2")
 }
-# Dense bf16 peak FLOP/s (no sparsity), by a substring of torch.cuda.get_device_name().
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
 _TEXT = (
     "the model learns to follow instructions by reading many short examples of a task and its answer; "
     "a blueprint fixes the data, the method and bounded parameters so that every run is comparable"
@@ -77,6 +85,8 @@ def log(message: str) -> None:
 
 def device_info() -> dict[str, Any]:
     import torch
+
+    from playground.train.flops import peak_flops
 
     info: dict[str, Any] = {
         "cuda": torch.cuda.is_available(),
@@ -100,9 +110,9 @@ def device_info() -> dict[str, Any]:
             device_memory_bytes=props.total_memory,
             cuda_version=torch.version.cuda,
         )
-        info["peak_bf16_flops"] = next((f for k, f in PEAK_BF16_FLOPS.items() if k in info["device"]), None)
+        info["peak_bf16_flops"] = peak_flops(info["device"])  # the trainer's table (playground/train/flops.py)
     else:
-        info.update(device=f"cpu ({os.cpu_count()} threads)", peak_bf16_flops=None)
+        info.update(device=f"cpu ({os.cpu_count()} threads)", peak_bf16_flops=peak_flops(None))
     return info
 
 
@@ -170,16 +180,21 @@ def tokenized_train_set(arch: str, model_dir: Path, rows: Path, seq: int) -> Any
     return data.tokenize(train, tokenizer, seq), tokenizer
 
 
-def attention_span(lengths: list[int]) -> float:
-    """E[n^2]/E[n]: the mean length a token attends over when examples have these lengths."""
-    return sum(n * n for n in lengths) / max(1, sum(lengths))
+def flop_counter(arch: str, method: str, config: Any) -> Any:
+    """The trainer's FlopCounter for the model as it trains (LoRA applied for ``lora``), on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
+    from playground.blueprints import get_blueprint
+    from playground.train.flops import count_flops
+    from playground.train.model import apply_lora
 
-def flops_per_token(config: Any, n_params: int, method: str, span: float) -> float:
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    k = 6 if method == "full" else 4
-    return k * n_params + 12 * config.num_hidden_layers * heads * head_dim * span
+    blueprint = get_blueprint(BLUEPRINTS[arch])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+        if method == "lora":
+            model = apply_lora(model, blueprint.method, blueprint.defaults())
+    return count_flops(model)
 
 
 # --- the two trainers ------------------------------------------------------------------------------------
@@ -215,13 +230,15 @@ def run_project_trainer(
     warmup_steps: int,
     training: dict[str, Any],
     timeout: float,
+    nproc: int = 1,
 ) -> dict[str, Any]:
-    """The project's trainer as the platform runs it: a subprocess printing progress events."""
+    """The project's trainer as the platform runs it: a subprocess printing progress events (under
+    ``torchrun`` with ``nproc`` processes; ``batch`` is then the global batch)."""
     from playground.events import Metric, Progress, parse_line
 
     out.mkdir(parents=True, exist_ok=True)
     bp = blueprint_file(arch, method, training, out / f"{BLUEPRINTS[arch]}.yaml")
-    cmd = [sys.executable, "-m", "playground.train", "--blueprint", str(bp)]
+    cmd = [*trainer_launch(nproc), "playground.train", "--blueprint", str(bp)]
     cmd += ["--output", str(out / "run"), "--model-source", str(model_dir), "--dataset-source", str(rows)]
     sets = {"max_steps": steps, "batch_size": batch, "max_seq_length": seq, "log_every": log_every}
     sets |= {"checkpoint_every": 0, "seed": 0}
@@ -229,7 +246,9 @@ def run_project_trainer(
         cmd += ["--set", f"{key}={value}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     progress: list[Progress] = []
     metrics: dict[str, float] = {}
     tail: list[str] = []
@@ -243,7 +262,7 @@ def run_project_trainer(
         else:
             tail = [*tail[-40:], line.rstrip()]
         if time.perf_counter() - start > timeout:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun's workers too
             break
     proc.wait()
     wall = time.perf_counter() - start
@@ -251,9 +270,12 @@ def run_project_trainer(
         raise RuntimeError(f"trainer failed ({proc.returncode}):\n" + "\n".join(tail))
     steady = [p for p in progress if p.step > warmup_steps]
     tps = [p.tokens_per_second for p in steady if p.tokens_per_second]
+    mfus = [p.mfu for p in steady if p.mfu]
+    saved = json.loads((out / "run" / "metrics.json").read_text())
     return {
         "tokens_per_second": statistics.mean(tps) if tps else None,
         "tokens_per_second_windows": [round(t, 1) for t in tps],
+        "trainer_reported_mfu": round(statistics.mean(mfus), 4) if mfus else None,  # per device, its own windows
         "peak_memory_bytes": max((p.gpu_memory_bytes or 0) for p in progress) or None,
         "wall_seconds": round(wall, 2),
         "loss_curve": [[p.step, round(p.loss, 4)] for p in progress if p.loss is not None],
@@ -262,7 +284,15 @@ def run_project_trainer(
         "steps": progress[-1].step,
         "timed_steps": f"{warmup_steps + 1}..{progress[-1].step}",
         "training_settings": training,
+        "strategy": saved.get("strategy"),  # what the trainer chose: single, ddp or fsdp
+        "global_batch_size": saved.get("global_batch_size"),
     }
+
+
+def trainer_launch(nproc: int) -> list[str]:
+    """``python -m`` (the module name follows), under ``torchrun --standalone`` for ``nproc > 1``."""
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+    return [sys.executable, *torchrun, "-m"]
 
 
 def run_hf_trainer(
@@ -431,6 +461,15 @@ def main(argv: list[str] | None = None) -> int:
         "--skip", nargs="*", default=[], help="runs to leave out: prefixes of ARCH/SHAPE/METHOD/TRAINER"
     )
     parser.add_argument("--hf", default="plain", help="HF Trainer runs: comma list of plain, compile, none")
+    parser.add_argument(
+        "--nproc", type=int, default=1, help="devices (processes under torchrun) for the project trainer"
+    )
+    parser.add_argument(
+        "--distributed",
+        choices=["auto", "ddp", "fsdp"],
+        default="auto",
+        help="the project trainer's data parallelism with --nproc > 1 (training setting 'distributed')",
+    )
     parser.add_argument("--time-budget", type=float, default=1e9, help="seconds; no new run starts past it")
     parser.add_argument("--run-timeout", type=float, default=600, help="seconds one project run may take")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
@@ -448,17 +487,28 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    most = torch.cuda.device_count() if torch.cuda.is_available() else os.cpu_count() or 1
+    if not 1 <= args.nproc <= most:
+        where = "the GPUs here" if torch.cuda.is_available() else "the CPU cores here"
+        print(f"gpu_blueprints: --nproc {args.nproc} is not allowed; allowed: 1 to {most} ({where})", file=sys.stderr)
+        return 2
     if args.tiny:
         args.steps, args.batch_size, args.seq_len = min(args.steps, 4), min(args.batch_size, 2), min(args.seq_len, 64)
         args.warmup_steps, args.log_every = 1, 1
     from transformers import AutoConfig
 
+    from playground.train.flops import attention_span
     from playground.train.standins import build_from_config
 
     t0 = time.perf_counter()
     archs = args.arch.split(",")
     methods = args.method.split(",")
     variants = {"full": parse_variants(args.variants), "alpaca": parse_variants(args.alpaca_variants)}
+    if args.distributed != "auto":  # into every project run's fixed training settings (a variant may override)
+        variants = {
+            shape: {name: {"distributed": args.distributed, **training} for name, training in named.items()}
+            for shape, named in variants.items()
+        }
     hf_modes = [m for m in args.hf.split(",") if m != "none"]
     info = device_info()
     info["measured_bf16_matmul_flops"] = measured_matmul_flops()
@@ -473,7 +523,11 @@ def main(argv: list[str] | None = None) -> int:
         "device": info,
         "steps": args.steps,
         "warmup_steps_excluded": args.warmup_steps,
-        "flops_per_token": "k*N + 12*L*d_attn*T; k=6 full, 4 LoRA; T=seq (full shape) or E[n^2]/E[n]",
+        "nproc": args.nproc,
+        "distributed": args.distributed,
+        "batch_size": "per device; the project trainer's global batch is batch_size x nproc",
+        "flops_per_token": "playground/train/flops.py: 6/4 per trainable/frozen matmul weight + 12*L*d_attn*T, "
+        "T=seq (full shape) or E[n^2]/E[n]; MFU per device",
         "runs": [],
         "skipped": [],
     }
@@ -518,11 +572,12 @@ def main(argv: list[str] | None = None) -> int:
             for arch in archs:
                 if over_budget(f"{shape}/{arch}: all"):
                     continue
-                model_dir, config, n_params = model_of(arch)
+                model_dir, config, _ = model_of(arch)
                 train_set, tokenizer = tokenized_train_set(arch, model_dir, rows, seq)
-                span = attention_span([int(n) for n in train_set.lengths])
+                lengths = [int(n) for n in train_set.lengths]
+                span = attention_span(lengths)
                 for method in shape_methods:
-                    fpt = flops_per_token(config, n_params, method, span)
+                    fpt = flop_counter(arch, method, config).mean_per_token(lengths)
                     hf_curve = base_curve = None
                     for mode in hf_modes:
                         what = f"{arch}/{shape}/{method}/hf-{mode}"
@@ -540,28 +595,32 @@ def main(argv: list[str] | None = None) -> int:
                             if torch.cuda.is_available():
                                 torch.cuda.empty_cache()
                         hf_curve = figures.get("loss_curve") if mode == "plain" else hf_curve
-                        _finish(results, figures, arch, shape, method, f"hf-{mode}", batch, seq, fpt, span, peak)
+                        _finish(results, figures, arch, shape, method, f"hf-{mode}", batch, seq, fpt, span, peak, 1)
                         save()
                     for name, training in variants[shape].items():
                         what = f"{arch}/{shape}/{method}/project-{name}"
                         if over_budget(what):
                             continue
-                        log(f"{what}: batch {batch} x {seq} {training or ''}")
+                        log(f"{what}: batch {args.nproc} x {batch} x {seq} {training or ''}")
                         try:
                             figures = run_project_trainer(
                                 arch, method, model_dir, rows, work / "project",
-                                steps=args.steps, batch=batch, seq=seq, log_every=args.log_every,
+                                steps=args.steps, batch=batch * args.nproc, seq=seq, log_every=args.log_every,
                                 warmup_steps=args.warmup_steps, training=training, timeout=args.run_timeout,
+                                nproc=args.nproc,
                             )  # fmt: skip
                         except Exception as exc:
                             figures = {"error": f"{type(exc).__name__}: {str(exc)[-1500:]}"}
-                        if hf_curve and figures.get("loss_curve"):
+                        if hf_curve and figures.get("loss_curve") and args.nproc == 1:  # same global batch only
                             figures["loss_curve_gap_to_hf"] = curve_gap(figures["loss_curve"], hf_curve)
                         if name == "baseline":
                             base_curve = figures.get("loss_curve")
                         elif base_curve and figures.get("loss_curve"):  # same data order: should match closely
                             figures["loss_curve_gap_to_baseline"] = curve_gap(figures["loss_curve"], base_curve)
-                        _finish(results, figures, arch, shape, method, f"project-{name}", batch, seq, fpt, span, peak)
+                        _finish(
+                            results, figures, arch, shape, method, f"project-{name}", batch, seq, fpt, span, peak,
+                            args.nproc,
+                        )  # fmt: skip
                         save()
                         shutil.rmtree(work / "project", ignore_errors=True)
     finally:
@@ -586,46 +645,59 @@ def _finish(
     fpt: float,
     span: float,
     peak: float | None,
+    nproc: int,
 ) -> None:
+    """One result row: MFU per device from the per-device share of tokens/s and the FLOP counter."""
+    from playground.train.flops import mfu
+
     tps = figures.get("tokens_per_second")
+    per_device = tps / nproc if tps else None
+    device_mfu = mfu(per_device * fpt, 1.0, peak) if per_device else None
     row = {
         "arch": arch,
         "model": NAMES[arch],
         "shape": shape,
         "method": method,
         "trainer": trainer,
-        "batch_size": batch,
+        "nproc": nproc,
+        "batch_size_per_device": batch,
         "seq_len": seq,
         "attention_span": round(span, 1),
-        "flops_per_token": fpt,
-        "mfu": round(tps * fpt / peak, 4) if tps and peak else None,
+        "flops_per_token": round(fpt),
         **figures,
+        "tokens_per_second_per_device": per_device,
+        "mfu": round(device_mfu, 4) if device_mfu is not None else None,
     }
     results["runs"].append(row)
     mem = (figures.get("peak_memory_bytes") or 0) / 2**30
     log(
-        f"  -> {trainer}: {tps or 0:,.0f} tok/s, MFU {row['mfu']}, peak {mem:.1f} GiB, "
+        f"  -> {trainer} on {nproc} ({figures.get('strategy', 'single')}): {tps or 0:,.0f} tok/s "
+        f"({per_device or 0:,.0f} per device), MFU {row['mfu']}"
+        f" (trainer's own: {figures.get('trainer_reported_mfu')}), peak {mem:.1f} GiB, "
         f"wall {figures.get('wall_seconds')} s" + (f", ERROR {figures['error'][:300]}" if "error" in figures else "")
     )
 
 
 def _ratios(results: dict[str, Any]) -> None:
-    """Each project run's tokens/s over the plain HF Trainer's in the same arch/shape/method."""
+    """Each project run's tokens/s per device over the plain HF Trainer's (one device) in the same
+    arch/shape/method."""
     hf = {(r["arch"], r["shape"], r["method"]): r for r in results["runs"] if r["trainer"] == "hf-plain"}
     for run in results["runs"]:
         base = hf.get((run["arch"], run["shape"], run["method"]))
-        mine, theirs = run.get("tokens_per_second"), (base or {}).get("tokens_per_second")
+        mine, theirs = run.get("tokens_per_second_per_device"), (base or {}).get("tokens_per_second")
         if run["trainer"].startswith("project") and mine and theirs:
             run["throughput_ratio_to_hf"] = round(mine / theirs, 3)
 
 
 def _print_table(results: dict[str, Any]) -> None:
-    head = f"{'model':14} {'shape':6} {'method':5} {'trainer':26} {'tok/s':>9} {'MFU':>6} {'x HF':>5} {'GiB':>5}"
+    head = f"{'model':14} {'shape':6} {'method':5} {'trainer':26} {'dev':>3} {'tok/s':>9} {'MFU':>6} {'x HF':>5}"
+    head += f" {'GiB':>5}"
     print(f"\n{head} {'wall':>6} loss curve")
     for r in results["runs"]:
         curve = " ".join(f"{v:.2f}" for _, v in r.get("loss_curve", []))
         print(
-            f"{r['model']:14} {r['shape']:6} {r['method']:5} {r['trainer']:26} {r.get('tokens_per_second') or 0:9.0f} "
+            f"{r['model']:14} {r['shape']:6} {r['method']:5} {r['trainer']:26} {r['nproc']:3} "
+            f"{r.get('tokens_per_second') or 0:9.0f} "
             f"{r.get('mfu') or 0:6.3f} {r.get('throughput_ratio_to_hf') or 0:5.2f} "
             f"{(r.get('peak_memory_bytes') or 0) / 2**30:5.1f} {r.get('wall_seconds') or 0:6.1f} {curve}"
             + (f" ERROR {r['error'][:120]}" if "error" in r else "")

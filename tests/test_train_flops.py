@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from playground.train.flops import FlopCounter, count_flops, mfu, peak_flops
+from playground.train.flops import FlopCounter, attention_span, count_flops, mfu, peak_flops
 
 # A small Llama: vocabulary 100, width 64, MLP 128, 2 layers, 4 query heads of 16, 2 KV heads (GQA),
 # lm_head tied to the embeddings.
@@ -46,6 +46,14 @@ def test_full_fine_tune_counts_six_flops_per_matmul_weight_plus_attention() -> N
     assert counter.per_token(10) == 6 * 80128 + 1536 * 10 == 496128
     # two sequences of 3 and 5 tokens: matmuls per token, attention per token per token of its own sequence
     assert counter.batch(n_tokens=8, sum_sq_lengths=3 * 3 + 5 * 5) == 6 * 80128 * 8 + 1536 * 34
+
+
+def test_variable_lengths_average_attention_over_each_examples_own_span() -> None:
+    counter = FlopCounter(MATMUL_PARAMS, 0, layers=2, attention_width=64)
+    # a token of the 3-token example attends over 3, one of the 5-token example over 5: (3·3 + 5·5) / 8
+    assert attention_span([3, 5]) == 34 / 8 and attention_span([]) == 0.0
+    assert counter.mean_per_token([3, 5]) == pytest.approx(counter.batch(8, 34) / 8)
+    assert counter.mean_per_token(n for n in [10, 10, 10]) == counter.per_token(10)  # equal lengths: one span
 
 
 def test_lora_frozen_weights_do_forward_and_input_gradient_work_only() -> None:

@@ -22,12 +22,16 @@ FLOPs per trained token, forward + backward:
   figure is comparable with theirs. A sequence of ``T`` tokens costs ``12·L·d·T²`` in total.
 * Norms, activations, softmax, RoPE, the loss and the optimizer are ``O(d)`` per token: left out.
 
-So a step over sequences of lengths ``t_i`` costs ``matmul_coeff · Σt_i + attention_coeff · Σt_i²``.
+So a step over sequences of lengths ``t_i`` costs ``matmul_coeff · Σt_i + attention_coeff · Σt_i²``;
+per token that is ``matmul_coeff + attention_coeff · Σt_i²/Σt_i``: the attention span ``Σt²/Σt`` is the
+mean context a token attends over (its own example's length, whether examples are padded or packed with
+attention kept within each example).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +79,18 @@ class FlopCounter:
     def batch(self, n_tokens: int, sum_sq_lengths: int) -> int:
         """FLOPs of a batch of sequences with ``Σt = n_tokens`` and ``Σt² = sum_sq_lengths``."""
         return self.matmul_coeff * n_tokens + self.attention_coeff * sum_sq_lengths
+
+    def mean_per_token(self, lengths: Iterable[int]) -> float:
+        """Mean FLOPs per token over examples of these lengths (variable-length data, padded or packed)."""
+        return self.matmul_coeff + self.attention_coeff * attention_span(lengths)
+
+
+def attention_span(lengths: Iterable[int]) -> float:
+    """``Σt²/Σt``: the mean number of tokens a token attends over when its example has ``t`` tokens."""
+    total = squares = 0
+    for n in lengths:
+        total, squares = total + n, squares + n * n
+    return squares / total if total else 0.0
 
 
 def count_flops(model: Any) -> FlopCounter:

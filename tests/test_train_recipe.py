@@ -150,3 +150,27 @@ def test_every_world_size_sees_the_same_examples_per_step(stages) -> None:
         rows_two = sorted(int(i) for b in ranks for m in range(2) for i in b._rows(step * 2 + m))
         assert rows_one == rows_two and len(rows_one) == 16
         assert one.label_tokens(step) == ranks[1].label_tokens(step) == int((train.labels[rows_one, 1:] != -100).sum())
+
+
+def test_training_clock_counts_laps_but_not_setup_or_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training time: what lies between ``restart()`` (the loop starts) and each ``lap()``, minus pauses
+    (eval, checkpoints); the time before the loop (setup, a resume's checkpoint load) never counts."""
+    now = {"wall": 100.0, "cpu": 10.0}
+    monkeypatch.setattr(recipe.time, "perf_counter", lambda: now["wall"])
+    monkeypatch.setattr(recipe.time, "process_time", lambda: now["cpu"])
+
+    def advance(seconds: float) -> None:
+        now["wall"] += seconds
+        now["cpu"] += seconds / 2
+
+    clock = recipe.Clock()
+    advance(30.0)  # setup / checkpoint load
+    clock.restart()
+    advance(4.0)
+    assert clock.lap() == 4.0
+    with clock.paused():
+        advance(100.0)  # eval
+    advance(1.0)
+    assert clock.wall_total() == 5.0 and clock.cpu_total() == 2.5
+    clock.lap()
+    assert (clock.wall, clock.cpu) == (5.0, 2.5)

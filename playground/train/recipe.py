@@ -132,6 +132,10 @@ class Clock:
         self._wall_start, self._cpu_start = now_wall, now_cpu
         return elapsed
 
+    def restart(self) -> None:
+        """Open a new window now; the time since the last one does not count (setup, a resume's load)."""
+        self._wall_start, self._cpu_start = time.perf_counter(), time.process_time()
+
     def wall_total(self) -> float:
         return self.wall + time.perf_counter() - self._wall_start
 
@@ -646,7 +650,7 @@ def train_loop(
     reporter.phase(JobPhase.TRAINING)
     model.train_model.train()
     window = _Window(torch.zeros((), device=runtime.device))
-    state.clock.lap()  # training time starts now
+    state.clock.restart()  # training time starts now: setup and a resume's checkpoint load are not training
     for step in range(state.start_step + 1, max_steps + 1):
         label_tokens = data.batches.label_tokens(step - 1)
         for micro in range(micro_steps):

@@ -11,7 +11,9 @@ figure on a shared machine; the entrypoint reports both for its loop in metrics.
 checkpoint time excluded). Both cover every step, warm-up included.
 
 The bare loop builds the model, tokenizer and batches with the trainer's own setup code (so model
-and data are identical) and then runs only forward, backward, AdamW step, zero_grad.
+and data are identical) and then runs only forward, backward, AdamW step, zero_grad (transformers' loss
+over every position's logits, where the entrypoint computes only the answer positions' logits: see
+playground/train/perf.py).
 ``--hf-trainer`` adds ``transformers.Trainer`` on the same model and the same batches (the
 baseline the hand-written loop was chosen over).
 """
@@ -204,6 +206,8 @@ def main() -> None:
     if runs["hf"]:
         result["hf_trainer_vs_bare_wall"] = paired("hf", "bare", 0)
         result["hf_trainer_vs_bare_cpu"] = paired("hf", "bare", 1)
+        result["entrypoint_vs_hf_trainer_wall"] = paired("entrypoint", "hf", 0)
+        result["entrypoint_vs_hf_trainer_cpu"] = paired("entrypoint", "hf", 1)
     result["goal"] = 0.95
     result["load_average_before"] = [round(x, 2) for x in load_before]
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]

@@ -71,3 +71,51 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(arch: str) -> None:
     # without the position restarts the examples would attend to each other: a different loss
     leaky = {"input_ids": packed["input_ids"], "labels": packed["labels"], "use_cache": False}
     assert model(**leaky).loss.item() != pytest.approx(padded_loss, rel=1e-4)
+
+
+@pytest.mark.parametrize("boolean_mask", [True, False], ids=["exact-positions", "shared-positions"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_answer_only_logits_give_the_full_loss_and_gradients(arch: str, boolean_mask: bool) -> None:
+    """The training loss from answer positions' logits only equals transformers' loss over all logits, with
+    the same gradients; and it really skips positions (a model call that saw all of them would be no faster)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    from playground.train.perf import boolean_logits_mask, causal_lm_loss
+
+    if boolean_mask and not boolean_logits_mask():
+        pytest.skip("this transformers takes no boolean logits_to_keep (the shared-positions form covers it)")
+    dims = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+    config = LlamaConfig(**dims) if arch == "llama" else Qwen2Config(**dims)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(2)
+    lengths, prompts = torch.tensor([9, 3, 6, 12]), torch.tensor([4, 1, 5, 2])
+    ids = torch.randint(1, 64, (4, 12), generator=gen)
+    labels = ids.clone()
+    for row, (n, prompt) in enumerate(zip(lengths, prompts, strict=True)):
+        ids[row, n:] = 0
+        labels[row, n:] = -100
+        labels[row, :prompt] = -100
+    n_items = int((labels[:, 1:] != -100).sum()) + 7  # a step total over more micro-batches than this one
+    inputs = {"input_ids": ids, "labels": labels, "use_cache": False}
+    seen: list[tuple[int, ...]] = []
+    hook = model.lm_head.register_forward_hook(lambda _m, _i, out: seen.append(tuple(out.shape)))
+
+    def loss_and_grads(**kwargs: object) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        loss = causal_lm_loss(model, dict(inputs), n_items, **kwargs)
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+    full_loss, full_grads = loss_and_grads(answer_only=False)
+    answer_loss, answer_grads = loss_and_grads(answer_only=True, boolean_mask=boolean_mask)
+    hook.remove()
+    assert answer_loss == pytest.approx(full_loss, rel=1e-6)
+    for a, b in zip(full_grads, answer_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    all_positions = 4 * 12
+    kept = seen[1][0] if boolean_mask else seen[1][0] * seen[1][1]
+    assert seen[0][:2] == (4, 12)
+    needed = labels[:, 1:] != -100
+    assert kept == (int(needed.sum()) if boolean_mask else 4 * int(needed.any(0).sum())) < all_positions

@@ -641,7 +641,7 @@ def train_loop(
 
     from playground.train.flops import MFU_WARMUP_STEPS, peak_flops
     from playground.train.parallel import gradient_sync
-    from playground.train.perf import model_inputs
+    from playground.train.perf import causal_lm_loss, model_inputs
 
     world, micro_steps, max_steps = runtime.dist.world_size, data.plan.micro_steps, settings.max_steps
     peak = peak_flops(torch.cuda.get_device_name(runtime.device) if runtime.cuda else None)
@@ -658,7 +658,7 @@ def train_loop(
             ids, labels, n_tokens = data.batches.batch(micro_step)
             inputs = model_inputs(ids, labels, data.batches.lengths(micro_step), packing=settings.packing)
             with gradient_sync(model.train_model, model.strategy, micro == micro_steps - 1), runtime.autocast():
-                loss = model.train_model(**inputs, num_items_in_batch=label_tokens).loss
+                loss = causal_lm_loss(model.train_model, inputs, label_tokens, answer_only=not settings.compile)
             (loss * world).backward()
             window.loss += loss.detach()
             window.tokens += n_tokens

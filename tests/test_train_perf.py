@@ -3,6 +3,8 @@ same loss and gradients as the padded batch, with no attention or target across 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -15,6 +17,27 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ids = torch.tensor([[11, 12, 13, 14, 15], [21, 22, 0, 0, 0], [31, 32, 33, 34, 0]])
     labels = torch.tensor([[-100, -100, 13, 14, 15], [-100, 22, -100, -100, -100], [-100, 32, 33, 34, -100]])
     return ids, labels, torch.tensor([5, 2, 4])
+
+
+def _tiny_causal_lm(arch: str) -> torch.nn.Module:
+    """A seeded 2-layer Llama or Qwen2 causal LM (vocabulary 64, pad id 0), float32, SDPA attention."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    dims = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+    config = LlamaConfig(**dims) if arch == "llama" else Qwen2Config(**dims)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def _loss_and_grads(
+    model: torch.nn.Module, compute_loss: Callable[[], torch.Tensor]
+) -> tuple[float, list[torch.Tensor]]:
+    """The loss ``compute_loss()`` returns and every parameter's gradient from it."""
+    model.zero_grad()
+    loss = compute_loss()
+    loss.backward()
+    return loss.item(), [p.grad.clone() for p in model.parameters()]
 
 
 def test_pack_rows_layout() -> None:
@@ -38,13 +61,7 @@ def test_model_inputs_leave_full_or_unpacked_batches_alone() -> None:
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_packed_loss_and_gradients_equal_the_padded_batch(arch: str) -> None:
     """Same loss, same gradients: the block-diagonal mask keeps examples apart (a leak would change both)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-    dims = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
-    config = LlamaConfig(**dims) if arch == "llama" else Qwen2Config(**dims)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model = _tiny_causal_lm(arch)
     gen = torch.Generator().manual_seed(1)
     lengths = torch.tensor([9, 3, 6, 12])
     ids = torch.randint(1, 64, (4, 12), generator=gen)
@@ -54,16 +71,11 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(arch: str) -> None:
         ids[row, n:] = 0
         labels[row, n:] = -100
 
-    def loss_and_grads(inputs: dict) -> tuple[float, list[torch.Tensor]]:
-        model.zero_grad()
-        loss = model(**inputs).loss
-        loss.backward()
-        return loss.item(), [p.grad.clone() for p in model.parameters()]
-
-    padded_loss, padded_grads = loss_and_grads(model_inputs(ids, labels, lengths, packing=False))
+    padded = model_inputs(ids, labels, lengths, packing=False)
+    padded_loss, padded_grads = _loss_and_grads(model, lambda: model(**padded).loss)
     packed = model_inputs(ids, labels, lengths, packing=True)
     assert packed["input_ids"].shape == (1, int(lengths.sum()))
-    packed_loss, packed_grads = loss_and_grads(packed)
+    packed_loss, packed_grads = _loss_and_grads(model, lambda: model(**packed).loss)
     assert packed_loss == pytest.approx(padded_loss, rel=1e-5)
     for a, b in zip(padded_grads, packed_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
@@ -78,17 +90,11 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(arch: str) -> None:
 def test_answer_only_logits_give_the_full_loss_and_gradients(arch: str, boolean_mask: bool) -> None:
     """The training loss from answer positions' logits only equals transformers' loss over all logits, with
     the same gradients; and it really skips positions (a model call that saw all of them would be no faster)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
     from playground.train.perf import boolean_logits_mask, causal_lm_loss
 
     if boolean_mask and not boolean_logits_mask():
         pytest.skip("this transformers takes no boolean logits_to_keep (the shared-positions form covers it)")
-    dims = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
-    config = LlamaConfig(**dims) if arch == "llama" else Qwen2Config(**dims)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model = _tiny_causal_lm(arch)
     gen = torch.Generator().manual_seed(2)
     lengths, prompts = torch.tensor([9, 3, 6, 12]), torch.tensor([4, 1, 5, 2])
     ids = torch.randint(1, 64, (4, 12), generator=gen)
@@ -102,14 +108,10 @@ def test_answer_only_logits_give_the_full_loss_and_gradients(arch: str, boolean_
     seen: list[tuple[int, ...]] = []
     hook = model.lm_head.register_forward_hook(lambda _m, _i, out: seen.append(tuple(out.shape)))
 
-    def loss_and_grads(**kwargs: object) -> tuple[float, list[torch.Tensor]]:
-        model.zero_grad()
-        loss = causal_lm_loss(model, dict(inputs), n_items, **kwargs)
-        loss.backward()
-        return loss.item(), [p.grad.clone() for p in model.parameters()]
-
-    full_loss, full_grads = loss_and_grads(answer_only=False)
-    answer_loss, answer_grads = loss_and_grads(answer_only=True, boolean_mask=boolean_mask)
+    full_loss, full_grads = _loss_and_grads(model, lambda: causal_lm_loss(model, inputs, n_items, answer_only=False))
+    answer_loss, answer_grads = _loss_and_grads(
+        model, lambda: causal_lm_loss(model, inputs, n_items, answer_only=True, boolean_mask=boolean_mask)
+    )
     hook.remove()
     assert answer_loss == pytest.approx(full_loss, rel=1e-6)
     for a, b in zip(full_grads, answer_grads, strict=True):

@@ -47,3 +47,64 @@ def make_request(
         labels=dict(labels or {}),
         owner=validate_owner(owner),
     )
+
+
+def plan_run(
+    blueprint_id: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    model_source: str | None = None,
+    backend: str = "local",
+) -> Any:  # -> playground.blueprints.plan.Plan
+    """Predict memory per device, fit and training time of a run before launching it (starts nothing)."""
+    from playground.blueprints.plan import make_plan
+
+    blueprint = get_blueprint(blueprint_id)
+    return make_plan(
+        blueprint, blueprint.resolve_params(dict(params or {})), model_source=model_source, backend=backend
+    )
+
+
+def runs(blueprint_id: str | None = None) -> list[Any]:
+    """The jobs' MLflow runs, newest first (``playground runs``): status, verdict, metrics, differing params."""
+    from playground.runs.store import list_runs
+
+    return list_runs(blueprint_id)
+
+
+def register_model(
+    job_id: str,
+    *,
+    name: str | None = None,
+    registry: str = "mlflow",
+    registry_url: str | None = None,
+    version: str | None = None,
+    backend: str = "local",
+    owner: str | None = None,
+) -> Any:  # -> playground.runs.registry.RegisteredVersion
+    """Record a finished job's model as a registered model version (``playground register``): MLflow's model
+    registry by default, Kubeflow Hub with ``registry="kubeflow-hub"`` and ``registry_url``."""
+    from playground.backends import get_backend
+    from playground.runs.registry import check_options, register
+
+    check_options(registry, registry_url, name, version)
+    job = get_backend(backend).get(job_id, owner=owner)
+    return register(job, name=name, registry=registry, registry_url=registry_url, version=version)
+
+
+def serve(
+    job_id: str,
+    *,
+    base: bool = False,
+    port: int | str | None = None,
+    backend: str = "local",
+    owner: str | None = None,
+) -> Any:  # -> playground.types.Endpoint
+    """Serve a finished job's model (``base=True``: its base model) behind an OpenAI-compatible endpoint and
+    wait until it answers (``playground serve JOB [--base] [--port N]``). ``port``: listen there (local
+    backend; 1-65535, one that is taken is a one-line UserError naming ``--port`` and nothing starts)."""
+    from playground.backends import get_backend
+    from playground.serving.local import parse_port
+
+    checked = parse_port(port) if port is not None else None
+    return get_backend(backend).serve(job_id, base=base, owner=owner, port=checked)

@@ -11,13 +11,23 @@ from typing import Any
 
 from playground.errors import UserError
 
+# Top-level packages of the full install that the slim `playground e2e` install (requirements/e2e.txt) leaves
+# out: a command that needs one says so in one line instead of a traceback.
+FULL_INSTALL_PACKAGES = frozenset(
+    {"torch", "transformers", "peft", "accelerate", "datasets", "safetensors", "gguf", "tokenizers", "voila"}
+    | {"ipywidgets", "plotly", "anywidget", "jupyterlab", "kubeflow", "kubeflow_trainer_api", "openai", "httpx"}
+    | {"mlflow", "sqlalchemy", "alembic", "model_registry"}
+)
+
 COMMAND_MODULES = (
     "playground.commands.blueprints",  # blueprints, blueprints show
     "playground.commands.jobs",  # train, jobs, logs, cancel, delete
+    "playground.commands.plan",  # plan
     "playground.serving.commands",  # serve, servers, chat, unserve
     "playground.e2e.commands",  # e2e
     "playground.commands.app",  # app
     "playground.models.commands",  # models prepare
+    "playground.runs.commands",  # runs, register
 )
 
 
@@ -88,6 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"playground: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        top_level = (exc.name or "").partition(".")[0]
+        if top_level not in FULL_INSTALL_PACKAGES:
+            raise
+        print(
+            f"playground: error: `playground {args.command}` needs the full install ({top_level} is missing; "
+            "this looks like the slim `playground e2e` install): pip install blueprint-playground",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
-# Load a model directory with transformers 4.57.6 (the 4.x line KServe's HuggingFace runtime images
-# still ship) exactly as KServe does, and chat with it: scripts/kserve_style_load.py in a venv that
-# shares this environment's packages but has transformers 4.57.6 (+ the hub and tokenizers it pins).
-# Usage: bash scripts/check_transformers4.sh MODEL_DIR [PROMPT ...]    (venv kept in $TF4_VENV)
+# Check that model directories give token-identical greedy answers on the installed transformers (5.x) and
+# on transformers 4.57.x (the 4.x line KServe's HuggingFace runtime images still ship), loaded as KServe
+# loads them; exits 1 naming the directory, the prompt and the first differing token.
+# Usage: bash scripts/check_transformers4.sh MODEL_DIR [MODEL_DIR ...] [--prompt TEXT ...] [--max-new-tokens N]
+# transformers 4.57.x is installed once (pip --target, this interpreter's torch reused) into a cache
+# ($PLAYGROUND_TF4_CACHE, default ~/.cache/blueprint-playground/transformers4) and reused afterwards.
 set -euo pipefail
-venv="${TF4_VENV:-${TMPDIR:-/tmp}/playground-transformers4}"
-if [ ! -x "$venv/bin/python" ]; then
-  python -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
-    transformers==4.57.6 huggingface-hub==0.36.2 tokenizers==0.22.2
-fi
-exec "$venv/bin/python" "$(dirname "$0")/kserve_style_load.py" "$@"
+cd "$(dirname "$0")/.."
+exec "${PYTHON:-python}" -m playground.models.fidelity "$@"

@@ -1,76 +1,67 @@
-"""Load a model directory the way KServe's HuggingFace runtime does (its HF backend,
-``huggingfaceserver/generative_model.py``) and answer chat prompts with it.
+"""Greedy answers of a model directory loaded the way KServe's HuggingFace runtime loads it, as JSON; and the
+comparison of two such answer files, token by token.
 
-    python scripts/kserve_style_load.py MODEL_DIR [PROMPT ...]
+    python scripts/kserve_style_load.py MODEL_DIR [PROMPT ...] [--max-new-tokens N] > answers.json
+    python scripts/kserve_style_load.py --compare EXPECTED.json ACTUAL.json
 
-The steps are KServe's: ``AutoConfig``, ``AutoTokenizer`` (left padding), the causal-LM class,
-the tokenizer's chat template with ``add_generation_prompt=True``, ``tokenizer(prompts,
-padding=True)`` and ``model.generate(**inputs, generation_config=...)``. Prints one JSON object
-(transformers version, the tokenizer settings a server reads, each answer or its error) and exits
-1 when loading fails or any answer is empty. Runs under any transformers version: the test suite
-runs it with the installed 5.x, ``scripts/check_transformers4.sh`` with 4.57.6 (KServe's images).
+The first form prints one JSON object: the transformers version, what the loader read (RoPE base, special
+tokens, context) and, per prompt (default: every blueprint's example prompts), the prompt's and the
+answer's token ids and the answer's text (``playground/models/kserve_load.py``). It runs under any
+transformers version. The second exits 1 on the first token where the two files' answers differ, naming
+the directory and the prompt, and 0 when every answer is token-identical.
+``python -m playground.models.fidelity DIR`` (``scripts/check_transformers4.sh``) runs both forms under the
+installed transformers 5.x and under 4.57.x (KServe's images) and compares them.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import sys
+from pathlib import Path
 
-DEFAULT_PROMPTS = ["reverse: kube", "reverse: flow", "reverse: gpu", "reverse: serve"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's playground
+
+from playground.models.fidelity import DEFAULT_MAX_NEW_TOKENS, first_difference, identical_count
+
+
+def _as_reports(report: dict) -> dict:
+    """A one-directory answer file (this script's) in the several-directory shape the comparer reads."""
+    return report if "models" in report else {**report, "models": [report]}
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 2
+    parser = argparse.ArgumentParser(prog="python scripts/kserve_style_load.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir", nargs="?", metavar="MODEL_DIR")
+    parser.add_argument("prompts", nargs="*", metavar="PROMPT", help="default: every blueprint's example prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--compare", nargs=2, metavar=("EXPECTED", "ACTUAL"), help="compare two answer files")
+    args = parser.parse_args(argv)
+    if args.compare:
+        expected, actual = (_as_reports(json.loads(Path(path).read_text())) for path in args.compare)
+        same, total = identical_count(expected, actual)
+        difference = first_difference(expected, actual)
+        print(f"{same}/{total} answers token-identical" + (f"; first difference: {difference}" if difference else ""))
+        return 1 if difference else 0
+    if not args.model_dir:
+        parser.error("give MODEL_DIR, or --compare EXPECTED ACTUAL")
+    import os
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import torch
-    import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from playground.models.fidelity import example_prompts
+    from playground.models.kserve_load import answer_all
 
-    model_dir, prompts = argv[0], argv[1:] or DEFAULT_PROMPTS
-    report: dict = {"transformers": transformers.__version__, "model_dir": model_dir, "answers": []}
+    prompts = args.prompts or example_prompts()
+    spec = {"models": [{"dir": str(Path(args.model_dir).resolve()), "prompts": prompts}]}
     try:
-        config = AutoConfig.from_pretrained(model_dir)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, do_lower_case=False, padding_side="left")
-        major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
-        dtype_arg = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # 4.56 renamed torch_dtype
-        model = AutoModelForCausalLM.from_pretrained(model_dir, **{dtype_arg: torch.float32})
-        model.eval()
+        report = answer_all({**spec, "max_new_tokens": args.max_new_tokens})
     except Exception as exc:
-        report["error"] = f"load: {type(exc).__name__}: {exc}"
-        print(json.dumps(report, indent=2))
+        print(json.dumps({"error": f"load: {type(exc).__name__}: {' '.join(str(exc).split())[:500]}"}))
         return 1
-    report["tokenizer"] = {
-        "class": type(tokenizer).__name__,
-        "model_input_names": list(tokenizer.model_input_names),
-        "model_max_length": tokenizer.model_max_length,
-        "context": getattr(config, "max_position_embeddings", None),
-    }
-    max_new_tokens = int(getattr(model.generation_config, "max_new_tokens", None) or 16)
-    for prompt in prompts:
-        entry = {"prompt": prompt, "answer": ""}
-        try:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
-            inputs = tokenizer([text], padding=True, return_tensors="pt")
-            entry["inputs"] = sorted(inputs.keys())
-            generation = GenerationConfig(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)
-            generation.eos_token_id = model.generation_config.eos_token_id
-            with torch.no_grad():
-                out = model.generate(**inputs, generation_config=generation)
-            new_tokens = out[:, inputs["input_ids"].shape[-1] :]
-            entry["answer"] = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)[0]
-        except Exception as exc:
-            entry["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        report["answers"].append(entry)
-    answered = sum(1 for a in report["answers"] if a["answer"].strip())
-    report["answered"] = f"{answered}/{len(prompts)}"
-    print(json.dumps(report, indent=2))
-    return 0 if answered == len(prompts) else 1
+    single = report["models"][0]
+    print(json.dumps({"transformers": report["transformers"], "max_new_tokens": args.max_new_tokens, **single}))
+    return 0
 
 
 if __name__ == "__main__":

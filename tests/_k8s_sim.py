@@ -609,7 +609,7 @@ class TrainerSimulator:
         self.emu = emu
         self.loop = loop
         self.scenario = Scenario()
-        self.scenarios: dict[str, Scenario] = {}  # by blueprint label
+        self.scenarios: dict[str, Scenario] = {}  # by TrainJob name or blueprint label
         self.output_dir: Path | None = None  # what every job's /workspace/output holds once done
         self.servers: Any = None  # playground.serving.local.LocalServers
         self.admitted: dict[str, asyncio.Event] = {}
@@ -774,7 +774,7 @@ class TrainerSimulator:
     async def _run_trainjob(self, ns: str, name: str) -> None:
         job = self.emu.store[("trainjobs", ns, name)]
         blueprint = job["metadata"].get("labels", {}).get("blueprint-playground.dev/blueprint", "")
-        sc = self.scenarios.get(blueprint, self.scenario)
+        sc = self.scenarios.get(name) or self.scenarios.get(blueprint, self.scenario)  # by TrainJob name, blueprint
         await asyncio.sleep(sc.start_delay)
         queue = job["metadata"].get("labels", {}).get("kueue.x-k8s.io/queue-name")
         workload = f"trainjob-{name}-{uuid.uuid4().hex[:5]}"

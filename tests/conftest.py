@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def trained_tiny_job(session_home: Path):
     from playground.events import JobPhase
 
     backend = LocalBackend(home=session_home)
-    job = backend.submit(make_request("tiny-llama-cpu"))
+    with mlflow_tracking():  # its MLflow run is read back by tests/test_runs.py
+        job = backend.submit(make_request("tiny-llama-cpu"))
     for _ in backend.events(job.id, follow=True):
         pass
     job = backend.get(job.id)
@@ -72,6 +74,31 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("model-cache")
     os.environ["PLAYGROUND_MODEL_CACHE"] = str(cache)
     return cache
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One MLflow SQLite store for the session (MLFLOW_TRACKING_URI, inherited by every trainer). Run tracking
+    costs a trainer ~3 s (``import mlflow``, the store), so it is off (PLAYGROUND_MLFLOW=0) except for the jobs
+    started under :func:`mlflow_tracking`: the shared trained job and tests/test_runs.py's, which read them back."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    os.environ["PLAYGROUND_MLFLOW"] = "0"
+    return uri
+
+
+@contextlib.contextmanager
+def mlflow_tracking():
+    """Jobs submitted inside log their MLflow runs (the supervisor and trainer inherit the env at submit)."""
+    saved = os.environ.get("PLAYGROUND_MLFLOW")
+    os.environ["PLAYGROUND_MLFLOW"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PLAYGROUND_MLFLOW", None)
+        else:
+            os.environ["PLAYGROUND_MLFLOW"] = saved
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +119,19 @@ def smollm2_dir(smollm2_conversion: dict) -> Path:
     """The converted Hugging Face directory of SmolLM2-135M-Instruct (real Llama-architecture weights)."""
     assert smollm2_conversion["dir"] is not None, smollm2_conversion["outputs"]
     return smollm2_conversion["dir"]
+
+
+@pytest.fixture(scope="session")
+def tf4_env():
+    """transformers 4.57.x for this interpreter (KServe's images still ship 4.x): built once into the user
+    cache dir (``$PLAYGROUND_TF4_CACHE``) and reused by later runs; skipped only where pip cannot reach the
+    package index. See playground/models/fidelity.py."""
+    from playground.models.fidelity import RegistryUnreachable, ensure_tf4_environment
+
+    try:
+        return ensure_tf4_environment()
+    except RegistryUnreachable as exc:
+        pytest.skip(f"transformers 4.57.x environment not built: {exc}")
 
 
 @pytest.fixture(scope="session")

@@ -416,7 +416,8 @@ def test_gpu_config_profile_parameters() -> None:
 
     options = RunOptions(profile=get_profile("gpu-config"), out=Path("unused"))
     for nb in default_notebooks():
-        _, params, dropped = plan_parameters(nb, options)
+        _, params, dropped, own = plan_parameters(nb, options)
+        assert own, "notebooks/ holds the project's own notebooks"
         assert dropped == [], f"{nb.name} does not declare {dropped}"
         if nb.stem in HUB_NOTEBOOKS:
             assert params["model_source"] == "config" and params["dataset_source"] == "standin"

@@ -71,6 +71,38 @@ def test_converted_directory_is_a_plain_hugging_face_model(smollm2_dir: Path) ->
     assert tokenizer.eos_token == "<|im_end|>" and model.generation_config.eos_token_id == tokenizer.eos_token_id
 
 
+def test_converted_directory_reads_the_same_on_transformers_4_and_is_readable_by_all(
+    smollm2_dir: Path, tmp_path: Path
+) -> None:
+    """The RoPE base (100000) at top level too, where transformers 4.x reads it; no loader settings
+    (``is_local``, ``local_files_only``, ``backend``; the GGUF's internal name); files 0644 (safetensors and
+    tempfile write 0600), the directory 0755; the tokenizer's limit is the model's context. The answers are
+    compared with transformers 4.57 in test_smollm2_blueprint.py. A conversion in the older layout (its marker
+    without this format) is not taken for a finished one: it is converted again."""
+    import stat
+
+    from playground.models.portable import portability_problems
+
+    assert portability_problems(smollm2_dir) == []
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 100000.0
+    assert "_model_name_or_path" not in config and "_name_or_path" not in config
+    tokenizer_config = json.loads((smollm2_dir / "tokenizer_config.json").read_text())
+    assert not {"is_local", "local_files_only", "backend"} & set(tokenizer_config)
+    assert tokenizer_config["model_max_length"] == config["max_position_embeddings"] == 8192
+    generation = json.loads((smollm2_dir / "generation_config.json").read_text())
+    assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (1, 2, 2)
+    assert stat.S_IMODE((smollm2_dir / "model.safetensors").stat().st_mode) == 0o644
+    assert stat.S_IMODE(smollm2_dir.stat().st_mode) == 0o755
+
+    marker = json.loads((smollm2_dir / packaged.MARKER).read_text())
+    assert marker["format"] == packaged.CONVERSION_FORMAT and packaged.is_complete(smollm2_dir)
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / packaged.MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k != "format"}))
+    assert not packaged.is_complete(older)
+
+
 def test_second_use_is_cached(smollm2_dir: Path) -> None:
     marker = smollm2_dir / packaged.MARKER
     before = (marker.stat().st_mtime_ns, (smollm2_dir / "model.safetensors").stat().st_ino)

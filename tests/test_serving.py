@@ -23,8 +23,9 @@ from _waiting import wait_for
 
 from playground.errors import UserError
 from playground.serving.client import base_url, chat, complete, list_models
-from playground.serving.local import LocalServers, pid_alive, port_in_use
+from playground.serving.local import LocalServers, free_port, pid_alive, port_in_use
 from playground.serving.validate import check_model_dir
+from playground.types import Endpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -55,12 +56,16 @@ def backend(session_home: Path):
 
 @pytest.fixture(scope="module")
 def served(trained_tiny_job, backend):
-    """The fine-tuned and the base model of the shared trained job, each behind its own server."""
+    """The fine-tuned and the base model of the shared trained job, each behind its own server; the fine-tuned
+    one started by ``playground serve JOB --port N`` on the port chosen here."""
+    port = free_port()
     try:
         with ThreadPoolExecutor(2) as pool:  # start both at once (each is mostly single-threaded imports)
             base = pool.submit(backend.serve, trained_tiny_job.id, base=True)
-            fine = backend.serve(trained_tiny_job.id)
-            endpoints = {"fine-tuned": fine, "base": base.result()}
+            result = _cli("serve", trained_tiny_job.id, "--port", str(port), "--json", home=backend.home)
+            assert result.returncode == 0, result.stderr
+            endpoints = {"fine-tuned": Endpoint(**json.loads(result.stdout)), "base": base.result()}
+        assert endpoints["fine-tuned"].url == f"http://127.0.0.1:{port}/v1" and port_in_use(port)
         yield endpoints
     finally:
         LocalServers(backend.home).stop(trained_tiny_job.id)
@@ -265,6 +270,45 @@ def test_a_new_process_lists_the_servers_and_serving_again_reuses_them(served, b
     assert served["fine-tuned"].url in result.stdout and "base" in result.stdout
 
 
+def test_serve_port_that_is_bad_or_taken_is_one_line_exit_2_and_starts_nothing(served, backend, trained_tiny_job):
+    """``playground serve JOB --port N`` (and ``playground.api.serve``): an invalid port, a port another process
+    listens on, or a port other than the one the job's running server has, each in one line naming --port."""
+    from playground import api
+
+    job = trained_tiny_job.id
+    before = sorted((r["name"], r["pid"]) for r in LocalServers(backend.home).records())
+    running = int(served["fine-tuned"].url.rsplit(":", 1)[1].split("/")[0])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        cases = {
+            "0": "--port must be a whole number from 1 to 65535, got '0'",
+            "65536": "--port must be a whole number from 1 to 65535, got '65536'",
+            "http": "--port must be a whole number from 1 to 65535, got 'http'",
+            str(busy): f"--port {busy} is taken on 127.0.0.1 (another process listens there)",
+        }
+        for port, message in cases.items():
+            result = _cli("serve", job, "--base", "--port", port, home=backend.home)
+            assert result.returncode == 2 and result.stderr.count("\n") == 1, (port, result.stderr)
+            assert result.stderr.startswith(f"playground: error: {message}"), result.stderr
+        with pytest.raises(UserError, match=f"--port {busy} is taken") as refused:
+            api.serve(job, port=busy)
+        assert refused.value.field == "--port"
+    other = free_port()
+    result = _cli("serve", job, "--port", str(other), home=backend.home)  # the job's server runs elsewhere
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"--port {other}: server {served['fine-tuned'].name} already serves" in result.stderr
+    assert f"on port {running}; stop it first" in result.stderr
+    with pytest.raises(UserError, match="--port must be a whole number from 1 to 65535, got -1"):
+        api.serve(job, port=-1)
+    assert api.serve(job, port=running) == served["fine-tuned"]  # the running server, on the port asked for
+    result = _cli("serve", job, "--port", "8080", "--backend", "kubernetes", home=backend.home)
+    assert result.returncode == 2 and "--port applies to the local backend's model servers" in result.stderr
+    assert sorted((r["name"], r["pid"]) for r in LocalServers(backend.home).records()) == before
+    assert not port_in_use(other)
+
+
 def test_cli_chat(served, backend, trained_tiny_job):
     fine = served["fine-tuned"]
     result = _cli("chat", fine.url, "reverse: flow", "--max-tokens", "12", home=backend.home)
@@ -280,16 +324,20 @@ def test_cli_chat(served, backend, trained_tiny_job):
     assert result.returncode == 2 and "no local model server matches" in result.stderr
 
 
-def test_port_in_use_picks_another_and_stop_frees_the_port(trained_tiny_job, tmp_path):
+def test_a_port_in_use_is_refused_another_is_used_and_stop_frees_it(trained_tiny_job, tmp_path):
     servers = LocalServers(tmp_path / "home")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        ep = servers.start(trained_tiny_job.model_dir, name="extra", port=busy)
+        with pytest.raises(UserError, match=f"--port {busy} is taken on 127.0.0.1") as refused:
+            servers.start(trained_tiny_job.model_dir, name="extra", port=busy)
+        assert refused.value.field == "--port" and servers.records() == []  # nothing started
+        requested = free_port()
+        ep = servers.start(trained_tiny_job.model_dir, name="extra", port=str(requested))
     try:
         port = int(ep.url.rsplit(":", 1)[1].split("/")[0])
-        assert port != busy and port_in_use(port)
+        assert port == requested != busy and port_in_use(port)
         assert _ask(ep, "reverse: kube") == "ebuk"
         pid = servers.records()[0]["pid"]
         assert [e.url for e in LocalServers(tmp_path / "home").list()] == [ep.url]

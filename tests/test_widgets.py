@@ -682,3 +682,22 @@ def test_binder_runs_the_app_on_cpu_torch() -> None:
     post = (binder / "postBuild").read_text()
     assert "pip install" in post and "show_tracebacks = False" in post and "strip_sources = True" in post
     assert os.access(binder / "postBuild", os.X_OK) and os.access(binder / "start", os.X_OK)
+
+
+def test_launch_form_shows_the_plan_and_follows_the_values() -> None:
+    """The plan panel (issue 21 item 4): memory, verdict and time from the engine's plan, redrawn as values change."""
+    from playground.api import plan_run
+
+    bp = get_blueprint("tiny-llama-cpu")
+    form = LaunchForm(bp)
+    form.refresh_plan(wait=True)
+    expected = plan_run("tiny-llama-cpu")
+    text = html.unescape(form.plan_view.value)
+    assert "0.8M parameters" in text and "fits" in text and f"{expected.memory.total / 1e9:.2f} GB" in text
+    assert "<details>" in form.plan_view.value and "memory per device" in text
+    form.controls["batch_size"].value = "512"
+    bigger = f"{plan_run('tiny-llama-cpu', {'batch_size': 512}).memory.total / 1e9:.2f} GB"
+    wait_for(lambda: bigger in form.plan_view.value, timeout=30, what="the plan for batch_size=512")
+    form.controls["batch_size"].value = "0"  # out of range: the error shows, the plan says why it stopped
+    assert "fix the highlighted values" in form.plan_view.value
+    assert "Traceback" not in form.plan_view.value

@@ -35,6 +35,25 @@ def make_control(spec: FieldSpec, value: Any) -> ipw.ValueWidget:
     )
 
 
+def _plan_html(plan: Any, message: str) -> str:
+    """The plan panel: one line (memory, verdict, time) and the breakdown behind a toggle."""
+    if plan is None:
+        return f"<div class='pg-plan-note'>{html.escape(message)}</div>"
+    gb = plan.memory.total / 1e9
+    verdict = "fits" if plan.fits else "does not fit"
+    icon = "✓" if plan.fits else "✗"
+    minutes = plan.seconds / 60
+    duration = f"{plan.seconds:.0f} s" if plan.seconds < 90 else f"{minutes:.0f} min"
+    head = (
+        f"<b>Plan</b>: {plan.parameters / 1e6:.1f}M parameters ({plan.trainable_parameters / 1e6:.2f}M trainable) · "
+        f"<span class='pg-plan-verdict'>{icon} {gb:.2f} GB per device, {verdict}</span> · about {duration}"
+    )
+    if plan.advice:
+        head += f" · {html.escape(plan.advice)}"
+    details = html.escape(plan.describe())
+    return f"<div class='pg-plan-head'>{head}</div><details><summary>how</summary><pre>{details}</pre></details>"
+
+
 def _error_html(message: str) -> str:
     return f"<span class='pg-error-text'>{html.escape(message)}</span>" if message else ""
 
@@ -94,11 +113,18 @@ class LaunchForm(ipw.VBox):
         self.launch_button.add_class("pg-launch")
         self.launch_button.on_click(lambda _: self.launch())
         self.status = ipw.HTML("").add_class("pg-form-status")
+        # Will it fit, how long: the engine's plan (playground.blueprints.plan), redrawn as the values change.
+        self.plan_view = ipw.HTML("").add_class("pg-plan")
+        self._plan_generation = 0
+        self._plan_lock = threading.Lock()
         title = ipw.HTML(f"<h3>{html.escape(blueprint.title)}</h3><p>{html.escape(blueprint.description)}</p>")
-        super().__init__([title, *rows, ipw.HBox([self.backend, self.launch_button]), self.status])
+        launch_row = ipw.HBox([self.backend, self.launch_button])
+        super().__init__([title, *rows, self.plan_view, launch_row, self.status])
         self.add_class("pg-form")
+        self.backend.observe(lambda _change: self.refresh_plan(), names="value")
         if values:
             self.validate(initial)
+        self.refresh_plan()
 
     def values(self) -> dict[str, Any]:
         return {name: control.value for name, control in self.controls.items()}
@@ -111,7 +137,41 @@ class LaunchForm(ipw.VBox):
         """Validate one field as it changes; its error (or nothing) appears next to it."""
         message = self.model.validate({name: self.controls[name].value}).errors.get(name, "")
         self.errors[name].value = _error_html(message)
+        self.refresh_plan()
         return message
+
+    def refresh_plan(self, *, wait: bool = False) -> threading.Thread | None:
+        """Recompute the plan for the current values in a thread (the kernel keeps answering); a newer
+        request wins over an older one. Invalid values leave the last plan, marked as such."""
+        result = self.model.validate(self.values())
+        with self._plan_lock:
+            self._plan_generation += 1
+            generation = self._plan_generation
+            if not result.ok:  # an older plan still computing must not come back over this
+                self.plan_view.value = _plan_html(None, "plan: fix the highlighted values first")
+                return None
+        backend = self.chosen_backend()
+        thread = threading.Thread(
+            target=self._compute_plan, args=(generation, dict(result.params), backend), daemon=True, name="pg-plan"
+        )
+        thread.start()
+        if wait:
+            thread.join()
+        return thread
+
+    def _compute_plan(self, generation: int, params: dict[str, Any], backend: str) -> None:
+        from playground.api import plan_run
+
+        try:
+            plan = plan_run(self.blueprint.id, params, backend="kubernetes" if backend != "local" else "local")
+            view = _plan_html(plan, "")
+        except UserError as exc:
+            view = _plan_html(None, f"plan unavailable: {exc}")
+        except Exception:  # never a traceback or a path to the page
+            view = _plan_html(None, "plan unavailable for these values")
+        with self._plan_lock:
+            if generation == self._plan_generation:
+                self.plan_view.value = view
 
     def validate(self, values: Mapping[str, Any] | None = None) -> FormResult:
         """Validate through the engine and show each error next to its field."""

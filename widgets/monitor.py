@@ -14,6 +14,9 @@ import plotly.graph_objects as go
 from playground.backends.base import Backend
 from playground.blueprints import Blueprint
 from playground.events import JobPhase
+from playground.runs.registry import register as register_model
+from playground.runs.store import loss_curves as previous_loss_curves
+from playground.runs.store import run_for_job
 from playground.types import Job
 from widgets.state import (
     Coalescer,
@@ -61,6 +64,9 @@ def loss_chart() -> go.FigureWidget:
         data=[
             go.Scatter(x=[], y=[], name="loss", mode="lines+markers", marker={"size": 4}),
             go.Scatter(x=[], y=[], name="tokens/s", mode="lines", yaxis="y2", line={"dash": "dot"}),
+            go.Scatter(
+                x=[], y=[], name="previous runs", mode="lines", line={"color": "#bbbbbb", "width": 1}, connectgaps=False
+            ),
         ],
         layout=go.Layout(
             height=280,
@@ -130,6 +136,7 @@ class JobMonitor(ipw.VBox):
         self.progress.add_class("pg-progress")
         self.progress_text = ipw.HTML("").add_class("pg-progress-text")
         self.points = ipw.HTML("0 points").add_class("pg-points")
+        self.run_link = ipw.HTML("").add_class("pg-run-link")  # the job's MLflow run (operator view)
         self.chart = chart if chart is not None else loss_chart()
         self.chart_box = ipw.Box([self.chart]).add_class("pg-chart")
         self.metrics = ipw.HTML("").add_class("pg-metrics")
@@ -139,6 +146,11 @@ class JobMonitor(ipw.VBox):
         self.cancel_button = ipw.Button(description="Cancel", icon="stop", button_style="warning", disabled=True)
         self.cancel_button.add_class("pg-cancel")
         self.cancel_button.on_click(lambda _: self.cancel())
+        self.register_button = ipw.Button(description="Register model", icon="archive", disabled=True)
+        self.register_button.add_class("pg-register")  # MLflow's model registry; not in booth mode
+        self.register_button.on_click(lambda _: self.register())
+        if not operator:
+            self.register_button.layout.display = "none"
         self.details = ipw.HTML("").add_class("pg-details-body")
         self.details_box = ipw.Accordion(children=[self.details], selected_index=None)
         self.details_box.set_title(0, "Details (operator)")
@@ -148,10 +160,14 @@ class JobMonitor(ipw.VBox):
         super().__init__(
             [
                 self.header,
-                ipw.HBox([self.phase, self.queue, self.cancel_button], layout=ipw.Layout(align_items="center")),
+                ipw.HBox(
+                    [self.phase, self.queue, self.cancel_button, self.register_button],
+                    layout=ipw.Layout(align_items="center"),
+                ),
                 ipw.HBox([self.progress, self.progress_text]),
                 self.chart_box,
                 self.points,
+                self.run_link,
                 self.metrics,
                 self.cluster,
                 ipw.HTML("<b>Log</b>"),
@@ -202,12 +218,14 @@ class JobMonitor(ipw.VBox):
             self.progress.bar_style = ""
             self.progress_text.value = "waiting for the first progress point…"
             self.points.value = "0 points"
+            self.run_link.value = ""
             self.metrics.value = ""
             self.cluster.value = ""
             self.cluster.layout.display = "none"
             self.logs.value = "<pre class='pg-log'></pre>"
             self.status.value = ""
             self.cancel_button.disabled = isinstance(job, Job) and job.done
+            self.register_button.disabled = True
             self._job_info = job if isinstance(job, Job) else None
             self._details_lines = 0
             self._show_details(self._job_info, [])
@@ -269,6 +287,26 @@ class JobMonitor(ipw.VBox):
                 self.status.value = f"<span class='pg-error'>cancel failed: {message}</span>"
                 self.cancel_button.disabled = False
 
+    def register(self) -> None:
+        """Record the finished job's model in MLflow's model registry (operator view only)."""
+        job = self.final_job
+        if not self.operator or job is None or job.phase != JobPhase.SUCCEEDED:
+            return
+        self.register_button.disabled = True
+        threading.Thread(target=self._register, args=(job, self._generation), daemon=True).start()
+
+    def _register(self, job: Job, generation: int) -> None:
+        try:
+            version = register_model(job)
+            text = f"registered <code>{html.escape(version.name)}</code> version {html.escape(version.version)}"
+            text += f" · serve it: <code>playground serve models:/{html.escape(version.name)}/{version.version}</code>"
+        except Exception as exc:
+            text = f"<span class='pg-error'>register failed: {html.escape(error_text(exc))}</span>"
+        with self._lock:
+            if self._current(generation):
+                self.status.value = text
+                self.register_button.disabled = False
+
     def _current(self, generation: int) -> bool:
         return generation == self._generation
 
@@ -281,6 +319,10 @@ class JobMonitor(ipw.VBox):
         stop: threading.Event,
         done: threading.Event,
     ) -> None:
+        if self.operator:  # its own thread: reading MLflow (~2 s to import) never delays the live stream
+            threading.Thread(
+                target=self._load_previous_runs, args=(generation, backend, job_id), name="previous-runs", daemon=True
+            ).start()
         try:
             stream = backend.events(job_id, follow=True, owner=self.owner)
             follow_job(stream, coalescer, stop=stop, on_error=lambda exc: self._stream_error(exc, generation))
@@ -296,16 +338,44 @@ class JobMonitor(ipw.VBox):
                 self._stream_error(exc, generation)
         if coalescer.error is not None:
             self._stream_error(coalescer.error, generation)
+        if self.operator and final is not None:
+            self._show_run_link(generation, job_id)
         with self._lock:
             if self._current(generation):
                 self.final_job = final
                 self.cancel_button.disabled = True
+                self.register_button.disabled = not (
+                    self.operator and final is not None and final.phase == JobPhase.SUCCEEDED
+                )
         if self.on_done and final is not None and self._current(generation):
             try:
                 self.on_done(final)
             except Exception as exc:
                 self._stream_error(exc, generation)
         done.set()  # after on_done: whoever waits sees its effects (e.g. the serve panel)
+
+    def _load_previous_runs(self, generation: int, backend: Backend, job_id: str) -> None:
+        """The loss curves of the blueprint's previous runs (MLflow), grey behind this one's. Best effort."""
+        try:
+            blueprint_id = self.blueprint.id if self.blueprint else backend.get(job_id, owner=self.owner).blueprint_id
+            curves = previous_loss_curves(blueprint_id, exclude_job=job_id)
+        except Exception:
+            return
+        with self._lock:
+            if self._current(generation) and curves:
+                for curve in curves:  # one trace, the runs separated by gaps
+                    self._previous_steps += [*curve.steps, None]
+                    self._previous_losses += [*curve.values, None]
+                self._draw_chart()
+
+    def _show_run_link(self, generation: int, job_id: str) -> None:
+        try:
+            run = run_for_job(job_id)
+        except Exception:
+            return
+        with self._lock:
+            if self._current(generation) and run is not None:
+                self.run_link.value = f"MLflow run <code>{html.escape(run.run_id)}</code>: {html.escape(run.link)}"
 
     def _stream_error(self, exc: BaseException, generation: int) -> None:
         with self._lock:
@@ -350,6 +420,8 @@ class JobMonitor(ipw.VBox):
         self._losses: list[float | None] = []
         self._rate_steps: list[int] = []
         self._rates: list[float] = []
+        self._previous_steps: list[int | None] = []
+        self._previous_losses: list[float | None] = []
 
     def _draw_chart(self, *, resend: bool = False) -> None:
         """Send the whole series to the chart. Views that exist get it as one restyle; the model's
@@ -366,6 +438,8 @@ class JobMonitor(ipw.VBox):
             self.chart.data[0].y = list(self._losses)
             self.chart.data[1].x = list(self._rate_steps)
             self.chart.data[1].y = list(self._rates)
+            self.chart.data[2].x = list(self._previous_steps)
+            self.chart.data[2].y = list(self._previous_losses)
         self.chart._widget_data = deepcopy(self.chart._data)
 
     def _render(self, snap: Snapshot, generation: int) -> None:

@@ -62,8 +62,9 @@ class Backend(abc.ABC):
         """Stop the job if needed, stop its servers, and remove its state."""
 
     @abc.abstractmethod
-    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None) -> Endpoint:
-        """Serve the job's fine-tuned model (or its base model) and wait until ready."""
+    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None, port: int | None = None) -> Endpoint:
+        """Serve the job's fine-tuned model (or its base model) and wait until ready. ``port``: listen on
+        that port (local servers; a port that is taken is a one-line UserError naming ``--port``)."""
 
     @abc.abstractmethod
     def unserve(self, target: str, *, owner: str | None = None) -> None:

@@ -1,8 +1,16 @@
-"""``playground e2e``: run the per-blueprint notebooks headlessly with papermill (the GPU e2e check)."""
+"""``playground e2e``: run notebooks headlessly with papermill: the per-blueprint notebooks (the GPU e2e
+check) or any others, e.g. Kubeflow Trainer's examples from a run file (:mod:`playground.e2e.runfile`).
+
+Parameters take papermill's own forms, each once per flag: ``-p NAME VALUE`` (the value read as YAML, as
+``-p NAME=VALUE`` always was here), ``-r NAME VALUE`` (a raw string), ``-y YAML`` and ``-f FILE``; they
+go to every notebook of the run, after the run file's. Applied in papermill's order: files, YAML, then
+``-p``/``-r`` as given.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +23,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "e2e",
         help="run the per-blueprint notebooks headlessly (papermill): the CI end-to-end check",
         description=(
-            "Run each per-blueprint notebook headlessly with papermill (one kernel per notebook) and write "
-            "executed notebooks, result.json, junit.xml, metrics.json and summary.md into --out. "
-            "Secrets (HF_TOKEN...) come from the environment only and are scrubbed from every artifact. "
+            "Run notebooks headlessly with papermill (one kernel per notebook; default: the per-blueprint "
+            "notebooks) and write the executed notebooks, junit.xml, metrics.json and summary.md into --out. "
+            "Any notebook is a test case: papermill's outcome is its verdict (plus its result.json if it writes "
+            "one). Secrets (HF_TOKEN...) come from the environment only and are scrubbed from every artifact. "
             "Exit code 1 when any notebook fails."
         ),
     )
-    p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK", help="default: every notebook in notebooks/ but the app")
+    p.add_argument(
+        "notebooks", nargs="*", metavar="NOTEBOOK", help="default: the run file's, else every notebook in notebooks/"
+    )
+    p.add_argument("--run-file", default=None, metavar="FILE", help="YAML: notebooks, parameters, timeouts, groups")
+    p.add_argument("--group", default=None, metavar="NAME", help="only the run file's notebooks of this group")
+    p.add_argument(
+        "--prefix", default=None, metavar="TEXT", help="prefix for test names and output folders (a matrix entry)"
+    )
+    p.add_argument("--kernel", "-k", default=None, metavar="NAME", help="kernel for every notebook (papermill -k)")
     p.add_argument(
         "--profile",
         default="smoke",
@@ -32,35 +49,120 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout-cell", type=int, default=None, metavar="S", help="seconds per cell (default: profile's)")
     p.add_argument("--timeout", type=int, default=None, metavar="S", help="seconds per whole notebook; then kill it")
     p.add_argument("--backend", default=None, help="local (default) or kubernetes: the backend the notebooks use")
+    p.add_argument(
+        "--namespace", default=None, help="kubernetes: the notebooks' namespace (default: the kubeconfig context's)"
+    )
+    p.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="kubernetes: delete the TrainJobs each notebook created while it ran (never older ones)",
+    )
     p.add_argument("--fail-fast", action="store_true", help="stop after the first failing notebook")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="notebooks run at once (default 1: sequential)")
     p.add_argument(
         "-p",
         "--param",
-        action="append",
+        "--parameters",
+        dest="param_items",
+        action=_ParamAction,
+        nargs="+",
         default=[],
-        metavar="NAME=VALUE",
-        help="extra notebook parameter (YAML value); names that look like secrets are refused",
+        metavar="NAME VALUE",
+        help="notebook parameter, `-p NAME VALUE` or `-p NAME=VALUE` (value read as YAML); names that look "
+        "like secrets are refused",
+    )
+    p.add_argument(
+        "-r",
+        "--parameters_raw",
+        "--raw",
+        dest="param_items",
+        action=_ParamAction,
+        nargs="+",
+        metavar="NAME VALUE",
+        help="notebook parameter whose value is a raw string",
+    )
+    p.add_argument(
+        "-y", "--parameters_yaml", action="append", default=[], metavar="YAML", help="parameters as a YAML mapping"
+    )
+    p.add_argument(
+        "-f", "--parameters_file", action="append", default=[], metavar="FILE", help="parameters from a YAML file"
     )
     p.add_argument("--keep-home", action="store_true", help="keep each notebook's PLAYGROUND_HOME for inspection")
     p.add_argument("--quiet", action="store_true", help="no live log output (artifacts are written all the same)")
     p.set_defaults(func=cmd_e2e)
 
 
-def _parse_params(items: list[str]) -> dict[str, Any]:
+class _ParamAction(argparse.Action):
+    """``-p``/``-r``: one parameter per flag, ``NAME VALUE`` (papermill's form) or ``NAME=VALUE``. The flag
+    takes one or more words so that both forms parse; :func:`split_parameter` reads them later (a bad
+    one is then a one-line UserError, not argparse's usage text)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option=None):
+        items = list(getattr(namespace, self.dest, None) or [])
+        items.append((option or "-p", list(values)))
+        setattr(namespace, self.dest, items)
+
+
+RAW_FLAGS = ("-r", "--parameters_raw", "--raw")
+
+
+def split_parameter(flag: str, words: list[str]) -> tuple[str, str, list[str]]:
+    """(name, value, the words after the parameter: notebooks, as in ``-p num_gpu 2 a.ipynb``)."""
+    head = words[0]
+    name, sep, value = head.partition("=")
+    if sep and name.isidentifier():
+        return name, value, words[1:]
+    if len(words) >= 2 and head.isidentifier():
+        return head, words[1], words[2:]
+    raise UserError(
+        f"{flag} {shown(head)}: expected NAME VALUE (or NAME=VALUE) with a Python identifier as NAME", field=flag
+    )
+
+
+def collect_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's parameters in papermill's order: ``-f`` files, ``-y`` YAML, then ``-p``/``-r`` as given."""
+    import yaml
+
     from playground.e2e.scrub import check_parameter_names
 
     params: dict[str, Any] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or not name.isidentifier():
+    for path in args.parameters_file:
+        try:
+            loaded = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+        except OSError as exc:
             raise UserError(
-                f"--param {shown(item)}: expected NAME=VALUE with a Python identifier as NAME", field="--param"
-            )
-        check_parameter_names([name])
-        params[name] = parse_value(value)
+                f"-f {shown(path)}: cannot be read ({exc.strerror or type(exc).__name__})", field="-f"
+            ) from None
+        except yaml.YAMLError:
+            raise UserError(f"-f {shown(path)}: not valid YAML", field="-f") from None
+        params.update(_mapping(loaded, f"-f {shown(path)}", "-f"))
+    for text in args.parameters_yaml:
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise UserError(f"-y {shown(text)}: not valid YAML", field="-y") from None
+        params.update(_mapping(loaded, f"-y {shown(text)}", "-y"))
+    for flag, words in args.param_items:
+        name, value, _notebooks = split_parameter(flag, words)
+        params[name] = value if flag in RAW_FLAGS else parse_value(value)
+    check_parameter_names(params)
     return params
+
+
+def trailing_notebooks(args: argparse.Namespace) -> list[str]:
+    """Notebooks written after a ``-p NAME VALUE`` (the flag's extra words)."""
+    return [nb for flag, words in args.param_items for nb in split_parameter(flag, words)[2]]
+
+
+def _mapping(value: Any, where: str, flag: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: expected a YAML mapping of NAME: VALUE", field=flag)
+    bad = next((k for k in value if not str(k).isidentifier()), None)
+    if bad is not None:
+        raise UserError(f"{where}: parameter name {shown(str(bad))} is not a Python identifier", field=flag)
+    return {str(k): v for k, v in value.items()}
 
 
 def parse_value(text: str) -> Any:
@@ -104,8 +206,35 @@ def cmd_e2e(args: argparse.Namespace) -> int:
             raise UserError(f"{flag} must be a positive integer, got {value}", field=flag)
     if not args.out.strip():
         raise UserError("--out is empty; allowed: a folder path (created if missing)", field="--out")
-    params = _parse_params(args.param)
-    notebooks = [Path(n) for n in args.notebooks] or default_notebooks()
+    for flag, value in (("--namespace", args.namespace), ("--cleanup", args.cleanup)):
+        if value and backend != "kubernetes":
+            raise UserError(f"{flag} only applies to --backend kubernetes", field=flag)
+    if args.prefix is not None and not _PREFIX.fullmatch(args.prefix):
+        raise UserError(
+            f"--prefix {shown(args.prefix)}: allowed: 1-63 letters, digits, '.', '_' or '-'", field="--prefix"
+        )
+    if args.kernel is not None and not args.kernel.strip():
+        raise UserError("--kernel is empty; allowed: a Jupyter kernel name (jupyter kernelspec list)", field="--kernel")
+    params = collect_parameters(args)
+    given = [Path(n) for n in [*args.notebooks, *trailing_notebooks(args)]]
+    title = None
+    if args.run_file:
+        if given:
+            raise UserError("give notebooks either on the command line or in --run-file, not both", field="NOTEBOOK")
+        from playground.e2e.runfile import load_run_file
+
+        run_file = load_run_file(Path(args.run_file).expanduser(), group=args.group, prefix=args.prefix)
+        notebooks: list[Any] = list(run_file.notebooks)
+        title = run_file.title
+    else:
+        if args.group is not None:
+            raise UserError("--group selects notebooks of a --run-file; none given", field="--group")
+        from playground.e2e.runner import specs_for
+
+        notebooks = specs_for(given or default_notebooks())
+        if args.prefix:
+            for spec in notebooks:
+                spec.name = f"{args.prefix}/{spec.name}"
     options = RunOptions(
         profile=profile,
         out=Path(args.out).expanduser(),
@@ -115,8 +244,12 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         fail_fast=args.fail_fast,
         jobs=args.jobs,
         extra_parameters=params,
+        kernel=args.kernel,
         keep_home=args.keep_home,
         live=not args.quiet,
+        title=title,
+        namespace=args.namespace,
+        cleanup=args.cleanup,
     )
     previous = signal.signal(signal.SIGTERM, _sigterm)  # CI cancellation: stop kernels and jobs, then exit
     try:
@@ -124,6 +257,9 @@ def cmd_e2e(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0 if report.ok else 1
+
+
+_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,63}")
 
 
 def _sigterm(signum: int, frame: object) -> None:

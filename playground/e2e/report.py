@@ -24,15 +24,22 @@ def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts))
 
 
+def suite_name(run: RunReport) -> str:
+    """``playground-e2e.<profile>`` for the project's notebooks; else the run's title."""
+    return f"playground-e2e.{run.profile}" if run.blueprint_run and not run.title else run.heading
+
+
 def junit_xml(run: RunReport) -> ET.ElementTree:
-    """One ``<testsuite>`` for the run, one ``<testcase>`` per notebook (timeouts are failures too)."""
+    """One ``<testsuite>`` for the run, one ``<testcase>`` per notebook (timeouts are failures too); a
+    failure's message is the notebook's own first error line (the failing cell's ``ename: evalue``)."""
     suites = ET.Element("testsuites", name="playground-e2e")
     failures = sum(1 for n in run.notebooks if n.status in ("failed", "timeout"))
     errors = sum(1 for n in run.notebooks if n.status == "error")
+    classname = suite_name(run)
     suite = ET.SubElement(
         suites,
         "testsuite",
-        name=f"playground-e2e.{run.profile}",
+        name=classname,
         tests=str(len(run.notebooks) + len(run.skipped)),
         failures=str(failures),
         errors=str(errors),
@@ -43,6 +50,7 @@ def junit_xml(run: RunReport) -> ET.ElementTree:
     )
     props = ET.SubElement(suite, "properties")
     for key, value in (
+        ("title", run.heading),
         ("profile", run.profile),
         ("backend", run.backend),
         ("gpu", ", ".join(run.gpu.names) or "none"),
@@ -58,15 +66,15 @@ def junit_xml(run: RunReport) -> ET.ElementTree:
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"notebooks.{run.profile}",
+            classname=classname,
             name=nb.name,
             file=str(nb.notebook),
             time=f"{nb.wall_seconds:.3f}",
         )
         if nb.status in ("failed", "timeout", "error"):
             tag = "error" if nb.status == "error" else "failure"
-            node = ET.SubElement(case, tag, message=nb.message or nb.status, type=nb.status)
-            body = [nb.message]
+            node = ET.SubElement(case, tag, message=nb.first_error or nb.message or nb.status, type=nb.status)
+            body = [nb.message] + ([f"cause: {nb.cause}"] if nb.cause else [])
             if nb.diagnostics:
                 body.append(f"diagnostics: {nb.diagnostics}")
             body += nb.log_tail[-30:]
@@ -76,7 +84,7 @@ def junit_xml(run: RunReport) -> ET.ElementTree:
             out_lines.append(f"parameters not declared by the notebook: {', '.join(nb.dropped_parameters)}")
         ET.SubElement(case, "system-out").text = "\n".join(out_lines)
     for name in run.skipped:
-        case = ET.SubElement(suite, "testcase", classname=f"notebooks.{run.profile}", name=name, time="0")
+        case = ET.SubElement(suite, "testcase", classname=classname, name=name, time="0")
         ET.SubElement(case, "skipped", message="not run: an earlier notebook failed and --fail-fast stopped the run")
     ET.indent(suites)
     return ET.ElementTree(suites)
@@ -90,6 +98,7 @@ def metrics(run: RunReport) -> dict[str, Any]:
     passed = sum(1 for nb in run.notebooks if nb.passed)
     return {
         "schema": METRICS_SCHEMA,
+        "title": run.heading,
         "profile": run.profile,
         "backend": run.backend,
         "started_at": run.started_at,
@@ -145,13 +154,20 @@ _ICON = {"passed": "✅", "failed": "❌", "timeout": "⏱️", "error": "💥"}
 
 
 def summary_markdown(run: RunReport) -> str:
-    """A Markdown summary for people (and ``$GITHUB_STEP_SUMMARY``)."""
+    """A Markdown summary for people (and ``$GITHUB_STEP_SUMMARY``): a row per notebook with its verdict,
+    time, GPU figures and first error line; the blueprint columns only when a notebook ran a blueprint."""
     passed = sum(1 for nb in run.notebooks if nb.passed)
     total = len(run.notebooks) + len(run.skipped)
     verdict = "passed" if run.ok else "FAILED"
     gpu = ", ".join(run.gpu.names) if run.gpu.present else "none (CPU)"
+    blueprints = any(nb.blueprint_id or nb.timings.get("train_seconds") is not None for nb in run.notebooks)
+    header = (
+        ["notebook", "blueprint", "result", "wall", "queue wait", "train"] if blueprints else ["notebook", "result"]
+    )
+    header += ["time"] if not blueprints else []
+    header += ["CPU avg", "GPU avg / peak", "GPU mem peak", "first error"]
     lines = [
-        f"## Blueprint e2e ({run.profile}): {passed}/{total} notebooks passed — {verdict}",
+        f"## {_md_escape(run.heading)}: {passed}/{total} notebooks passed — {verdict}",
         "",
         f"Backend `{run.backend}` · GPU: {gpu} · wall time {_fmt_s(run.wall_seconds)} · "
         f"CPU avg {_fmt_pct(run.resources.cpu_avg_percent)}"
@@ -163,33 +179,48 @@ def summary_markdown(run: RunReport) -> str:
             else ""
         ),
         "",
-        "| notebook | blueprint | result | wall | queue wait | train | CPU avg | GPU avg / peak | GPU mem peak |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
     ]
     for nb in run.notebooks:
         r = nb.resources
-        lines.append(
-            f"| `{nb.name}` | `{nb.blueprint_id or '?'}` | {_ICON.get(nb.status, '')} {nb.status} | "
-            f"{_fmt_s(nb.wall_seconds)} | {_fmt_s(nb.timings.get('queue_wait_seconds'))} | "
-            f"{_fmt_s(nb.timings.get('train_seconds'))} | {_fmt_pct(r.cpu_avg_percent)} | "
-            f"{_fmt_pct(r.gpu_util_avg_percent)} / {_fmt_pct(r.gpu_util_peak_percent)} | "
-            f"{_fmt_bytes(r.gpu_memory_peak_bytes)} |"
-        )
+        cells = [f"`{nb.name}`"]
+        if blueprints:
+            cells.append(f"`{nb.blueprint_id}`" if nb.blueprint_id else "–")
+        cells += [f"{_ICON.get(nb.status, '')} {nb.status}", _fmt_s(nb.wall_seconds)]
+        if blueprints:
+            cells += [_fmt_s(nb.timings.get("queue_wait_seconds")), _fmt_s(nb.timings.get("train_seconds"))]
+        cells += [
+            _fmt_pct(r.cpu_avg_percent),
+            f"{_fmt_pct(r.gpu_util_avg_percent)} / {_fmt_pct(r.gpu_util_peak_percent)}",
+            _fmt_bytes(r.gpu_memory_peak_bytes),
+            _md_escape(_cut(nb.first_error, 160)) if not nb.passed else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     for name in run.skipped:
-        lines.append(f"| `{name}` | | ⏭️ skipped | | | | | | |")
+        cells = [f"`{name}`"] + ([""] if blueprints else []) + ["⏭️ skipped"]
+        lines.append("| " + " | ".join(cells + [""] * (len(header) - len(cells))) + " |")
     failed = run.failed
     if failed:
         lines += ["", "### Failures", ""]
         for nb in failed:
             lines.append(f"- **{nb.name}** ({nb.status}): {_md_escape(nb.message)}")
+            if nb.cause:
+                lines.append(f"  first error (the cause): `{_md_escape(nb.cause)}`")
+            for job in nb.trainjobs:
+                lines.append(f"  TrainJob `{job['name']}`: {job['state']}")
             if nb.diagnostics:
                 lines.append(f"  diagnostics: `{nb.diagnostics}`")
     lines += [
         "",
-        f"Artifacts: executed notebooks, `result.json`, `junit.xml`, `metrics.json` in `{run.out}`.",
+        f"Artifacts: executed notebooks, `papermill.log`, `junit.xml`, `metrics.json` in `{run.out}`.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _md_escape(text: str) -> str:

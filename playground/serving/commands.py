@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from playground.cli import add_backend_options, backend_from_args, print_json
@@ -17,9 +18,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Start a model server for JOB's fine-tuned model (or, with --base, its base model), "
         "wait until it answers, and print the endpoint URL and model name.",
     )
-    serve.add_argument("job", metavar="JOB", help="job id (see `playground jobs`)")
+    serve.add_argument(
+        "job", metavar="JOB", help="job id (see `playground jobs`), or a registered model: models:/NAME/VERSION"
+    )
     serve.add_argument("--base", action="store_true", help="serve the job's base model instead (to compare)")
     serve.add_argument("--json", action="store_true", help="print the endpoint as JSON")
+    serve.add_argument(
+        "--port", metavar="N", default=None, help="listen on this port (1-65535; local backend; default: a free one)"
+    )
     add_backend_options(serve, dry_run=True)
     serve.set_defaults(func=cmd_serve)
 
@@ -50,11 +56,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from playground.runs.registry import resolve_job
+    from playground.serving.local import parse_port
+
+    port = parse_port(args.port) if args.port is not None else None  # before anything else: starts nothing
+    if port is not None and (args.backend or os.environ.get("PLAYGROUND_BACKEND", "local")) != "local":
+        from playground.backends.kubernetes.backend import PORT_IS_LOCAL
+
+        raise UserError(PORT_IS_LOCAL, field="--port")
     backend = backend_from_args(args)
+    args.job = resolve_job(args.job)  # models:/NAME/VERSION or NAME@VERSION: the job that made it
     if args.dry_run:
         sys.stdout.write(backend.render_serve(args.job, base=args.base).rstrip("\n") + "\n")
         return 0
-    endpoint = backend.serve(args.job, base=args.base)
+    endpoint = backend.serve(args.job, base=args.base, port=port)
     if args.json:
         print_json(endpoint.to_dict())
     else:

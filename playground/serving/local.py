@@ -1,9 +1,9 @@
 """Local model servers: detached ``transformers serve`` processes recorded under ``$PLAYGROUND_HOME/servers``.
 
 Each server is one process (``python -m playground.serving.server``) pinned to one model directory,
-listening on ``127.0.0.1`` on a free port. Its record ``servers/<name>.json`` (pid, port, url, model
-dir, job id, kind, owner, log path) lets any later process list and stop it; records whose process is gone
-are dropped when listed.
+listening on ``127.0.0.1`` on a free port, or on the port asked for (``playground serve JOB --port N``).
+Its record ``servers/<name>.json`` (pid, port, url, model dir, job id, kind, owner, log path) lets any
+later process list and stop it; records whose process is gone are dropped when listed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from playground.errors import UserError, shown_path
+from playground.errors import UserError, shown, shown_path
 from playground.paths import ensure_writable_dir
 from playground.processes import process_alive
 from playground.types import Endpoint
@@ -31,6 +31,16 @@ HOST = "127.0.0.1"
 LOG_TAIL_LINES = 15
 _PORT_RETRIES = 3
 _children: dict[int, subprocess.Popen] = {}  # servers started by this process (reaped on stop)
+
+
+def parse_port(value: object) -> int:
+    """A port a server may listen on (1-65535), from an int or its text; a one-line UserError naming
+    ``--port`` otherwise."""
+    text = str(value).strip()
+    port = int(text) if text.isascii() and text.isdecimal() else None
+    if port is None or not 1 <= port <= 65535:
+        raise UserError(f"--port must be a whole number from 1 to 65535, got {shown(value)}", field="--port")
+    return port
 
 
 def free_port(host: str = HOST) -> int:
@@ -157,11 +167,17 @@ class LocalServers:
     ) -> Endpoint:
         """Serve ``model_dir`` and wait until it answers; return its endpoint.
 
-        Serving what is already served (same name and model) returns the running endpoint.
-        A ``port`` in use is replaced by a free one. ``owner`` (the visitor owning the job) is recorded.
+        Serving what is already served (same name and model) returns the running endpoint. ``port``: listen
+        there (a port that is taken, or a running server of the same name on another port, is a one-line
+        UserError naming ``--port``, and nothing starts); None: a free port. ``owner`` (the visitor owning
+        the job) is recorded.
         """
         from playground.serving.validate import check_model_dir
 
+        if port is not None:
+            port = parse_port(port)
+            if port_in_use(port) and not any(r.get("port") == port for r in self._records()):
+                raise _port_taken(port)  # before anything is prepared or started
         model, local = _resolve_model(model_dir)
         if local:
             check_model_dir(model)
@@ -189,13 +205,21 @@ class LocalServers:
     ) -> Endpoint:
         for record in self._records():
             if record["name"] == name:
-                if record["model_dir"] == model:
-                    return self._endpoint(record)
-                raise UserError(f"a server named {name!r} already serves {record['model_dir']}; stop it first")
+                if record["model_dir"] != model:
+                    raise UserError(f"a server named {name!r} already serves {record['model_dir']}; stop it first")
+                if port is not None and record.get("port") != port:
+                    raise UserError(
+                        f"--port {port}: server {name} already serves {model} on port {record.get('port')}; "
+                        f"stop it first (playground unserve {name}) or leave --port out",
+                        field="--port",
+                    )
+                return self._endpoint(record)
+        if port is not None and port_in_use(port):
+            raise _port_taken(port)
 
         log_path = self.dir / f"{name}.log"
-        for attempt in range(_PORT_RETRIES):
-            chosen = port if port is not None and attempt == 0 and not port_in_use(port) else free_port()
+        for _attempt in range(_PORT_RETRIES):
+            chosen = port if port is not None else free_port()
             proc = self._spawn(model, chosen, log_path, offline=local)
             record = {
                 "name": name,
@@ -216,7 +240,9 @@ class LocalServers:
                 self._wait_ready(proc, record, timeout)
             except _PortTaken:
                 self._forget(record)
-                continue
+                if port is not None:  # the port asked for was taken meanwhile: never another one
+                    raise _port_taken(port) from None
+                continue  # a free port taken meanwhile: another free one
             except BaseException:
                 self._kill(proc.pid)
                 self._forget(record)
@@ -326,6 +352,14 @@ class LocalServers:
             if not pid_alive(pid):
                 _children.pop(pid, None)
                 return
+
+
+def _port_taken(port: int) -> UserError:
+    return UserError(
+        f"--port {port} is taken on {HOST} (another process listens there); choose another port, "
+        "or leave --port out for a free one",
+        field="--port",
+    )
 
 
 @contextlib.contextmanager

@@ -120,6 +120,30 @@ def _quiet_libraries() -> None:
         pass
 
 
+def _start_run(spec):
+    """The job's MLflow run (playground/runs/tracking.py); None when tracking is off or cannot start."""
+    from playground.runs.settings import scrub
+    from playground.runs.tracking import start_run
+    from playground.train.recipe import Settings
+
+    try:
+        tracker = start_run(spec, Settings.from_spec(spec))
+    except Exception as exc:  # tracking never fails training
+        print(f"warning: MLflow run tracking is off ({type(exc).__name__}: {scrub(str(exc))})", flush=True)
+        return None
+    if tracker is not None:
+        import signal
+
+        def cancelled(signum: int, frame: object) -> None:  # a cancel (SIGTERM): the run ends KILLED, then we die
+            tracker.finish("KILLED")
+            tracker.close(timeout=3)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, cancelled)
+    return tracker
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         spec = prepare(argv)
@@ -129,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from playground.train.reporting import Reporter
 
-    reporter = Reporter(enabled=int(os.environ.get("RANK", 0)) == 0)
+    main_rank = int(os.environ.get("RANK", 0)) == 0
+    reporter = Reporter(enabled=main_rank, tracker=_start_run(spec) if main_rank else None)
     reporter.phase(JobPhase.INITIALIZING)
+    reporter.flush_tracker_warning()  # a tracking server that is down: one line now, training goes on
     for stale in spec.output.glob(".model.tmp-*"):  # a crashed save's leftovers; never a finished model
         import shutil
 
@@ -139,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_libraries()
         from playground.train.recipe import run
 
-        run(spec, reporter)
+        reporter.summary(run(spec, reporter))
     except BaseException as exc:  # every failure ends as Phase Failed + an exit code
         if isinstance(exc, SystemExit) and not exc.code:
             raise

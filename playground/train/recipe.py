@@ -776,11 +776,44 @@ def save(
             "global_batch_size": data.plan.global_batch,
             "resumed_from_step": state.start_step or None,
             "history": state.history,
+            **measured_footprint(runtime, data, model, state.step),
         }
         tmp = spec.output / ".metrics.json.tmp"
         tmp.write_text(json.dumps(_finite_json(metrics), indent=2, allow_nan=False, default=str) + "\n")
         tmp.replace(spec.output / "metrics.json")
     return metrics
+
+
+def measured_footprint(runtime: Runtime, data: DataState, model: ModelState, steps: int) -> dict[str, Any]:
+    """What ``playground plan`` learns from a finished run: peak memory of this process (RSS on CPU, the
+    allocator's reserved peak on a GPU), trainable parameters, and the tokens and model FLOPs of all
+    steps (rank 0's micro-batches × world size: the ranks' shares are the same size)."""
+    import resource
+
+    import torch
+
+    micro_steps = steps * data.plan.micro_steps
+    tokens = squares = widths = 0
+    for micro_step in range(micro_steps):
+        lengths = data.batches.lengths(micro_step)
+        tokens += int(lengths.sum())
+        squares += int((lengths * lengths).sum())
+        widths += int(lengths.max())
+    world = runtime.dist.world_size
+    if runtime.cuda:
+        peak = int(torch.cuda.max_memory_reserved(runtime.device))
+    else:
+        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+    return {
+        "trainable_parameters": sum(p.numel() for p in model.trainable),  # FSDP2 DTensors: the global size
+        "peak_memory_bytes": peak,
+        "peak_memory_kind": "gpu_reserved" if runtime.cuda else "rss",
+        "train_tokens": tokens * world,
+        "train_flops": model.flops.batch(tokens, squares) * world,
+        "mean_padded_width": round(widths / max(1, micro_steps), 2),
+        "micro_batch_size": data.plan.micro_batch,
+        "dtype": "bfloat16" if model.weights_dtype == torch.bfloat16 else "float32",
+    }
 
 
 def teardown(runtime: Runtime) -> None:

@@ -18,14 +18,16 @@ from playground.events import JobPhase, Metric, Phase, Progress, format_event_li
 
 TRAINJOB_ENV = "KUBEFLOW_TRAINER_SERVER_URL"  # set by the Trainer controller inside a TrainJob
 THROTTLE_SECONDS = 5.0  # the SDK sends at most one update per 5 s
+_RUN_STATUS = {JobPhase.SUCCEEDED: "FINISHED", JobPhase.FAILED: "FAILED", JobPhase.CANCELLED: "KILLED"}
 
 
 class Reporter:
     """Prints events (rank 0 only) and mirrors progress into the TrainJob status."""
 
-    def __init__(self, *, enabled: bool = True, stream: TextIO | None = None) -> None:
+    def __init__(self, *, enabled: bool = True, stream: TextIO | None = None, tracker: Any = None) -> None:
         self.enabled = enabled
         self.stream = stream or sys.stdout
+        self.tracker = tracker  # the job's MLflow run (playground.runs.tracking.RunTracker), rank 0 only
         self.metrics: dict[str, float] = {}
         self._position: dict[str, int] = {}  # the last step/total_steps, carried into the final status
         self._status = _TrainJobStatus() if enabled and os.environ.get(TRAINJOB_ENV) else None
@@ -37,6 +39,8 @@ class Reporter:
 
     def phase(self, phase: JobPhase, reason: str = "") -> None:
         self._emit(Phase(phase=phase, reason=reason))
+        if self.tracker and phase.terminal:
+            self.tracker.finish(_RUN_STATUS[phase])
         if self._status and phase == JobPhase.SUCCEEDED:
             self._status.push(100, 0, {**self.metrics, **self._position}, final=True)
 
@@ -52,9 +56,14 @@ class Reporter:
             return
         self.metrics[name] = float(value)
         self._emit(Metric(name=name, value=float(value)))
+        if self.tracker:
+            self.tracker.metric(name, float(value))
 
     def progress(self, progress: Progress) -> None:
         self._emit(_finite(progress))
+        if self.tracker:
+            self.tracker.progress(progress)
+            self.flush_tracker_warning()
         if self._status:
             # step/total_steps let a reader merge this summary with the log lines step for step
             self._position = {"step": progress.step, "total_steps": progress.total_steps}
@@ -66,9 +75,23 @@ class Reporter:
             eta = None if progress.eta_seconds is None else int(progress.eta_seconds)
             self._status.push(int(100 * progress.fraction), eta, metrics)
 
+    def summary(self, metrics: dict[str, Any]) -> None:
+        """The run's final figures (metrics.json) for its MLflow run."""
+        if self.tracker:
+            self.tracker.summary(metrics)
+
+    def flush_tracker_warning(self) -> None:
+        """Print the tracker's warning line, if it has one (from the main thread)."""
+        if self.tracker and (warning := self.tracker.take_warning()):
+            self.log(warning)
+
     def close(self) -> None:
         if self._status:
             self._status.close()
+        if self.tracker:
+            self.flush_tracker_warning()
+            self.tracker.close()
+            self.flush_tracker_warning()
 
 
 def _finite(progress: Progress) -> Progress:

@@ -2,17 +2,17 @@
 
 A plain Hugging Face directory (``config.json``, ``model.safetensors``, tokenizer files with the
 chat template, ``generation_config.json``) that ``transformers serve``, KServe's HuggingFace
-runtime and ``AutoModelForCausalLM`` load unchanged. LoRA adapters are merged first. The directory
-is written under a temporary name and renamed, so ``model/`` exists only when complete.
+runtime and ``AutoModelForCausalLM`` load unchanged, on transformers 5.x and 4.x alike (the same greedy
+answers: :mod:`playground.models.portable`). LoRA adapters are merged first. The directory is written
+under a temporary name and renamed, so ``model/`` exists only when complete.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
+from playground.models.portable import publish, temporary_sibling
 from playground.train.tokenizer import save_tokenizer
 
 
@@ -37,12 +37,11 @@ def merged(model: Any, *, in_place: bool = True) -> Any:
 
 
 def save_model_dir(model: Any, tokenizer: Any, target: Path, *, dtype: Any = None, in_place: bool = True) -> Path:
-    """Write a servable directory at ``target`` atomically (replacing an older one). LoRA models
-    are merged (in place unless ``in_place=False``)."""
+    """Write a servable directory at ``target`` atomically (replacing an older one), readable alike by
+    transformers 4.x and 5.x (:func:`playground.models.portable.make_portable`). LoRA models are merged
+    (in place unless ``in_place=False``)."""
     target = Path(target)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = temporary_sibling(target)
     final_model = merged(model, in_place=in_place)
     if dtype is not None and next(final_model.parameters()).dtype != dtype:
         final_model = final_model.to(dtype)
@@ -50,16 +49,7 @@ def save_model_dir(model: Any, tokenizer: Any, target: Path, *, dtype: Any = Non
     save_tokenizer(tokenizer, tmp, context=model_context(final_model))
     for stale in tmp.glob("adapter_*"):  # never ship half of a LoRA layout next to merged weights
         stale.unlink()
-    make_readable(tmp)
-    _fsync_dir(tmp)
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        target.rename(old)
-        tmp.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(target)
-    return target
+    return publish(tmp, target)
 
 
 def model_context(model: Any) -> int | None:
@@ -67,19 +57,3 @@ def model_context(model: Any) -> int | None:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     value = getattr(config, "max_position_embeddings", None)
     return int(value) if value else None
-
-
-def make_readable(directory: Path) -> None:
-    """Directories 0755, files 0644: a model server running under another uid (a KServe pod) can
-    read the weights (safetensors writes them 0600)."""
-    for root, _dirs, files in os.walk(directory):
-        os.chmod(root, 0o755)
-        for name in files:
-            os.chmod(os.path.join(root, name), 0o644)
-
-
-def _fsync_dir(directory: Path) -> None:
-    for path in directory.iterdir():
-        if path.is_file():
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())

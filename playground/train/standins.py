@@ -47,6 +47,10 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+QWEN2_PRETOKENIZE_REGEX = (  # Qwen2's pre-tokenizer pattern (transformers' Qwen2Tokenizer, Qwen2.5's tokenizer.json)
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 _FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {
         "special": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
@@ -186,12 +190,23 @@ def write_alpaca_rows(path: str | Path, n: int, seed: int = 0, *, tasks: bool = 
 
 def build_tokenizer(arch: Literal["llama", "qwen2"], *, chat_template: bool = True, vocab_size: int = 512) -> Any:
     """A byte-level BPE tokenizer trained here on Alpaca-like text, with the family's special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     family = _FAMILIES[arch]
     raw = Tokenizer(models.BPE())
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if arch == "qwen2":
+        # Qwen2's own normalizer and pre-tokenizer (digits one by one), as in Qwen2.5's tokenizer.json:
+        # transformers 5 applies them to any qwen2 model's tokenizer, 4.x reads tokenizer.json; so both agree.
+        raw.normalizer = normalizers.NFC()
+        raw.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -260,12 +275,12 @@ def _write_model(
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+    from playground.models.portable import publish, temporary_sibling
     from playground.train.tokenizer import save_tokenizer
 
     if arch not in _FAMILIES:
         raise ValueError(f"arch {arch!r}: allowed: {', '.join(_FAMILIES)}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(arch, chat_template=chat_template)
     dims = {"vocab_size": len(tokenizer), **dims}
     if dims["vocab_size"] < len(tokenizer):
@@ -285,9 +300,10 @@ def _write_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(str(out), safe_serialization=True)
-    save_tokenizer(tokenizer, out, context=config.max_position_embeddings)
+    tmp = temporary_sibling(out)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    save_tokenizer(tokenizer, tmp, context=config.max_position_embeddings)
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the caller (a notebook kernel) shares the GPU with the trainer
-    return out
+    return publish(tmp, out)  # atomic; readable alike by transformers 4.x and 5.x

@@ -48,6 +48,10 @@ TRAINJOBS = "trainjobs.trainer.kubeflow.org"
 ISVCS = "inferenceservices.serving.kserve.io"
 RUNTIMES = "clustertrainingruntimes.trainer.kubeflow.org"
 IN_CLUSTER_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+PORT_IS_LOCAL = (
+    "--port applies to the local backend's model servers (an InferenceService is reached at its cluster URL); "
+    "allowed: --backend local"
+)
 
 
 def _ts(text: str | None) -> float | None:
@@ -574,9 +578,11 @@ class KubernetesBackend(Backend):
             owner=(meta.get("annotations") or {}).get(m.ANN_OWNER),
         )
 
-    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None) -> Endpoint:
+    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None, port: int | None = None) -> Endpoint:
         from kubernetes.client.exceptions import ApiException
 
+        if port is not None:
+            raise UserError(PORT_IS_LOCAL, field="--port")
         job = self.get(job_id, owner=owner)
         blueprint = get_blueprint(job.blueprint_id)
         if base:

@@ -257,7 +257,27 @@ class TrainJobPlan:
     active_deadline_seconds: int | None = None
 
 
-def _playground_trainer(blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions, initializers: bool):
+def run_env(name: str, blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions) -> dict[str, str]:
+    """What the trainer's MLflow run needs in the pod (playground/runs): the job, backend, owner and storage URI;
+    the cluster's tracking server when ``MLFLOW_TRACKING_URI`` names one (http(s); any credentials in it are
+    dropped: give them as MLFLOW_TRACKING_TOKEN/… from a Secret), with the namespace as the MLflow workspace
+    (KEP-897). Without one, tracking is off in the pod (a SQLite file there would vanish with it)."""
+    from playground.runs import settings as rs
+
+    env = {rs.JOB_ID_ENV: name, rs.JOB_BACKEND_ENV: "kubernetes", rs.MODEL_URI_ENV: output_uri(name, blueprint)}
+    if request.owner is not None:
+        env[rs.JOB_OWNER_ENV] = request.owner
+    uri = os.environ.get(rs.TRACKING_ENV, "")
+    if rs.tracking_enabled() and uri.startswith(("http://", "https://")):
+        env.update({rs.TRACKING_ENV: rs.safe_uri(uri), "MLFLOW_WORKSPACE": opts.namespace})
+    else:
+        env[rs.DISABLE_ENV] = "0"
+    return env
+
+
+def _playground_trainer(
+    name: str, blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions, initializers: bool
+):
     """``python -m playground.train`` (torchrun when there is more than one process) with the blueprint's params."""
     from kubeflow_trainer_api import models
 
@@ -287,6 +307,7 @@ def _playground_trainer(blueprint: Blueprint, request: TrainRequest, opts: Clust
     )
     if needs_hub:  # the entrypoint downloads itself: the token from the Secret, never inline
         env.append(_secret_env("HF_TOKEN", opts, optional=not blueprint.model.gated))
+    env += [models.IoK8sApiCoreV1EnvVar(name=k, value=v) for k, v in run_env(name, blueprint, request, opts).items()]
     return models.TrainerV1alpha1Trainer(
         image=blueprint.kubernetes.image or opts.image or None,
         command=command,
@@ -389,7 +410,7 @@ def plan_trainjob(blueprint: Blueprint, request: TrainRequest, opts: ClusterOpti
             ),
         )
     if kind == PLAYGROUND:
-        trainer = _playground_trainer(blueprint, request, opts, initializers)
+        trainer = _playground_trainer(name, blueprint, request, opts, initializers)
     else:
         trainer = _torchtune_trainer(blueprint, request, initializer)
     return TrainJobPlan(

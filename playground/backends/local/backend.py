@@ -67,6 +67,27 @@ def _format_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+TRAINER_PACKAGES = ("torch", "transformers", "peft")
+
+
+def _check_trainer_installed() -> None:
+    """The local trainer runs in this interpreter: refuse, before anything starts, where it cannot
+    (the slim ``playground e2e`` install of requirements/e2e.txt has no torch)."""
+    import importlib.util
+
+    for name in TRAINER_PACKAGES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise UserError(
+                f"the local backend trains in this Python environment, which lacks {name} (the slim e2e install?); "
+                "allowed: the full install (pip install blueprint-playground) or --backend kubernetes",
+                field="backend",
+            )
+
+
 def _is_remote(source: str) -> bool:
     return "://" in source
 
@@ -130,6 +151,7 @@ class LocalBackend(Backend):
         """Validate a request: (blueprint, params, trainer processes, stand-in mode). Starts nothing."""
         blueprint = get_blueprint(request.blueprint_id)
         params = blueprint.resolve_params(dict(request.params))
+        _check_trainer_installed()
         model, dataset = request.overrides.model, request.overrides.dataset
         if model is not None and not _is_remote(model) and not Path(model).expanduser().is_dir():
             raise UserError(
@@ -189,13 +211,25 @@ class LocalBackend(Backend):
             "base_model": base_model,
             "quality": blueprint.quality.model_dump(),
             "command": command,
-            "env": {"PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, "PLAYGROUND_JOB_ID": job_id},
+            "env": {"PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **self._run_env(job_id, request.owner)},
             "cancel_grace_seconds": self.cancel_grace,
             "owner": request.owner,
             # booth mode: wait for one of this many training slots; stop the trainer after this long
             "queue_slots": self.policy.max_concurrent_trainings if self.policy else None,
             "deadline_seconds": self.policy.job_deadline_seconds if self.policy else None,
         }
+
+    def _run_env(self, job_id: str, owner: str | None) -> dict[str, str]:
+        """What the trainer's MLflow run records (playground/runs): the job, this backend, the owner, and
+        this home's SQLite store unless MLFLOW_TRACKING_URI names one (inherited, never written here)."""
+        from playground.runs import settings as rs
+
+        env = {rs.JOB_ID_ENV: job_id, rs.JOB_BACKEND_ENV: self.name}
+        if owner is not None:
+            env[rs.JOB_OWNER_ENV] = owner
+        if not os.environ.get(rs.TRACKING_ENV):
+            env[rs.TRACKING_ENV] = rs.default_tracking_uri(self.home)
+        return env
 
     def submit(self, request: TrainRequest) -> Job:
         blueprint, params, nproc, _ = self._plan(request)
@@ -515,15 +549,15 @@ class LocalBackend(Backend):
             return None  # serving is not installed in this build: nothing can be serving
         return LocalServers(self.home)
 
-    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None) -> Endpoint:
+    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None, port: int | None = None) -> Endpoint:
         job = self.get(job_id, owner=owner)
         if base:
             if not job.base_model:
                 raise UserError(f"job {job_id} has no base model yet (phase {job.phase}); try again soon", field="job")
-            return self._servers().start(job.base_model, job_id=job_id, kind="base", owner=job.owner)
+            return self._servers().start(job.base_model, job_id=job_id, kind="base", owner=job.owner, port=port)
         if job.phase != JobPhase.SUCCEEDED or not job.model_dir:
             raise UserError(f"job {job_id} is {job.phase}; it can be served once it has Succeeded", field="job")
-        return self._servers().start(job.model_dir, job_id=job_id, kind="fine-tuned", owner=job.owner)
+        return self._servers().start(job.model_dir, job_id=job_id, kind="fine-tuned", owner=job.owner, port=port)
 
     def unserve(self, target: str, *, owner: str | None = None) -> None:
         stopped = self._servers().stop(target, owner=owner)

@@ -1,0 +1,762 @@
+"""Will a run fit, and how long will it take? ``playground plan`` and the app's plan panel ask :func:`make_plan`.
+
+Torch-free (a visitor's kernel may call it): the model's size comes from its ``config.json`` (or the
+GGUF header of a packaged model, or the hub architectures the project knows), never from weights.
+
+**Memory per device** (bytes) = framework + weights + gradients + optimizer state + activations:
+
+* framework: what the trainer process holds before any model (Python, torch, transformers, peft, the data):
+  measured here by a run of the trainer on a 0.8M-parameter model (``FRAMEWORK_BYTES``); on a GPU, the CUDA
+  context and the allocator's slack instead (``CUDA_CONTEXT_BYTES``).
+* weights: parameters × bytes of the training dtype (float32 on CPU; bf16 for pretrained models on a
+  GPU). On CPU loading reads a checkpoint's pages into the process while the tensors are built, so a
+  pretrained model costs ``LOAD_COPIES`` × its weights at the peak (a model built from config: 1).
+* gradients and AdamW's two moments: trainable parameters × bytes each (LoRA adapters train in fp32).
+  DDP replicates them; FSDP2 divides weights, gradients and optimizer state by the processes.
+* activations kept for the backward pass of a Llama/Qwen2 decoder layer, per token:
+  ``4·hidden + 3·q_width + 3·kv_width + 4·intermediate`` values (norm inputs and outputs, q/k/v before
+  and after RoPE, attention output, MLP gate/up/activation/product), ``4·hidden`` for the norms' fp32
+  copies, ``3·(q_width + kv_width)`` for RoPE's intermediates, and ``2·out`` per LoRA-adapted projection
+  (the adapter's output and its scaled copy), times layers, times the tokens of a
+  micro-batch (micro-batch × padded width: a previous run's measured width, else ``max_seq_length``,
+  an upper bound), plus the logits of the answer positions (the trainer projects only those).
+
+**Time**: from the step rate of the most similar earlier run on this machine (same blueprint and model,
+else any run: its measured FLOP/s), scaled by the FLOPs per step (:mod:`playground.train.flops`); with no
+earlier run, from the FLOPs and a stated throughput (``PLAYGROUND_PEAK_FLOPS``, else the table below),
+said so in the plan. Setup, evaluation and saving come from the matched run, else from a stated estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from playground.blueprints.schema import Blueprint
+from playground.errors import UserError, shown_path
+
+GiB = 2**30
+# Measured (benchmarks/plan_vs_measured.py): the trainer's peak RSS on the 0.8M-parameter tiny-llama-cpu
+# model, torch 2.13 CPU + transformers 5 + MLflow, is 0.63-0.75 GB (the imports alone: 0.39 GB), model included.
+FRAMEWORK_BYTES = int(0.60 * GiB)
+CUDA_CONTEXT_BYTES = int(0.6 * GiB)
+LOAD_COPIES = 2.0  # a pretrained checkpoint on CPU: file pages + tensors while loading
+GPU_ALLOCATOR_SLACK = 1.10  # the caching allocator reserves more than it hands out
+# Stated when nothing on this machine was measured: sustained fp32 FLOP/s of one CPU core running the
+# trainer (measured here: 37e9 per core on tiny-llama-cpu, 54e9 on SmolLM2 LoRA), and the share of a
+# GPU's bf16 peak a run reaches.
+CPU_CORE_FLOPS = 40e9
+GPU_ASSUMED_MFU = 0.35
+ASSUMED_SETUP_SECONDS = {"cpu": 15.0, "gpu": 60.0}
+ASSUMED_GPU_MEMORY = 80 * GiB  # a GPU the blueprint asks for, when this machine has none to ask
+# Before a model's tokenizer is on disk: characters per token of a BPE tokenizer on English chat text
+# (SmolLM2's on the kubectl task, its ChatML markers included: 4.3).
+CHARS_PER_TOKEN = 4.0
+
+_METRICS = "metrics.json"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A decoder-only transformer's dimensions (Llama / Qwen2 / Mistral shapes)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    source: str  # where the dimensions came from, for the plan's text
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], source: str) -> Architecture:
+        config = config.get("text_config", config)
+        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads") if k not in config]
+        if missing:
+            raise UserError(
+                f"model config from {source}: missing {', '.join(missing)}; allowed: a decoder-only transformer "
+                "config (llama, qwen2, mistral)",
+                field="model",
+            )
+        heads = int(config["num_attention_heads"])
+        hidden = int(config["hidden_size"])
+        model_type = str(config.get("model_type", "llama"))
+        return cls(
+            model_type=model_type,
+            vocab_size=int(config.get("vocab_size", 32000)),
+            hidden_size=hidden,
+            intermediate_size=int(config.get("intermediate_size", 4 * hidden)),
+            layers=int(config["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            tied_embeddings=bool(config.get("tie_word_embeddings", model_type != "llama")),
+            qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+            source=source,
+        )
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each projection in one layer, by the module names LoRA targets."""
+        h, i = self.hidden_size, self.intermediate_size
+        return {
+            "q_proj": (h, self.q_width),
+            "k_proj": (h, self.kv_width),
+            "v_proj": (h, self.kv_width),
+            "o_proj": (self.q_width, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def layer_matmul_params(self) -> int:
+        return sum(a * b for a, b in self.linear_shapes().values())
+
+    @property
+    def parameters(self) -> int:
+        h = self.hidden_size
+        bias = (self.q_width + 2 * self.kv_width) if self.qkv_bias else 0
+        per_layer = self.layer_matmul_params() + bias + 2 * h  # + two RMSNorm weights
+        embeddings = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return self.layers * per_layer + embeddings + h
+
+    def activation_values_per_token(self, lora_targets: tuple[str, ...] = ()) -> int:
+        """Values one token keeps per layer for the backward pass (module docstring)."""
+        h, q, kv, i = self.hidden_size, self.q_width, self.kv_width, self.intermediate_size
+        values = 4 * h + 3 * q + 3 * kv + 4 * i  # norm in/out, q/k/v and their RoPE'd copies, attention, MLP
+        values += 4 * h  # RMSNorm computes in fp32: the upcast input and its normalised copy, twice
+        values += 3 * (q + kv)  # RoPE: q·cos, rotate_half(q), ·sin (and the same for k)
+        shapes = self.linear_shapes()
+        values += sum(2 * shapes[t][1] for t in lora_targets if t in shapes)  # LoRA: B's output and its scaled copy
+        return values
+
+
+@dataclass
+class Memory:
+    """Bytes per device."""
+
+    framework: int
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.framework + self.weights + self.gradients + self.optimizer + self.activations
+
+
+@dataclass
+class Plan:
+    blueprint_id: str
+    model_source: str
+    architecture: dict[str, Any]
+    parameters: int
+    trainable_parameters: int
+    method: str
+    dtype: str
+    device: str  # "cpu", "gpu"
+    processes: int
+    strategy: str  # single | ddp | fsdp
+    micro_batch: int
+    global_batch: int
+    tokens_per_example: float
+    tokens_basis: str
+    max_steps: int
+    memory: Memory
+    capacity_bytes: int
+    capacity_basis: str
+    fits: bool
+    advice: str | None
+    seconds: float
+    seconds_per_step: float
+    time_basis: str
+    memory_basis: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["memory"]["total"] = self.memory.total
+        return data
+
+    def describe(self) -> str:
+        """The plan as a few readable lines (CLI, app panel)."""
+        m = self.memory
+        lines = [
+            f"{self.blueprint_id}: {self.parameters / 1e6:.1f}M parameters, "
+            f"{self.trainable_parameters / 1e6:.2f}M trainable ({self.method}, {self.dtype})",
+            f"run: {self.max_steps} steps × global batch {self.global_batch} on {self.processes} "
+            f"{self.device} process(es) ({self.strategy}); ~{self.tokens_per_example:.0f} tokens/example "
+            f"({self.tokens_basis})",
+            f"memory per device: {_gb(m.total)} = framework {_gb(m.framework)} + weights {_gb(m.weights)} + "
+            f"gradients {_gb(m.gradients)} + optimizer {_gb(m.optimizer)} + activations {_gb(m.activations)} "
+            f"({self.memory_basis})",
+            f"available: {_gb(self.capacity_bytes)} ({self.capacity_basis}) → "
+            + ("fits" if self.fits else "does NOT fit")
+            + (f"; {self.advice}" if self.advice else ""),
+            f"time: ~{_duration(self.seconds)} ({self.seconds_per_step:.2f} s/step; {self.time_basis})",
+        ]
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+# ------------------------------------------------------------------------------------ architecture
+
+
+def _char_vocab_size() -> int:
+    from playground.train.tokenizer import CHAR_ALPHABET, CHAR_SPECIAL_TOKENS
+
+    return len(CHAR_SPECIAL_TOKENS) + len(CHAR_ALPHABET)
+
+
+def _gguf_config(path: Path) -> dict[str, Any]:
+    """A Llama-style config from a GGUF file's header (no tensors read)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+
+    def value(key: str) -> Any:
+        field_ = reader.fields.get(key)
+        if field_ is None:
+            return None
+        return field_.parts[field_.data[0]].tolist()[0] if field_.data else None
+
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    heads = value(f"{arch}.attention.head_count")
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    return {
+        "model_type": arch,
+        "hidden_size": value(f"{arch}.embedding_length"),
+        "intermediate_size": value(f"{arch}.feed_forward_length"),
+        "num_hidden_layers": value(f"{arch}.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": value(f"{arch}.attention.head_count_kv") or heads,
+        "vocab_size": len(tokens.data) if tokens is not None else None,
+        "tie_word_embeddings": not has_output,
+    }
+
+
+def resolve_architecture(blueprint: Blueprint, model_source: str | None = None) -> Architecture:
+    """The dimensions of the model a run would train, read without loading any weights."""
+    source = model_source or blueprint.model.source
+    if source.startswith("scratch://"):
+        arch = source.removeprefix("scratch://")
+        config = {"model_type": arch, "tie_word_embeddings": True, **blueprint.model.config}
+        if blueprint.model.tokenizer in (None, "chars"):
+            config.setdefault("vocab_size", _char_vocab_size())
+        return Architecture.from_config(config, f"{source} (blueprint config)")
+    if source.startswith("pkg://"):
+        from playground.models import packaged
+
+        converted = packaged.find_converted(source)
+        if converted is not None:
+            return Architecture.from_config(json.loads((converted / "config.json").read_text()), source)
+        return Architecture.from_config(_gguf_config(packaged.locate(source).file), f"{source} (GGUF header)")
+    if source.startswith("hf://"):
+        from playground.train.standins import HUB_ARCHITECTURES, standin_arch
+
+        repo = source.removeprefix("hf://")
+        try:
+            family = standin_arch(source)
+        except UserError:
+            raise UserError(
+                f"model source {source!r}: its size is not known offline; allowed: a local model directory "
+                "(--model-source DIR) or a hub model of the Llama 3 / Qwen2 families",
+                field="model",
+            ) from None
+        return Architecture.from_config({"model_type": family, **HUB_ARCHITECTURES[family]}, f"{repo} (hub config)")
+    config_file = Path(source).expanduser() / "config.json"
+    if not config_file.is_file():
+        raise UserError(
+            f"model source {shown_path(source)}: no config.json there; allowed: a local model directory, "
+            "hf://ORG/NAME, pkg://DISTRIBUTION/FILE or scratch://ARCH",
+            field="model",
+        )
+    return Architecture.from_config(json.loads(config_file.read_text()), shown_path(source, quoted=False))
+
+
+def trainable_parameters(arch: Architecture, blueprint: Blueprint, params: dict[str, Any]) -> int:
+    if blueprint.method.kind != "lora":
+        return arch.parameters
+    rank = int(params.get("lora_rank", blueprint.method.rank))
+    shapes = arch.linear_shapes()
+    targets = [t for t in blueprint.method.target_modules if t in shapes]
+    return arch.layers * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+
+# ------------------------------------------------------------------------------------ data
+
+
+def example_lengths(blueprint: Blueprint, params: dict[str, Any], source: str, *, n: int = 256) -> list[int] | None:
+    """Token counts of ``n`` of the run's training examples as the trainer renders them (chat template,
+    prompt + answer), torch-free: synthetic datasets only, with the character tokenizer or a model
+    directory's ``tokenizer.json``. None where that cannot be known without loading more."""
+    import re
+
+    import jinja2
+
+    dataset = blueprint.dataset
+    if not dataset.source.startswith("synthetic://"):
+        return None
+    from playground.train.data import SYNTHETIC_TASKS, synthetic_splits
+
+    task = dataset.source.removeprefix("synthetic://")
+    if task not in SYNTHETIC_TASKS:
+        return None
+    train, _ = synthetic_splits(task, dict(dataset.options), num_train=n, num_eval=20, seed=int(params.get("seed", 0)))
+    env = jinja2.Environment(trim_blocks=False, lstrip_blocks=False)
+    if source.startswith("scratch://") and blueprint.model.tokenizer in (None, "chars"):
+        from playground.train.tokenizer import CHAR_CHAT_TEMPLATE, CHAR_SPECIAL_TOKENS
+
+        template = env.from_string(blueprint.model.chat_template or CHAR_CHAT_TEMPLATE)
+        special = re.compile("|".join(re.escape(t) for t in CHAR_SPECIAL_TOKENS))
+
+        def count(text: str) -> int:
+            return len(special.sub("x", text))  # one token per character, one per special token
+
+        extra: dict[str, Any] = {}
+    else:
+        directory = _model_directory(source)
+        has_tokenizer = directory is not None and (directory / "tokenizer.json").is_file()
+        config_file = directory / "tokenizer_config.json" if directory is not None else None
+        config = json.loads(config_file.read_text()) if config_file is not None and config_file.is_file() else {}
+        jinja_file = directory / "chat_template.jinja" if directory is not None else None
+        text = blueprint.model.chat_template or (
+            jinja_file.read_text() if jinja_file and jinja_file.is_file() else None
+        )
+        text = text or config.get("chat_template")
+        if not isinstance(text, str):
+            return None
+        template = env.from_string(text)
+        extra = {k: config.get(k) for k in ("bos_token", "eos_token") if isinstance(config.get(k), str)}
+        if has_tokenizer:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+
+            def count(text: str) -> int:
+                return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+        else:  # not converted yet (a packaged model's first use): a stated BPE rule of thumb
+
+            def count(text: str) -> int:
+                return max(1, round(len(text) / CHARS_PER_TOKEN))
+
+    lengths = []
+    for sample in train:
+        messages = [{"role": "user", "content": sample.prompt}, {"role": "assistant", "content": sample.answer}]
+        lengths.append(count(template.render(messages=messages, add_generation_prompt=False, **extra)))
+    return lengths
+
+
+def _tokenizer_known(blueprint: Blueprint, source: str) -> bool:
+    if source.startswith("scratch://") and blueprint.model.tokenizer in (None, "chars"):
+        return True
+    directory = _model_directory(source)
+    return directory is not None and (directory / "tokenizer.json").is_file()
+
+
+def _model_directory(source: str) -> Path | None:
+    if source.startswith("pkg://"):
+        from playground.models import packaged
+
+        return packaged.find_converted(source)
+    if "://" in source:
+        return None
+    return Path(source).expanduser()
+
+
+def mean_padded_width(lengths: list[int], micro_batch: int, max_seq_length: int, seed: int = 0) -> float:
+    """The trainer pads a micro-batch to its longest row: the mean of that over shuffled micro-batches."""
+    import random
+
+    order = [min(n, max_seq_length) for n in lengths]
+    random.Random(seed).shuffle(order)
+    chunks = [order[i : i + micro_batch] for i in range(0, len(order) - micro_batch + 1, micro_batch)] or [order]
+    return sum(max(chunk) for chunk in chunks) / len(chunks)
+
+
+# ------------------------------------------------------------------------------------ history
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """A finished local run's figures (its metrics.json), the basis of time predictions."""
+
+    job_id: str
+    blueprint_id: str
+    model_source: str
+    device: str
+    world_size: int
+    steps: int
+    global_batch: int
+    train_seconds: float
+    wall_seconds: float
+    train_flops: float | None
+    train_tokens: int | None
+    mean_padded_width: float | None
+    num_eval_examples: int | None
+    peak_memory_bytes: int | None = None
+    micro_batch_size: int | None = None
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.train_seconds / max(1, self.steps)
+
+    @property
+    def flops_per_second(self) -> float | None:
+        return self.train_flops / self.train_seconds if self.train_flops and self.train_seconds > 0 else None
+
+    @property
+    def overhead_seconds(self) -> float:
+        return max(0.0, self.wall_seconds - self.train_seconds)
+
+
+def measured_runs(home: Path | None = None) -> list[MeasuredRun]:
+    """Finished local runs, newest first (jobs whose trainer wrote metrics.json)."""
+    from playground.paths import playground_home
+
+    jobs_dir = (home or playground_home()) / "jobs"
+    runs: list[tuple[float, MeasuredRun]] = []
+    for metrics_file in jobs_dir.glob(f"*/output/{_METRICS}") if jobs_dir.is_dir() else []:
+        try:
+            metrics = json.loads(metrics_file.read_text())
+            spec = json.loads((metrics_file.parent.parent / "spec.json").read_text())
+            run = MeasuredRun(
+                job_id=str(spec["id"]),
+                blueprint_id=str(spec["blueprint_id"]),
+                model_source=str((spec.get("overrides") or {}).get("model") or spec.get("base_model") or ""),
+                device="gpu" if str(metrics.get("device", "cpu")).startswith("cuda") else "cpu",
+                world_size=int(metrics.get("world_size", 1)),
+                steps=int(metrics["steps"]) - int(metrics.get("resumed_from_step") or 0),
+                global_batch=int(metrics["global_batch_size"]),
+                train_seconds=float(metrics["train_seconds"]),
+                wall_seconds=float(metrics["wall_seconds"]),
+                train_flops=metrics.get("train_flops"),
+                train_tokens=metrics.get("train_tokens"),
+                mean_padded_width=metrics.get("mean_padded_width"),
+                num_eval_examples=metrics.get("num_eval_examples"),
+                peak_memory_bytes=metrics.get("peak_memory_bytes"),
+                micro_batch_size=metrics.get("micro_batch_size"),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a run that did not finish, or an older trainer's metrics: not a basis
+        if run.steps > 0 and run.train_seconds > 0:
+            runs.append((metrics_file.stat().st_mtime, run))
+    return [run for _, run in sorted(runs, key=lambda pair: pair[0], reverse=True)]
+
+
+# ------------------------------------------------------------------------------------ the plan
+
+
+def _device_capacity(device: str, blueprint: Blueprint, backend: str) -> tuple[int, str]:
+    if backend != "local":
+        if device == "gpu":
+            return ASSUMED_GPU_MEMORY, "per GPU, assumed: an 80 GB GPU"
+        memory = blueprint.resources.memory
+        return _quantity_bytes(memory), f"the blueprint's pod memory request {memory}"
+    if device == "gpu":
+        total = _local_gpu_memory()
+        if total:
+            return total, "this machine's GPU"
+        return ASSUMED_GPU_MEMORY, "per GPU, assumed: an 80 GB GPU (none on this machine)"
+    import psutil
+
+    return int(psutil.virtual_memory().available), "this machine's available memory"
+
+
+def _local_gpu_memory() -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no GPU
+        return None
+
+
+def _quantity_bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * factor)
+    return int(float(quantity))
+
+
+def _dtype(device: str, source: str) -> tuple[str, int]:
+    if device == "gpu" and not source.startswith("scratch://"):
+        return "bfloat16", 2
+    return "float32", 4
+
+
+def _strategy(setting: str, processes: int, replicated_bytes: int, capacity: int) -> str:
+    if processes <= 1:
+        return "single"
+    if setting in ("ddp", "fsdp"):
+        return setting
+    return "fsdp" if replicated_bytes > 0.5 * capacity else "ddp"
+
+
+def make_plan(
+    blueprint: Blueprint,
+    params: dict[str, Any],
+    *,
+    model_source: str | None = None,
+    backend: str = "local",
+    gpus: int | None = None,
+    home: Path | None = None,
+) -> Plan:
+    """Predict memory per device, fit and time for training ``blueprint`` with ``params`` (validated)."""
+    from playground.train.flops import FlopCounter
+    from playground.train.recipe import DEFAULTS
+
+    def setting(name: str) -> Any:
+        if name in params:
+            return params[name]
+        return blueprint.training.get(name, DEFAULTS.get(name))
+
+    source = model_source or blueprint.model.source
+    arch = resolve_architecture(blueprint, model_source)
+    backend_note = None
+    gpu_count = blueprint.resources.gpus_per_node * blueprint.resources.nodes
+    if backend == "local":
+        from playground.backends.local.gpus import detect_gpus
+
+        have = detect_gpus() if gpus is None else gpus
+        device = "gpu" if blueprint.needs_gpu else "cpu"
+        processes = max(1, min(have, gpu_count) if have else gpu_count) if device == "gpu" else 1
+        if blueprint.needs_gpu and not have:
+            backend_note = f"this machine has no GPU: planned for the blueprint's {gpu_count} GPU(s)"
+    else:
+        device = "gpu" if blueprint.needs_gpu else "cpu"
+        processes = max(1, gpu_count)
+    dtype, wbytes = _dtype(device, source)
+    n_params = arch.parameters
+    trainable = trainable_parameters(arch, blueprint, params)
+    lora = blueprint.method.kind == "lora"
+    tbytes = 4 if lora else wbytes  # peft keeps adapters in fp32
+
+    batch_size, accum = int(setting("batch_size")), int(setting("gradient_accumulation_steps") or 1)
+    global_batch = batch_size * accum
+    micro_batch = max(1, global_batch // (processes * accum)) if processes > 1 else batch_size
+    max_steps, max_seq = int(setting("max_steps")), int(setting("max_seq_length"))
+    runs = measured_runs(home)
+    same = [r for r in runs if r.blueprint_id == blueprint.id and r.device == device]
+    same_model = [r for r in same if not model_source or r.model_source == str(model_source)] or same
+    widths = [r for r in same_model if r.mean_padded_width]
+    lengths = example_lengths(blueprint, params, source)
+    if lengths:
+        tokens_per_example = mean_padded_width(lengths, micro_batch, max_seq)
+        tokenizer_known = _tokenizer_known(blueprint, source)
+        how = "the tokenizer" if tokenizer_known else f"~{CHARS_PER_TOKEN:g} characters per token"
+        tokens_basis = f"padded width of {len(lengths)} examples through the chat template and {how}"
+    elif widths and widths[0].micro_batch_size == micro_batch:
+        tokens_per_example = min(float(widths[0].mean_padded_width or max_seq), max_seq)
+        tokens_basis = "padded width measured by an earlier run"
+    else:
+        tokens_per_example, tokens_basis = float(max_seq), "max_seq_length: an upper bound until a run is measured"
+
+    capacity, capacity_basis = _device_capacity(device, blueprint, backend)
+    framework = CUDA_CONTEXT_BYTES if device == "gpu" else FRAMEWORK_BYTES
+    pretrained = not source.startswith("scratch://")
+    weights = n_params * wbytes
+    replicated = weights + trainable * tbytes * 3
+    strategy = _strategy(str(setting("distributed") or "auto"), processes, replicated, capacity)
+    shard = processes if strategy == "fsdp" else 1
+    load_factor = LOAD_COPIES if (pretrained and device == "cpu") else 1.0
+    targets = tuple(blueprint.method.target_modules) if lora else ()
+    activations = activation_bytes(arch, micro_batch, tokens_per_example, 2 if device == "gpu" else 4, targets)
+    memory = Memory(
+        framework=framework,
+        weights=int(weights * load_factor / shard),
+        gradients=int(trainable * tbytes * (2 if strategy == "ddp" else 1) / shard),  # DDP: + its bucket copy
+        optimizer=int(2 * trainable * tbytes / shard),
+        activations=int(activations),
+    )
+    if device == "gpu":
+        memory.activations = int(memory.activations * GPU_ALLOCATOR_SLACK)
+    memory_run = next((r for r in same_model if r.peak_memory_bytes and r.micro_batch_size), None)
+    if memory_run is not None and memory_run.world_size == processes:
+        # What this machine's trainer process holds besides the model terms, as that run measured it.
+        modelled = memory.total - memory.framework - memory.activations + activation_bytes(
+            arch, memory_run.micro_batch_size or micro_batch, memory_run.mean_padded_width or tokens_per_example,
+            2 if device == "gpu" else 4, targets,
+        )  # fmt: skip
+        memory.framework = max(int(0.2 * GiB), int(memory_run.peak_memory_bytes - modelled))
+        memory_basis = f"framework share measured by run {memory_run.job_id}"
+    else:
+        memory_basis = "framework share stated (measured on the 0.8M-parameter model)"
+    fits = memory.total <= capacity
+    advice = None if fits else _advice(memory, capacity, blueprint, params, micro_batch, processes, strategy)
+
+    base_matmul = arch.layer_matmul_params() * arch.layers + arch.vocab_size * arch.hidden_size  # + the lm_head
+    flops = FlopCounter(
+        trainable_matmul_params=trainable if lora else base_matmul,
+        frozen_matmul_params=base_matmul if lora else 0,
+        layers=arch.layers,
+        attention_width=arch.q_width,
+    )
+    step_flops = flops.batch(int(global_batch * tokens_per_example), int(global_batch * tokens_per_example**2))
+    notes: list[str] = [backend_note] if backend_note else []
+    timed = [r for r in same_model if r.world_size == processes]
+    fit = _fit_step_time(timed, flops)
+    if fit is not None:
+        fixed, per_flop, used = fit
+        seconds_per_step = fixed + per_flop * step_flops
+        overhead = timed[0].overhead_seconds
+        names = ", ".join(r.job_id for r in used)
+        time_basis = f"measured: {fixed:.3f} s + FLOPs / {1 / per_flop:.2e} per s per step, fitted to runs {names}"
+    elif timed:
+        basis_run = timed[0]
+        basis_flops = _run_step_flops(basis_run, flops)
+        scale = step_flops / basis_flops if basis_flops else global_batch / basis_run.global_batch
+        seconds_per_step = basis_run.seconds_per_step * scale
+        overhead = basis_run.overhead_seconds
+        time_basis = (
+            f"measured: run {basis_run.job_id} of this blueprint ({basis_run.seconds_per_step:.2f} s/step), "
+            "scaled by FLOPs per step"
+        )
+    else:
+        measured = next((r for r in runs if r.device == device and r.flops_per_second), None)
+        if measured is not None:
+            rate = measured.flops_per_second * (processes / measured.world_size)
+            time_basis = f"FLOPs at the FLOP/s run {measured.job_id} reached here ({measured.flops_per_second:.2e}/s)"
+        else:
+            rate, time_basis = _stated_throughput(device, processes)
+        seconds_per_step = step_flops / rate
+        overhead = ASSUMED_SETUP_SECONDS[device] * (3 if pretrained and device == "cpu" else 1)
+        notes.append("setup, evaluation and saving time are estimated; a measured run of this blueprint refines them")
+    if tokens_basis.startswith("max_seq_length"):
+        notes.append("activations and time assume every example fills max_seq_length (an upper bound)")
+    return Plan(
+        blueprint_id=blueprint.id,
+        model_source=source,
+        architecture=asdict(arch),
+        parameters=n_params + (trainable if lora else 0),  # as the trainer counts them: adapters included
+        trainable_parameters=trainable,
+        method=f"lora r{int(params.get('lora_rank', blueprint.method.rank))}" if lora else blueprint.method.kind,
+        dtype=dtype,
+        device=device,
+        processes=processes,
+        strategy=strategy,
+        micro_batch=micro_batch,
+        global_batch=global_batch,
+        tokens_per_example=round(tokens_per_example, 1),
+        tokens_basis=tokens_basis,
+        max_steps=max_steps,
+        memory=memory,
+        capacity_bytes=capacity,
+        capacity_basis=capacity_basis,
+        fits=fits,
+        advice=advice,
+        seconds=round(overhead + seconds_per_step * max_steps, 1),
+        seconds_per_step=round(seconds_per_step, 4),
+        time_basis=time_basis,
+        memory_basis=memory_basis,
+        notes=notes,
+    )
+
+
+def activation_bytes(
+    arch: Architecture, micro_batch: int, width: float, value_bytes: int, lora_targets: tuple[str, ...] = ()
+) -> int:
+    """Activations a micro-batch keeps for the backward pass, plus the answer positions' logits (module docstring)."""
+    tokens = micro_batch * width
+    answer_positions = micro_batch * max(1.0, width / 3)  # the loss needs only the answers' logits
+    layers = tokens * arch.layers * arch.activation_values_per_token(lora_targets) * value_bytes
+    return int(layers + answer_positions * arch.vocab_size * 4 * 3)
+
+
+def _fit_step_time(runs: list[MeasuredRun], flops: Any) -> tuple[float, float, list[MeasuredRun]] | None:
+    """``seconds per step = fixed + per_flop × FLOPs``, least squares over runs of at least two step sizes
+    (a small model's step is mostly fixed cost: Python, the optimizer, kernel launches). None with fewer."""
+    points = [(f, r.seconds_per_step, r) for r in runs if (f := _run_step_flops(r, flops))]
+    if len({round(f) for f, _, _ in points}) < 2:
+        return None
+    n = len(points)
+    mean_f = sum(f for f, _, _ in points) / n
+    mean_t = sum(t for _, t, _ in points) / n
+    var = sum((f - mean_f) ** 2 for f, _, _ in points)
+    per_flop = sum((f - mean_f) * (t - mean_t) for f, t, _ in points) / var
+    if per_flop <= 0:
+        return None
+    fixed = max(0.0, mean_t - per_flop * mean_f)
+    return fixed, per_flop, [r for _, _, r in points]
+
+
+def _run_step_flops(run: MeasuredRun, flops: Any) -> float | None:
+    """FLOPs per step of an earlier run, recomputed with this plan's counter (same model)."""
+    if run.mean_padded_width:  # the plan's own convention: every example counted at the padded width
+        width = run.mean_padded_width
+        return flops.batch(int(run.global_batch * width), int(run.global_batch * width * width))
+    return None
+
+
+def _stated_throughput(device: str, processes: int) -> tuple[float, str]:
+    from playground.train.flops import PEAK_FLOPS_ENV
+
+    override = os.environ.get(PEAK_FLOPS_ENV)
+    if override:
+        peak = float(override)
+        return peak * processes, f"FLOPs at ${PEAK_FLOPS_ENV}={peak:.2e}/s per device (stated)"
+    if device == "gpu":
+        from playground.train.flops import PEAK_FLOPS
+
+        peak = PEAK_FLOPS["H100"]
+        rate = peak * GPU_ASSUMED_MFU * processes
+        return rate, f"FLOPs at {GPU_ASSUMED_MFU:.0%} of an H100's bf16 peak per GPU (stated; no run measured here)"
+    cores = os.cpu_count() or 1
+    return CPU_CORE_FLOPS * cores, f"FLOPs at {CPU_CORE_FLOPS:.0e}/s per CPU core × {cores} (stated; no run measured)"
+
+
+def _advice(
+    memory: Memory, capacity: int, blueprint: Blueprint, params: dict[str, Any], micro_batch: int, processes: int,
+    strategy: str,
+) -> str:  # fmt: skip
+    """The one change that would make it fit, if one does."""
+    fixed = memory.total - memory.activations
+    if fixed < capacity and memory.activations > 0:
+        per_example = memory.activations / micro_batch
+        batch = int((capacity - fixed) // per_example)
+        if batch >= 1:
+            return f"batch_size={batch} (or gradient_accumulation_steps) would fit"
+    if blueprint.method.kind != "lora":
+        return "LoRA instead of a full fine-tune would cut gradients and optimizer state"
+    if processes > 1 and strategy != "fsdp":
+        return "distributed=fsdp would shard the weights over the GPUs"
+    needed = math.ceil(memory.total / GiB)
+    return f"needs a device with at least {needed} GiB, or more GPUs with FSDP2"

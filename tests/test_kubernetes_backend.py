@@ -471,6 +471,9 @@ def test_unknown_job_and_unserve(k8s):
         next(iter(k8s.events("nope", follow=True)))
     with pytest.raises(UserError, match="no InferenceService matches"):
         k8s.unserve("nope")
+    with pytest.raises(UserError, match=r"--port applies to the local backend's model servers") as refused:
+        k8s.serve("nope", port=8080)  # refused before the cluster is asked anything
+    assert refused.value.field == "--port"
 
 
 # -- no cluster: --dry-run ---------------------------------------------------------------------

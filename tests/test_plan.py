@@ -92,7 +92,8 @@ def test_plan_against_the_measured_tiny_run(
     runs = measured_runs(measured_home)
     assert [r.job_id for r in runs] == [trained_tiny_job.id]
     planned = make_plan(blueprint, params, home=measured_home)
-    assert trained_tiny_job.id in planned.time_basis and planned.tokens_basis.startswith("padded width measured")
+    assert trained_tiny_job.id in planned.time_basis and trained_tiny_job.id in planned.memory_basis
+    assert planned.memory.total == pytest.approx(peak, rel=0.05)  # its framework share, measured
     assert planned.seconds_per_step == pytest.approx(measured_step, rel=0.01)
     assert planned.seconds == pytest.approx(tiny_metrics["wall_seconds"], rel=0.05)
     # Twice the batch: twice the FLOPs per step, so about twice the time per step.

@@ -5,12 +5,12 @@ GGUF header of a packaged model, or the hub architectures the project knows), ne
 
 **Memory per device** (bytes) = framework + weights + gradients + optimizer state + activations:
 
-* framework: what the trainer process holds before any model (Python, torch, transformers, peft, the data):
-  measured here by a run of the trainer on a 0.8M-parameter model (``FRAMEWORK_BYTES``); on a GPU, the CUDA
-  context and the allocator's slack instead (``CUDA_CONTEXT_BYTES``).
+* framework: what the trainer process holds besides the model (Python, torch, transformers, peft, the data,
+  MLflow when runs are tracked): measured here by a run of the trainer on a 0.8M-parameter model
+  (``FRAMEWORK_BYTES`` + ``TRACKING_BYTES``), or by an earlier run of the same blueprint when there is one;
+  on a GPU, the CUDA context and the allocator's slack instead (``CUDA_CONTEXT_BYTES``).
 * weights: parameters × bytes of the training dtype (float32 on CPU; bf16 for pretrained models on a
-  GPU). On CPU loading reads a checkpoint's pages into the process while the tensors are built, so a
-  pretrained model costs ``LOAD_COPIES`` × its weights at the peak (a model built from config: 1).
+  GPU); the peak comes during training, after the checkpoint's file pages are released.
 * gradients and AdamW's two moments: trainable parameters × bytes each (LoRA adapters train in fp32).
   DDP replicates them; FSDP2 divides weights, gradients and optimizer state by the processes.
 * activations kept for the backward pass of a Llama/Qwen2 decoder layer, per token:
@@ -41,10 +41,11 @@ from playground.errors import UserError, shown_path
 
 GiB = 2**30
 # Measured (benchmarks/plan_vs_measured.py): the trainer's peak RSS on the 0.8M-parameter tiny-llama-cpu
-# model, torch 2.13 CPU + transformers 5 + MLflow, is 0.63-0.75 GB (the imports alone: 0.39 GB), model included.
-FRAMEWORK_BYTES = int(0.60 * GiB)
+# model, torch 2.13 CPU + transformers 5, is 0.57 GB (the imports alone: 0.39 GB); logging the run to
+# MLflow (playground/runs) adds about 0.15 GB (mlflow, SQLAlchemy, the logging thread).
+FRAMEWORK_BYTES = int(0.53 * GiB)
+TRACKING_BYTES = int(0.14 * GiB)
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
-LOAD_COPIES = 2.0  # a pretrained checkpoint on CPU: file pages + tensors while loading
 GPU_ALLOCATOR_SLACK = 1.10  # the caching allocator reserves more than it hands out
 # Stated when nothing on this machine was measured: sustained fp32 FLOP/s of one CPU core running the
 # trainer (measured here: 37e9 per core on tiny-llama-cpu, 54e9 on SmolLM2 LoRA), and the share of a
@@ -591,33 +592,44 @@ def make_plan(
         tokens_per_example, tokens_basis = float(max_seq), "max_seq_length: an upper bound until a run is measured"
 
     capacity, capacity_basis = _device_capacity(device, blueprint, backend)
+    from playground.runs.settings import tracking_enabled
+
     framework = CUDA_CONTEXT_BYTES if device == "gpu" else FRAMEWORK_BYTES
+    framework += TRACKING_BYTES if tracking_enabled() else 0
     pretrained = not source.startswith("scratch://")
     weights = n_params * wbytes
     replicated = weights + trainable * tbytes * 3
     strategy = _strategy(str(setting("distributed") or "auto"), processes, replicated, capacity)
     shard = processes if strategy == "fsdp" else 1
-    load_factor = LOAD_COPIES if (pretrained and device == "cpu") else 1.0
     targets = tuple(blueprint.method.target_modules) if lora else ()
     activations = activation_bytes(arch, micro_batch, tokens_per_example, 2 if device == "gpu" else 4, targets)
     memory = Memory(
         framework=framework,
-        weights=int(weights * load_factor / shard),
+        weights=int(weights / shard),
         gradients=int(trainable * tbytes * (2 if strategy == "ddp" else 1) / shard),  # DDP: + its bucket copy
         optimizer=int(2 * trainable * tbytes / shard),
         activations=int(activations),
     )
     if device == "gpu":
         memory.activations = int(memory.activations * GPU_ALLOCATOR_SLACK)
-    memory_run = next((r for r in same_model if r.peak_memory_bytes and r.micro_batch_size), None)
-    if memory_run is not None and memory_run.world_size == processes:
+    value_bytes = 2 if device == "gpu" else 4
+    measured = [
+        (activation_bytes(arch, r.micro_batch_size, r.mean_padded_width, value_bytes, targets), r)
+        for r in same_model
+        if r.peak_memory_bytes and r.micro_batch_size and r.mean_padded_width and r.world_size == processes
+    ]
+    line = _fit_line([(a, float(r.peak_memory_bytes or 0)) for a, r in measured])
+    if line is not None:  # runs of two or more batch shapes: peak = fixed + slope × modelled activations
+        fixed, slope = line
+        memory.activations = int(slope * memory.activations)
+        memory.framework = max(int(0.2 * GiB), int(fixed - (memory.total - memory.framework - memory.activations)))
+        memory_basis = "fitted to runs " + ", ".join(r.job_id for _, r in measured)
+    elif measured:
         # What this machine's trainer process holds besides the model terms, as that run measured it.
-        modelled = memory.total - memory.framework - memory.activations + activation_bytes(
-            arch, memory_run.micro_batch_size or micro_batch, memory_run.mean_padded_width or tokens_per_example,
-            2 if device == "gpu" else 4, targets,
-        )  # fmt: skip
-        memory.framework = max(int(0.2 * GiB), int(memory_run.peak_memory_bytes - modelled))
-        memory_basis = f"framework share measured by run {memory_run.job_id}"
+        run_activations, run = min(measured, key=lambda pair: abs(pair[0] - memory.activations))
+        modelled = memory.total - memory.framework - memory.activations + run_activations
+        memory.framework = max(int(0.2 * GiB), int((run.peak_memory_bytes or 0) - modelled))
+        memory_basis = f"framework share measured by run {run.job_id}"
     else:
         memory_basis = "framework share stated (measured on the 0.8M-parameter model)"
     fits = memory.total <= capacity
@@ -701,20 +713,28 @@ def activation_bytes(
     return int(layers + answer_positions * arch.vocab_size * 4 * 3)
 
 
+def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """``y = intercept + slope × x`` by least squares over points with at least two distinct x; None when
+    there are fewer, or the slope is not positive (noise)."""
+    if len({round(x) for x, _ in points}) < 2:
+        return None
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    if slope <= 0:
+        return None
+    return max(0.0, mean_y - slope * mean_x), slope
+
+
 def _fit_step_time(runs: list[MeasuredRun], flops: Any) -> tuple[float, float, list[MeasuredRun]] | None:
     """``seconds per step = fixed + per_flop × FLOPs``, least squares over runs of at least two step sizes
     (a small model's step is mostly fixed cost: Python, the optimizer, kernel launches). None with fewer."""
     points = [(f, r.seconds_per_step, r) for r in runs if (f := _run_step_flops(r, flops))]
-    if len({round(f) for f, _, _ in points}) < 2:
+    line = _fit_line([(f, t) for f, t, _ in points])
+    if line is None:
         return None
-    n = len(points)
-    mean_f = sum(f for f, _, _ in points) / n
-    mean_t = sum(t for _, t, _ in points) / n
-    var = sum((f - mean_f) ** 2 for f, _, _ in points)
-    per_flop = sum((f - mean_f) * (t - mean_t) for f, t, _ in points) / var
-    if per_flop <= 0:
-        return None
-    fixed = max(0.0, mean_t - per_flop * mean_f)
+    fixed, per_flop = line
     return fixed, per_flop, [r for _, _, r in points]
 
 

@@ -82,8 +82,10 @@ class Cluster:
             except OSError:
                 context_ns = None
         else:
-            config.load_kube_config(client_configuration=cfg)
-            _contexts, active = config.list_kube_config_contexts()
+            # $KUBECONFIG as it is now: the client's own default was read once, when it was first imported
+            kubeconfig = os.environ.get("KUBECONFIG") or None
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+            _contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
             context_ns = ((active or {}).get("context") or {}).get("namespace")
         self.namespace = namespace or context_ns or "default"
         self.api = client.ApiClient(cfg)

@@ -2,6 +2,7 @@
 still ship): a model directory's token ids compared prompt by prompt, failing on the first differing token.
 
     python -m playground.models.fidelity DIR [DIR ...] [--prompt TEXT ...] [--max-new-tokens N]
+    python -m playground.models.fidelity --prepare      # only build the transformers 4.57.x environment
 
 Each directory answers its prompts (default: every catalog blueprint's example prompts) through
 :mod:`playground.models.kserve_load` twice, in child processes of this interpreter: once with the installed
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,10 +237,20 @@ def main(argv: list[str] | None = None) -> int:
         description="Check that model directories give token-identical greedy answers on the installed "
         "transformers and on transformers 4.57.x (KServe's HuggingFace runtime images).",
     )
-    parser.add_argument("dirs", nargs="+", metavar="DIR", help="model directories")
+    parser.add_argument("dirs", nargs="*", metavar="DIR", help="model directories")
+    parser.add_argument("--prepare", action="store_true", help="only build the cached transformers 4.57.x environment")
     parser.add_argument("--prompt", action="append", default=None, help="a prompt (default: the blueprints' examples)")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     args = parser.parse_args(argv)
+    if args.prepare:
+        try:
+            print(ensure_tf4_environment().path)
+        except RuntimeError as exc:
+            print(f"FAIL: {exc}")
+            return 1
+        return 0
+    if not args.dirs:
+        parser.error("give at least one model directory (or --prepare)")
     for directory in args.dirs:
         if not (Path(directory) / "config.json").is_file():
             parser.error(f"{directory!r} is not a model directory (no config.json)")
@@ -246,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     models = [{"dir": str(Path(d).resolve()), "prompts": prompts} for d in args.dirs]
     try:
         tf4 = ensure_tf4_environment()
-        current = greedy_answers(models, max_new_tokens=args.max_new_tokens)
-        older = greedy_answers(models, max_new_tokens=args.max_new_tokens, env=tf4.env())
+        with ThreadPoolExecutor(1) as pool:  # both versions at once (mostly imports and loads)
+            pending = pool.submit(greedy_answers, models, max_new_tokens=args.max_new_tokens, env=tf4.env())
+            current = greedy_answers(models, max_new_tokens=args.max_new_tokens)
+            older = pending.result()
     except RuntimeError as exc:  # RegistryUnreachable included
         print(f"FAIL: {exc}")
         return 1

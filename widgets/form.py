@@ -12,7 +12,7 @@ import ipywidgets as ipw
 from playground.backends import BACKENDS
 from playground.blueprints import Blueprint
 from playground.errors import UserError
-from widgets.state import FieldSpec, FormModel, FormResult, error_text, format_param
+from widgets.state import FieldSpec, FormModel, FormResult, error_text, format_duration, format_param
 
 LaunchHandler = Callable[[str, dict[str, Any]], Any]
 
@@ -42,8 +42,7 @@ def _plan_html(plan: Any, message: str) -> str:
     gb = plan.memory.total / 1e9
     verdict = "fits" if plan.fits else "does not fit"
     icon = "✓" if plan.fits else "✗"
-    minutes = plan.seconds / 60
-    duration = f"{plan.seconds:.0f} s" if plan.seconds < 90 else f"{minutes:.0f} min"
+    duration = format_duration(plan.seconds)
     head = (
         f"<b>Plan</b>: {plan.parameters / 1e6:.1f}M parameters ({plan.trainable_parameters / 1e6:.2f}M trainable) · "
         f"<span class='pg-plan-verdict'>{icon} {gb:.2f} GB per device, {verdict}</span> · about {duration}"

@@ -197,6 +197,8 @@ class Plan:
 
     def describe(self) -> str:
         """The plan as a few readable lines (CLI, app panel)."""
+        from playground.backends.local.state import format_duration
+
         m = self.memory
         lines = [
             f"{self.blueprint_id}: {self.parameters / 1e6:.1f}M parameters, "
@@ -210,24 +212,13 @@ class Plan:
             f"available: {_gb(self.capacity_bytes)} ({self.capacity_basis}) → "
             + ("fits" if self.fits else "does NOT fit")
             + (f"; {self.advice}" if self.advice else ""),
-            f"time: ~{_duration(self.seconds)} ({self.seconds_per_step:.2f} s/step; {self.time_basis})",
+            f"time: ~{format_duration(self.seconds)} ({self.seconds_per_step:.2f} s/step; {self.time_basis})",
         ]
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
 def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
-
-
-def _duration(seconds: float) -> str:
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, secs = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 # ------------------------------------------------------------------------------------ architecture
@@ -543,12 +534,10 @@ def make_plan(
 ) -> Plan:
     """Predict memory per device, fit and time for training ``blueprint`` with ``params`` (validated)."""
     from playground.train.flops import FlopCounter
-    from playground.train.recipe import DEFAULTS
+    from playground.train.recipe import resolve_setting
 
     def setting(name: str) -> Any:
-        if name in params:
-            return params[name]
-        return blueprint.training.get(name, DEFAULTS.get(name))
+        return resolve_setting(blueprint, params, name)
 
     source = model_source or blueprint.model.source
     arch = resolve_architecture(blueprint, model_source)

@@ -69,11 +69,17 @@ class TrainSpec:
 
     def setting(self, name: str) -> Any:
         """Parameter > the blueprint's fixed training setting > DEFAULTS."""
-        if name in self.params:
-            return self.params[name]
-        if name in self.blueprint.training:
-            return self.blueprint.training[name]
-        return DEFAULTS.get(name)
+        return resolve_setting(self.blueprint, self.params, name)
+
+
+def resolve_setting(blueprint: Blueprint, params: dict[str, Any], name: str) -> Any:
+    """A training setting: the run's parameter > the blueprint's fixed ``training`` setting > DEFAULTS.
+    The trainer (:meth:`TrainSpec.setting`) and ``playground plan`` both ask this."""
+    if name in params:
+        return params[name]
+    if name in blueprint.training:
+        return blueprint.training[name]
+    return DEFAULTS.get(name)
 
 
 @dataclass

@@ -9,6 +9,11 @@ from collections.abc import Callable
 from copy import deepcopy
 
 import ipywidgets as ipw
+
+# Imported whole before any monitor thread runs: plotly's chart validators use pandas as soon as it is in
+# sys.modules, and the MLflow reads (previous runs, Register) import it from their own threads, so a chart
+# render during that import met a half-initialised module (AttributeError: ... 'pandas' has no 'Series').
+import pandas  # noqa: F401  (0.3 s, once per kernel)
 import plotly.graph_objects as go
 
 from playground.backends.base import Backend

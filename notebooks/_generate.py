@@ -94,7 +94,7 @@ def blueprint_notebook(blueprint: Blueprint) -> nbformat.NotebookNode:
     lines += [
         "headless = False  # True: run the whole path with no clicks, assert, write result.json",
         'model_source = None  # None: the blueprint\'s own; a local dir; "standin"; or "config" (full size, random init)',
-        'dataset_source = None  # None: the blueprint\'s own; a local .json/.jsonl; or "standin"',
+        'dataset_source = None  # None: the blueprint\'s own; a .jsonl/.json/.csv/.parquet file (checked first); or "standin"',
         "assert_quality = True  # headless: fail unless the blueprint's quality bar is met",
         "quality_threshold = None  # headless: replaces the bar's threshold (None: the blueprint's)",
         "max_new_tokens = None  # headless chat answers' length (None: the blueprint's)",

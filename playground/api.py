@@ -40,6 +40,7 @@ def make_request(
     blueprint = get_blueprint(blueprint_id)
     resolved = blueprint.resolve_params(dict(params or {}))
     reference = str(Path(blueprint_id).expanduser().resolve()) if looks_like_file(blueprint_id) else blueprint.id
+    _check_sources(blueprint, resolved, model_source, dataset_source)
     return TrainRequest(
         blueprint_id=reference,
         params=resolved,
@@ -49,11 +50,89 @@ def make_request(
     )
 
 
+def _check_sources(
+    blueprint: Blueprint, params: dict[str, Any], model_source: str | None, dataset_source: str | None
+) -> None:
+    """Before anything starts: a replaced model must be one the trainer can train, and a dataset file here
+    (the blueprint's own or the replacement) must pass :func:`check_data`. A path that is not on this machine
+    is left to the backend (on Kubernetes it names a file in the pod)."""
+    from playground.userdata.check import is_local_file
+
+    if model_source is not None and ("://" in model_source or Path(model_source).expanduser().is_dir()):
+        from playground.blueprints.custom import check_architecture
+
+        check_architecture(model_source, blueprint)
+    source = dataset_source or blueprint.dataset.source
+    if is_local_file(source) and Path(source).expanduser().is_file():
+        check_data(blueprint, params, dataset_source=dataset_source, model_source=model_source)
+
+
+def check_data(
+    blueprint: str | Blueprint,
+    params: Mapping[str, Any] | None = None,
+    *,
+    dataset_source: str | None = None,
+    model_source: str | None = None,
+    columns: Mapping[str, str] | None = None,
+    eval_source: str | None = None,
+) -> Any:  # -> playground.userdata.DatasetReport | None
+    """Check a dataset file against a blueprint's model before launch (``playground data check``): a one-line
+    DatasetError naming the file, row and field, or a report (split, token percentiles, rows truncated by
+    ``max_seq_length``, a preview with the trained tokens marked). None for data that is not a local file."""
+    from playground.userdata import check_dataset
+
+    bp = get_blueprint(blueprint) if isinstance(blueprint, str) else blueprint
+    resolved = bp.resolve_params(dict(params or {}))
+    return check_dataset(
+        bp, resolved, dataset_source, model_source=model_source, columns=columns, eval_source=eval_source
+    )
+
+
+def custom_blueprint(
+    blueprint_id: str,
+    *,
+    base: str = DEFAULT_BLUEPRINT,
+    title: str | None = None,
+    model_source: str | None = None,
+    dataset_source: str | None = None,
+    columns: Mapping[str, str] | None = None,
+    eval_source: str | None = None,
+    method: str | None = None,
+    quality: str | None = None,
+    save: bool = True,
+    directory: str | Path | None = None,
+    overwrite: bool = False,
+) -> tuple[Blueprint, Path | None, list[str]]:
+    """A blueprint of your own (``playground custom``): ``base``'s recipe on your model and/or data, the
+    architecture and the data checked, saved as ``<directory>/<id>.yaml`` (default
+    ``$PLAYGROUND_HOME/blueprints``, part of the catalog). Returns (blueprint, file or None, notes)."""
+    from playground.blueprints.custom import make_custom, save_blueprint
+    from playground.booth import booth_enabled
+    from playground.errors import UserError
+
+    if booth_enabled():
+        raise UserError("custom blueprints are not available in booth mode", field="blueprint")
+    blueprint, notes = make_custom(
+        get_blueprint(base),
+        blueprint_id,
+        title=title,
+        model_source=model_source,
+        dataset_source=dataset_source,
+        columns=columns,
+        eval_source=eval_source,
+        method=method,
+        quality=quality,
+    )
+    path = save_blueprint(blueprint, directory, overwrite=overwrite) if save else None
+    return blueprint, path, notes
+
+
 def plan_run(
     blueprint_id: str,
     params: Mapping[str, Any] | None = None,
     *,
     model_source: str | None = None,
+    dataset_source: str | None = None,
     backend: str = "local",
 ) -> Any:  # -> playground.blueprints.plan.Plan
     """Predict memory per device, fit and training time of a run before launching it (starts nothing)."""
@@ -61,7 +140,11 @@ def plan_run(
 
     blueprint = get_blueprint(blueprint_id)
     return make_plan(
-        blueprint, blueprint.resolve_params(dict(params or {})), model_source=model_source, backend=backend
+        blueprint,
+        blueprint.resolve_params(dict(params or {})),
+        model_source=model_source,
+        dataset_source=dataset_source,
+        backend=backend,
     )
 
 

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "playground.commands.blueprints",  # blueprints, blueprints show
     "playground.commands.jobs",  # train, jobs, logs, cancel, delete
     "playground.commands.plan",  # plan
+    "playground.commands.data",  # data check, custom
     "playground.serving.commands",  # serve, servers, chat, unserve
     "playground.e2e.commands",  # e2e
     "playground.commands.app",  # app

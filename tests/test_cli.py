@@ -337,10 +337,12 @@ def test_train_follow_prints_progress_and_final_metrics(capsys, home):
 
 @pytest.mark.slow
 def test_crashing_trainer_fails_with_the_error_line_json_follow(capsys, home, tmp_path):
-    """A GPU blueprint with a local stand-in runs on CPU; a broken stand-in crashes the real trainer."""
+    """A GPU blueprint with a local stand-in runs on CPU; a broken stand-in crashes the real trainer (it passes
+    the checks before launch: a Llama config and a tokenizer config, but no tokenizer or weights behind them)."""
     stand_in = tmp_path / "broken-model"
     stand_in.mkdir()
-    (stand_in / "config.json").write_text("{ this is not json")
+    (stand_in / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (stand_in / "tokenizer_config.json").write_text("{}")
     code, out, err = run(
         capsys, "train", "llama-3.2-1b-lora-alpaca", "--model-source", str(stand_in), "--follow", "--json"
     )

@@ -563,3 +563,50 @@ def test_interrupted_headless_run_cancels_its_job(cluster, k8s, tmp_path):
     assert result["passed"] is False and result["error"].startswith("KeyboardInterrupt")
     assert k8s.get(result["job_id"]).phase == JobPhase.CANCELLED
     k8s.delete(result["job_id"])
+
+
+def test_notebook_pod_volume_carries_your_data_file_to_the_trainer(cluster, k8s, tmp_path, monkeypatch):
+    """In a notebook pod, a file on its workspace volume: the backend reads its own pod from the API, mounts the
+    same claim in the trainer's pods, and the trainer's own argument check accepts the file where the pod sees it."""
+    import json
+
+    from playground.backends.kubernetes.datafiles import DATA_MOUNT
+    from playground.train.__main__ import prepare
+
+    workspace = tmp_path / "home-jovyan"
+    (workspace / "data").mkdir(parents=True)
+    train = workspace / "data" / "talks.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"q{i}", "completion": f"a{i}"}) + "\n" for i in range(20)))
+    cluster.put("pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "alice-notebook-0", "namespace": NS, "labels": {"app": "notebook"}},
+        "spec": {
+            "containers": [{"name": "notebook", "image": "jupyter",
+                            "volumeMounts": [{"name": "ws", "mountPath": str(workspace)}]}],
+            "volumes": [{"name": "ws", "persistentVolumeClaim": {"claimName": "workspace-alice"}}],
+        },
+    })  # fmt: skip
+    monkeypatch.delenv("PLAYGROUND_DATA_PVC", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # as in a pod; the client still uses the kubeconfig
+    monkeypatch.setenv("HOSTNAME", "alice-notebook-0")
+    monkeypatch.setenv("POD_NAMESPACE", NS)
+    job = k8s.submit(make_request("tiny-llama-cpu", {"max_steps": 20}, dataset_source=str(train)))
+    spec = cluster.get("trainjobs", job.id)["spec"]
+    pod = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]
+    assert pod["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "workspace-alice"
+    args = spec["trainer"]["args"]
+    assert args[args.index("--dataset-source") + 1] == f"{DATA_MOUNT}/data/talks.jsonl"
+    in_pod = [a.replace(DATA_MOUNT, str(workspace)) for a in args]  # the mount, as the trainer's pod has it
+    in_pod[in_pod.index("--output") + 1] = str(tmp_path / "out")
+    assert prepare(in_pod).dataset_source == str(train)
+    list(k8s.events(job.id, follow=True))
+    assert k8s.get(job.id).phase == JobPhase.SUCCEEDED
+    k8s.delete(job.id)
+
+    monkeypatch.setenv("HOSTNAME", "someone-else-0")  # no such pod: nothing to mount, one line, nothing created
+    before = len(cluster.items("trainjobs"))
+    with pytest.raises(
+        UserError, match=r"talks.jsonl': the kubernetes backend reads your file from a PersistentVolumeClaim"
+    ):
+        k8s.submit(make_request("tiny-llama-cpu", dataset_source=str(train)))
+    assert len(cluster.items("trainjobs")) == before

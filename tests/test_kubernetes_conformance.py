@@ -357,3 +357,79 @@ def test_kustomization_lists_existing_files_and_least_privilege_rbac():
     assert container["command"][-4:] == ["--ip", "0.0.0.0", "--port", "8866"]
     assert container["readinessProbe"]["httpGet"]["path"].endswith("/healthz.txt")  # never starts a kernel
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "blueprint-playground"
+
+
+# -- your own data file on Kubernetes: through a PVC, never inline ---------------------------------------------------
+def _data_rows(path: Path, n: int = 12) -> Path:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"prompt": f"secret-row-{i}", "completion": f"answer-{i}"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_own_data_file_reaches_the_trainer_through_a_read_only_pvc(schemas, tmp_path, isolated_home):
+    """A custom blueprint (your file + held-out file) and a --dataset-source override: the TrainJob mounts the
+    claim read-only at /mnt/playground-data via runtimePatches (valid against the CRD), the trainer reads the files
+    there, the blueprint travels as YAML with the paths renamed, and no row of the file is in the spec."""
+    from playground.backends.kubernetes.datafiles import DATA_MOUNT, ClaimMount
+    from playground.blueprints import blueprint_from_yaml
+    from playground.blueprints.custom import make_custom, save_blueprint
+
+    workspace = tmp_path / "jovyan"
+    train = _data_rows(workspace / "data" / "train.jsonl")
+    held = _data_rows(workspace / "data" / "held.jsonl", 4)
+    blueprint, _ = make_custom(
+        get_blueprint("tiny-llama-cpu"), "my-data", dataset_source=str(train), eval_source=str(held)
+    )
+    path = save_blueprint(blueprint)
+    options = m.ClusterOptions(namespace="ml", data_claims=(ClaimMount("workspace-alice", str(workspace)),))
+    trainjob = m.build_trainjob(m.plan_trainjob(blueprint, make_request(str(path)), options, "my-data-abcde"))
+    assert schemas["TrainJob"](trainjob) == []
+    assert "secret-row" not in yaml.safe_dump(trainjob)
+    patch = trainjob["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    pod = patch["template"]["spec"]["template"]["spec"]
+    assert patch["name"] == "node" and pod["containers"][0]["name"] == "node"
+    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "workspace-alice", "readOnly": True}
+    assert pod["containers"][0]["volumeMounts"][0] == {
+        "name": "playground-data",
+        "mountPath": DATA_MOUNT,
+        "readOnly": True,
+    }
+    args = trainjob["spec"]["trainer"]["args"]
+    assert "--blueprint" not in args
+    sent = blueprint_from_yaml(args[args.index("--blueprint-yaml") + 1])
+    assert sent.dataset.source == f"{DATA_MOUNT}/data/train.jsonl"
+    assert sent.dataset.eval_source == f"{DATA_MOUNT}/data/held.jsonl"
+    assert sent.model_copy(update={"dataset": blueprint.dataset, "examples": blueprint.examples}) == blueprint
+
+    # A shipped blueprint with --dataset-source: its id, and the override renamed to the mount.
+    request = make_request("tiny-llama-cpu", dataset_source=str(train))
+    trainjob = m.build_trainjob(m.plan_trainjob(get_blueprint("tiny-llama-cpu"), request, options, "tiny-llama-x1"))
+    assert schemas["TrainJob"](trainjob) == []
+    args = trainjob["spec"]["trainer"]["args"]
+    assert args[:2] == ["--blueprint", "tiny-llama-cpu"]
+    assert args[args.index("--dataset-source") + 1] == f"{DATA_MOUNT}/data/train.jsonl"
+
+
+def test_own_data_file_on_no_claim_is_one_line_naming_the_setting(tmp_path, monkeypatch):
+    from playground.backends.kubernetes.datafiles import ClaimMount
+
+    train = _data_rows(tmp_path / "train.jsonl")
+    request = make_request("tiny-llama-cpu", dataset_source=str(train))
+    for claims, needle in (((), "no claim is known: PLAYGROUND_DATA_PVC is not set"),
+                           ((ClaimMount("ws", "/home/jovyan"),), "known: ws at /home/jovyan")):  # fmt: skip
+        options = m.ClusterOptions(namespace="ml", data_claims=claims)
+        with pytest.raises(UserError) as err:
+            m.plan_trainjob(get_blueprint("tiny-llama-cpu"), request, options, "tiny-llama-x1")
+        message = str(err.value)
+        assert "\n" not in message and "train.jsonl" in message and needle in message
+        assert (
+            "allowed: a file under a PersistentVolumeClaim's mount (set PLAYGROUND_DATA_PVC=CLAIM:MOUNT_PATH" in message
+        )
+    monkeypatch.setenv("PLAYGROUND_DATA_PVC", "not a claim")
+    with pytest.raises(UserError, match=r"PLAYGROUND_DATA_PVC 'not a claim' is not valid; allowed: CLAIM:MOUNT_PATH"):
+        m.ClusterOptions.from_env()
+    monkeypatch.setenv("PLAYGROUND_DATA_PVC", f"ws:{tmp_path}, other:/data")
+    assert m.ClusterOptions.from_env().data_claims == (ClaimMount("ws", str(tmp_path)), ClaimMount("other", "/data"))

@@ -701,3 +701,182 @@ def test_launch_form_shows_the_plan_and_follows_the_values() -> None:
     form.controls["batch_size"].value = "0"  # out of range: the error shows, the plan says why it stopped
     assert "fix the highlighted values" in form.plan_view.value
     assert "Traceback" not in form.plan_view.value
+
+
+# -- your data & model (the data panel on the launch form) ----------------------------------------
+
+GOOD_ROWS = [
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                  {"role": "user", "content": "more"}, {"role": "assistant", "content": "sure <b>x</b>"}]},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+    {"messages": [{"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]},
+]  # fmt: skip
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _click(button: ipw.Button) -> None:
+    button._handle_button_msg(None, {"event": "click"}, None)  # what a client's click does
+
+
+def _upload_msg(name: str, content: bytes) -> dict:
+    """The FileUpload value as a client sends it (deserialized by the widget itself)."""
+    return {"value": [{"name": name, "type": "", "size": 1, "content": memoryview(content), "last_modified": 0}]}
+
+
+class RecordingBackend(ScriptedBackend):
+    """Records what Launch submits and starts nothing."""
+
+    def __init__(self) -> None:
+        super().__init__([], 1.0)
+        self.jobs = {}
+        self.requests: list[TrainRequest] = []
+
+    def submit(self, request: TrainRequest) -> Job:
+        self.requests.append(request)
+        raise ParameterError("not started in this test", field="blueprint")
+
+
+def _data_app(backend: RecordingBackend, **kwargs):
+    from widgets.app import App
+
+    app = App(backend=backend, blueprint_id="tiny-llama-cpu", booth=False, reattach=False, **kwargs)
+    assert app.form is not None and app.form.data is not None
+    return app
+
+
+def test_data_panel_reports_a_good_multi_turn_file(isolated_home: Path, tmp_path: Path) -> None:
+    good = _jsonl(tmp_path / "good.jsonl", GOOD_ROWS)
+    form = LaunchForm(get_blueprint("tiny-llama-cpu"), data_panel=True)
+    panel = form.data
+    assert panel is not None and panel.selected_index is None and panel.titles == ("Your data & model",)
+    panel.dataset.set_state({"value": str(good)})
+    _click(panel.check_button)
+    out = panel.output.value
+    assert panel.report is not None and panel.report.rows == 3 and "pg-error-text" not in out
+    assert "3 rows (messages, 1 multi-turn); 2 to train, 1 held out" in out
+    assert "p50 5 · p90 30 · p99 30 · max 30" in out and "max_seq_length 64 truncates 0 of 3 rows" in out
+    assert out.count("pg-data-row") == 3 and "<mark>hello&lt;|end|&gt;</mark>" in out
+    assert "sure &lt;b&gt;x&lt;/b&gt;" in out and "<b>x" not in out  # the file's text is escaped
+
+
+def test_a_bad_row_is_one_inline_line_and_launch_starts_nothing(isolated_home: Path, tmp_path: Path) -> None:
+    empty_answer = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}]}
+    bad = _jsonl(tmp_path / "bad.jsonl", [GOOD_ROWS[1], empty_answer])
+    backend = RecordingBackend()
+    app = _data_app(backend)
+    panel = app.form.data
+    panel.dataset.set_state({"value": str(bad)})
+    _click(panel.check_button)
+    text = html.unescape(panel.output.value)
+    assert "pg-error-text" in panel.output.value and "bad.jsonl row 2 field 'messages[1].content'" in text
+    assert "\n" not in text and "<br>" not in text and "Traceback" not in text and panel.selected_index == 0
+    assert app.form.launch() is None and backend.requests == []  # the engine refused before anything started
+    assert "bad.jsonl row 2" in html.unescape(app.form.status.value)
+    assert app.monitor.job_id == "" and not app.monitor.running
+    panel.columns.set_state({"value": "prompt"})  # not NAME=COLUMN: one line, still nothing started
+    _click(panel.check_button)
+    assert "expected NAME=COLUMN" in html.unescape(panel.output.value)
+    panel.columns.set_state({"value": ""})
+    panel.dataset.set_state({"value": "x\x00.jsonl"})  # what a client can send
+    assert app.form.launch() is None and "dataset: not valid" in app.form.status.value and backend.requests == []
+
+
+def test_an_unexpected_check_failure_is_a_generic_line(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> None:
+    from playground import api
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("/secret/place exploded")
+
+    monkeypatch.setattr(api, "check_data", broken)
+    form = LaunchForm(get_blueprint("tiny-llama-cpu"), data_panel=True)
+    assert form.data.check() is None
+    assert form.data.output.value == "<span class='pg-error-text'>could not check the data (RuntimeError)</span>"
+
+
+def test_launch_passes_the_panel_sources(isolated_home: Path, tmp_path: Path) -> None:
+    good = _jsonl(tmp_path / "good.jsonl", GOOD_ROWS)
+    backend = RecordingBackend()
+    app = _data_app(backend, dataset_source=str(good))
+    assert app.form.data.dataset.value == str(good)  # the App's sources start the panel
+    app.form.data.model.set_state({"value": "scratch://llama"})
+    app.form.launch()
+    overrides = backend.requests[-1].overrides
+    assert (overrides.dataset, overrides.model) == (str(good), "scratch://llama")
+    app.form.data.eval_file.set_state({"value": str(good)})  # lives in a blueprint of your own: refused inline
+    assert app.form.launch() is None and len(backend.requests) == 1
+    assert "Save as blueprint" in app.form.data.output.value
+
+
+def test_uploads_are_private_files_inside_uploads(isolated_home: Path, tmp_path: Path) -> None:
+    from widgets.userdata import MAX_UPLOAD_BYTES, safe_upload_name
+
+    form = LaunchForm(get_blueprint("tiny-llama-cpu"), data_panel=True)
+    panel = form.data
+    content = "".join(json.dumps(row) + "\n" for row in GOOD_ROWS).encode()
+    panel.upload.set_state(_upload_msg("../../x.jsonl", content))
+    uploads = isolated_home / "uploads"
+    saved = uploads / "x.jsonl"
+    assert saved.read_bytes() == content and panel.dataset.value == str(saved)
+    assert oct(saved.stat().st_mode & 0o777) == "0o600" and oct(uploads.stat().st_mode & 0o777) == "0o700"
+    assert not (tmp_path / "x.jsonl").exists() and sorted(p.name for p in uploads.iterdir()) == ["x.jsonl"]
+    assert panel.report is not None and "<mark>" in panel.output.value  # checked at once
+    assert panel.upload.value == ()  # the bytes do not stay in the kernel
+    names = {"..\\..\\evil.CSV": "evil.csv", ".hidden.json": "hidden.json", "a b<script>.jsonl": "a_b_script_.jsonl"}
+    assert {name: safe_upload_name(name) for name in names} == names
+    # too large (the cap is a setting), or not a dataset: one line, nothing written
+    panel.upload.set_state(_upload_msg("big.jsonl", bytes(MAX_UPLOAD_BYTES + 1)))
+    assert "allowed: at most 9 MB" in panel.output.value and not (uploads / "big.jsonl").exists()
+    panel.upload.set_state(_upload_msg("run.sh", b"echo"))
+    assert "unsupported file type" in panel.output.value and panel.dataset.value == str(saved)
+    assert sorted(p.name for p in uploads.iterdir()) == ["x.jsonl"]
+
+
+def test_save_as_blueprint_joins_the_catalog(isolated_home: Path, tmp_path: Path) -> None:
+    from playground import api
+
+    good = _jsonl(tmp_path / "good.jsonl", GOOD_ROWS)
+    app = _data_app(RecordingBackend())
+    panel = app.form.data
+    panel.dataset.set_state({"value": str(good)})
+    panel.save_id.set_state({"value": "my-own-data"})
+    _click(panel.save_button)
+    saved = isolated_home / "blueprints" / "my-own-data.yaml"
+    assert saved.is_file() and "saved my-own-data" in panel.save_status.value, panel.save_status.value
+    assert "my-own-data" in [b.id for b in api.blueprints()]
+    assert "my-own-data" in app.gallery.cards and "pg-selected" in app.gallery.cards["tiny-llama-cpu"]._dom_classes
+    _click(panel.save_button)  # the same id again: one line, nothing overwritten
+    assert "already exists" in panel.save_status.value and "pg-error-text" in panel.save_status.value
+
+
+def test_booth_mode_has_no_data_panel(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> None:
+    from widgets.app import App
+    from widgets.userdata import DataPanel
+
+    monkeypatch.setenv("PLAYGROUND_BOOTH", "1")
+    form = LaunchForm(get_blueprint("tiny-llama-cpu"), data_panel=True)
+    assert form.data is None and form.sources() == {}
+    app = App(backend=RecordingBackend(), blueprint_id="tiny-llama-cpu", visitor="v-0123456789abcdef", reattach=False)
+    assert app.booth and app.form is not None and app.form.data is None
+    assert not any(isinstance(w, DataPanel) for w in app.form.children)
+
+
+def test_checking_data_from_the_panel_imports_no_torch(tmp_path: Path) -> None:
+    good = _jsonl(tmp_path / "good.jsonl", GOOD_ROWS)
+    script = f"""
+import json, sys
+from playground.blueprints import get_blueprint
+from widgets.form import LaunchForm
+form = LaunchForm(get_blueprint("tiny-llama-cpu"), data_panel=True)
+form.data.dataset.value = {str(good)!r}
+assert form.data.check() is not None, form.data.output.value
+form.refresh_plan(wait=True)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "peft"))))
+"""
+    env = {**os.environ, "PLAYGROUND_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

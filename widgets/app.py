@@ -20,6 +20,7 @@ from playground.types import Job
 from widgets.chat import ChatPanel, ServePanel
 from widgets.form import LaunchForm
 from widgets.gallery import BlueprintGallery
+from widgets.guard import guard_kernel
 from widgets.jobs import JobsList
 from widgets.monitor import JobMonitor
 from widgets.state import error_text, scrub_paths
@@ -45,6 +46,9 @@ STYLE = """<style>
 .pg-empty, .pg-whitespace { color: #888; }
 .pg-ok { color: #2ca02c; font-weight: bold; } .pg-bad { color: #d62728; font-weight: bold; }
 .pg-section h2 { margin: 12px 0 4px 0; }
+.pg-data-preview { font-size: 0.85em; background: #f6f6f6; padding: 4px; margin: 2px 0 6px 0; white-space: pre-wrap; }
+.pg-data-preview mark { background: #ffe58a; }
+.pg-data-ok { color: #2ca02c; }
 </style>"""
 
 RUNNING = "your job is still running: wait for it to finish, or cancel it"
@@ -86,6 +90,7 @@ class App(ipw.VBox):
         reattach: bool = True,
     ) -> None:
         self.booth = booth_enabled() if booth is None else booth
+        self.guard = guard_kernel(booth=self.booth)  # hostile widget messages: size, rate, no tracebacks out
         if self.booth and visitor is None:
             from voila_app.identity import visitor_from_environ
 
@@ -166,6 +171,10 @@ class App(ipw.VBox):
             backends=backends,
             values=values,
             show_backend=not self.booth,
+            data_panel=not self.booth,
+            model_source=self.model_source,
+            dataset_source=self.dataset_source,
+            on_saved=self._saved,
         )
         if self.gallery is not None and not self.booth:
             self.form.backend.observe(lambda change: self.gallery.set_backend(change["new"]), names="value")
@@ -183,11 +192,13 @@ class App(ipw.VBox):
         if self.monitor.running:
             raise UserError(RUNNING, field="quota")
         backend = self.get_backend(self.backend_name if self.booth else backend_name)
+        sources = {"model_source": self.model_source, "dataset_source": self.dataset_source}
+        if not self.booth and self.form is not None:
+            sources.update(self.form.sources())  # the "Your data & model" panel (its values start as these)
         request = api.make_request(
             self.blueprint.id,
             params,
-            model_source=self.model_source,
-            dataset_source=self.dataset_source,
+            **sources,
             labels={"app": "playground"},
             owner=self.owner,
         )
@@ -199,6 +210,11 @@ class App(ipw.VBox):
             else:
                 self.jobs.refresh()
         return job
+
+    def _saved(self, blueprint: Blueprint) -> None:
+        """A blueprint of your own was saved from the form: the gallery shows it (the form stays as it is)."""
+        if self.gallery is not None:
+            self.gallery.refresh(api.blueprints())
 
     def open_job(self, job: Job) -> None:
         """Reattach (JobsList → Open): the monitor replays the job's whole history."""

@@ -11,8 +11,10 @@ import ipywidgets as ipw
 
 from playground.backends import BACKENDS
 from playground.blueprints import Blueprint
+from playground.booth import booth_enabled
 from playground.errors import UserError
 from widgets.state import FieldSpec, FormModel, FormResult, error_text, format_duration, format_param
+from widgets.userdata import DataPanel, is_data_error
 
 LaunchHandler = Callable[[str, dict[str, Any]], Any]
 
@@ -67,6 +69,9 @@ class LaunchForm(ipw.VBox):
     Every value is read from the kernel-side widgets and validated at Launch: a client can send any
     comm message (change a control's value, click a disabled button), so neither the controls'
     bounds nor the button's ``disabled`` state is trusted. :meth:`block` refuses launches in the kernel.
+
+    ``data_panel=True`` adds the "Your data & model" section (:class:`~widgets.userdata.DataPanel`, never in
+    booth mode); ``on_launch`` then reads the chosen sources with :meth:`sources`.
     """
 
     def __init__(
@@ -78,6 +83,10 @@ class LaunchForm(ipw.VBox):
         backends: tuple[str, ...] = BACKENDS,
         values: Mapping[str, Any] | None = None,
         show_backend: bool = True,
+        data_panel: bool = False,
+        model_source: str | None = None,
+        dataset_source: str | None = None,
+        on_saved: Callable[[Blueprint], None] | None = None,
     ) -> None:
         self.blueprint = blueprint
         self.model = FormModel(blueprint)
@@ -118,7 +127,17 @@ class LaunchForm(ipw.VBox):
         self._plan_lock = threading.Lock()
         title = ipw.HTML(f"<h3>{html.escape(blueprint.title)}</h3><p>{html.escape(blueprint.description)}</p>")
         launch_row = ipw.HBox([self.backend, self.launch_button])
-        super().__init__([title, *rows, self.plan_view, launch_row, self.status])
+        self.data: DataPanel | None = None
+        if data_panel and not booth_enabled():  # booth: no such widgets exist, whatever a client sends
+            self.data = DataPanel(
+                blueprint,
+                params=self._valid_params,
+                model_source=model_source,
+                dataset_source=dataset_source,
+                on_saved=on_saved,
+            )
+        extra = [self.data] if self.data is not None else []
+        super().__init__([title, *rows, *extra, self.plan_view, launch_row, self.status])
         self.add_class("pg-form")
         self.backend.observe(lambda _change: self.refresh_plan(), names="value")
         if values:
@@ -127,6 +146,15 @@ class LaunchForm(ipw.VBox):
 
     def values(self) -> dict[str, Any]:
         return {name: control.value for name, control in self.controls.items()}
+
+    def _valid_params(self) -> dict[str, Any] | None:
+        result = self.validate()
+        return dict(result.params) if result.ok else None
+
+    def sources(self) -> dict[str, str | None]:
+        """The dataset and model sources chosen in the data panel (``{}`` without one); a UserError for values
+        Launch cannot use."""
+        return self.data.launch_sources() if self.data is not None else {}
 
     def chosen_backend(self) -> str:
         """The backend picked in the form; when the dropdown is hidden (booth), the App's, whatever a client sent."""
@@ -185,6 +213,8 @@ class LaunchForm(ipw.VBox):
         """Show an engine error inline: next to its field when it names one, else under the form."""
         message = error_text(exc)
         field = getattr(exc, "field", None)
+        if self.data is not None and is_data_error(exc):
+            self.data.show_error(message)
         if field in self.errors:
             self.errors[field].value = _error_html(message)
         else:

@@ -54,9 +54,22 @@ class BlueprintGallery(ipw.VBox):
         on_select: Callable[[Blueprint], None] | None = None,
         backend: str = "local",
     ) -> None:
-        self.blueprints = {b.id: b for b in blueprints}
         self.on_select = on_select
         self.selected: str | None = None
+        self.backend = backend
+        super().__init__([])
+        self.add_class("pg-gallery")
+        self.refresh(blueprints)
+
+    def refresh(self, blueprints: Iterable[Blueprint]) -> None:
+        """Redraw the cards for ``blueprints`` (e.g. after a blueprint was saved); the selection stays."""
+        for old in self.children:  # the previous cards' widgets leave the kernel
+            for card in getattr(old, "children", ()):
+                for widget in card.children:
+                    widget.close()
+                card.close()
+            old.close()
+        self.blueprints = {b.id: b for b in blueprints}
         self.cards: dict[str, ipw.VBox] = {}
         self.notes: dict[str, list[str]] = {}
         self.bodies: dict[str, ipw.HTML] = {}
@@ -68,12 +81,14 @@ class BlueprintGallery(ipw.VBox):
             card = ipw.VBox([body, button], layout=ipw.Layout(width="320px", margin="4px", padding="8px"))
             card.add_class("pg-card").add_class(f"pg-card-{bp.id}")
             self.cards[bp.id], self.bodies[bp.id] = card, body
-        self.set_backend(backend)
-        super().__init__([ipw.HBox(list(self.cards.values()), layout=ipw.Layout(flex_flow="row wrap"))])
-        self.add_class("pg-gallery")
+        if self.selected in self.cards:
+            self.cards[self.selected].add_class("pg-selected")
+        self.set_backend(self.backend)
+        self.children = [ipw.HBox(list(self.cards.values()), layout=ipw.Layout(flex_flow="row wrap"))]
 
     def set_backend(self, backend: str) -> None:
         """Recompute the 'cannot run here' notes for ``backend``."""
+        self.backend = backend
         for bid, bp in self.blueprints.items():
             self.notes[bid] = blueprint_notes(bp, backend)
             self.bodies[bid].value = card_html(bp, self.notes[bid])

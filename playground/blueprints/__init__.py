@@ -1,6 +1,12 @@
 """Blueprint catalog: one YAML file per blueprint under ``catalog/``, validated by :mod:`.schema`."""
 
-from playground.blueprints.loader import catalog_problems, get_blueprint, load_blueprint_file, load_catalog
+from playground.blueprints.loader import (
+    blueprint_from_yaml,
+    catalog_problems,
+    get_blueprint,
+    load_blueprint_file,
+    load_catalog,
+)
 from playground.blueprints.schema import (
     KNOWN_PARAMETERS,
     Blueprint,
@@ -14,6 +20,7 @@ __all__ = [
     "Blueprint",
     "Example",
     "ParameterSpec",
+    "blueprint_from_yaml",
     "catalog_problems",
     "get_blueprint",
     "load_blueprint_file",

@@ -24,9 +24,21 @@ def load_blueprint_file(path: str | Path) -> Blueprint:
     path = Path(path)
     where = shown_path(path, quoted=False)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise BlueprintError(f"{where}: cannot read ({exc.strerror or exc})", field="blueprint") from None
+    blueprint = blueprint_from_yaml(text, where=where)
+    if path.stem != blueprint.id:
+        raise BlueprintError(
+            f"{where}: field 'id': {blueprint.id!r} must match the file name {path.stem!r}", field="id"
+        )
+    return blueprint
+
+
+def blueprint_from_yaml(text: str, *, where: str = "--blueprint-yaml") -> Blueprint:
+    """Parse and validate a blueprint's YAML text (a file's, or one passed to a TrainJob pod)."""
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
@@ -35,23 +47,24 @@ def load_blueprint_file(path: str | Path) -> Blueprint:
     if not isinstance(data, dict):
         raise BlueprintError(f"{where}: expected a mapping at the top level", field="blueprint")
     try:
-        blueprint = Blueprint.model_validate(data)
+        return Blueprint.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
         field = _field_path(err["loc"])
         raise BlueprintError(f"{where}: field {field!r}: {err['msg']}{more}", field=field) from None
-    if path.stem != blueprint.id:
-        raise BlueprintError(
-            f"{where}: field 'id': {blueprint.id!r} must match the file name {path.stem!r}", field="id"
-        )
-    return blueprint
 
 
 def catalog_dirs() -> list[Path]:
-    """The shipped catalog plus any directories in ``$PLAYGROUND_BLUEPRINTS`` (os.pathsep-separated)."""
+    """The shipped catalog, the blueprints saved under ``$PLAYGROUND_HOME/blueprints`` (``playground custom``;
+    not in booth mode) and any directories in ``$PLAYGROUND_BLUEPRINTS`` (os.pathsep-separated)."""
+    from playground.booth import booth_enabled
+    from playground.paths import playground_home
+
     extra = [Path(p) for p in os.environ.get("PLAYGROUND_BLUEPRINTS", "").split(os.pathsep) if p]
-    return [CATALOG_DIR, *extra]
+    saved = playground_home() / "blueprints"
+    mine = [saved] if saved.is_dir() and not booth_enabled() else []
+    return [CATALOG_DIR, *mine, *extra]
 
 
 @lru_cache(maxsize=8)

@@ -309,66 +309,39 @@ def trainable_parameters(arch: Architecture, blueprint: Blueprint, params: dict[
 # ------------------------------------------------------------------------------------ data
 
 
-def example_lengths(blueprint: Blueprint, params: dict[str, Any], source: str, *, n: int = 256) -> list[int] | None:
-    """Token counts of ``n`` of the run's training examples as the trainer renders them (chat template,
-    prompt + answer), torch-free: synthetic datasets only, with the character tokenizer or a model
-    directory's ``tokenizer.json``. None where that cannot be known without loading more."""
-    import re
+def example_lengths(
+    blueprint: Blueprint, params: dict[str, Any], source: str, *, dataset_source: str | None = None, n: int = 256
+) -> list[int] | None:
+    """Token counts of ``n`` of the run's training examples as the trainer renders them (the chat template
+    over the whole conversation), torch-free (:mod:`playground.userdata.template`): synthetic datasets and
+    local data files. None where that cannot be known without loading more (a hub dataset)."""
+    from playground.userdata.check import is_local_file
+    from playground.userdata.template import renderer_for
 
-    import jinja2
+    data = dataset_source or blueprint.dataset.source
+    if data.startswith("synthetic://"):
+        from playground.train.data import SYNTHETIC_TASKS, synthetic_splits
 
-    dataset = blueprint.dataset
-    if not dataset.source.startswith("synthetic://"):
-        return None
-    from playground.train.data import SYNTHETIC_TASKS, synthetic_splits
-
-    task = dataset.source.removeprefix("synthetic://")
-    if task not in SYNTHETIC_TASKS:
-        return None
-    train, _ = synthetic_splits(task, dict(dataset.options), num_train=n, num_eval=20, seed=int(params.get("seed", 0)))
-    env = jinja2.Environment(trim_blocks=False, lstrip_blocks=False)
-    if source.startswith("scratch://") and blueprint.model.tokenizer in (None, "chars"):
-        from playground.train.tokenizer import CHAR_CHAT_TEMPLATE, CHAR_SPECIAL_TOKENS
-
-        template = env.from_string(blueprint.model.chat_template or CHAR_CHAT_TEMPLATE)
-        special = re.compile("|".join(re.escape(t) for t in CHAR_SPECIAL_TOKENS))
-
-        def count(text: str) -> int:
-            return len(special.sub("x", text))  # one token per character, one per special token
-
-        extra: dict[str, Any] = {}
-    else:
-        directory = _model_directory(source)
-        has_tokenizer = directory is not None and (directory / "tokenizer.json").is_file()
-        config_file = directory / "tokenizer_config.json" if directory is not None else None
-        config = json.loads(config_file.read_text()) if config_file is not None and config_file.is_file() else {}
-        jinja_file = directory / "chat_template.jinja" if directory is not None else None
-        text = blueprint.model.chat_template or (
-            jinja_file.read_text() if jinja_file and jinja_file.is_file() else None
-        )
-        text = text or config.get("chat_template")
-        if not isinstance(text, str):
+        task = data.removeprefix("synthetic://")
+        if task not in SYNTHETIC_TASKS:
             return None
-        template = env.from_string(text)
-        extra = {k: config.get(k) for k in ("bos_token", "eos_token") if isinstance(config.get(k), str)}
-        if has_tokenizer:
-            from tokenizers import Tokenizer
+        seed = int(params.get("seed", 0))
+        train, _ = synthetic_splits(task, dict(blueprint.dataset.options), num_train=n, num_eval=20, seed=seed)
+        conversations = [sample.messages() for sample in train]
+    elif is_local_file(data) and Path(data).expanduser().is_file():
+        import random
 
-            tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        from playground.userdata.shapes import read_conversations
 
-            def count(text: str) -> int:
-                return len(tokenizer.encode(text, add_special_tokens=False).ids)
-
-        else:  # not converted yet (a packaged model's first use): a stated BPE rule of thumb
-
-            def count(text: str) -> int:
-                return max(1, round(len(text) / CHARS_PER_TOKEN))
-
-    lengths = []
-    for sample in train:
-        messages = [{"role": "user", "content": sample.prompt}, {"role": "assistant", "content": sample.answer}]
-        lengths.append(count(template.render(messages=messages, add_generation_prompt=False, **extra)))
-    return lengths
+        _, conversations = read_conversations(data, columns=blueprint.dataset.columns)
+        if len(conversations) > n:
+            conversations = random.Random(0).sample(conversations, n)
+    else:
+        return None
+    renderer = renderer_for(blueprint, source)
+    if renderer is None:
+        return None
+    return [renderer.count_tokens(renderer.render(messages)) for messages in conversations]
 
 
 def _tokenizer_known(blueprint: Blueprint, source: str) -> bool:
@@ -528,6 +501,7 @@ def make_plan(
     params: dict[str, Any],
     *,
     model_source: str | None = None,
+    dataset_source: str | None = None,
     backend: str = "local",
     gpus: int | None = None,
     home: Path | None = None,
@@ -568,7 +542,7 @@ def make_plan(
     same = [r for r in runs if r.blueprint_id == blueprint.id and r.device == device]
     same_model = [r for r in same if not model_source or r.model_source == str(model_source)] or same
     widths = [r for r in same_model if r.mean_padded_width]
-    lengths = example_lengths(blueprint, params, source)
+    lengths = example_lengths(blueprint, params, source, dataset_source=dataset_source)
     if lengths:
         tokens_per_example = mean_padded_width(lengths, micro_batch, max_seq)
         tokenizer_known = _tokenizer_known(blueprint, source)

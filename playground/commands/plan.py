@@ -48,7 +48,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     blueprint = get_blueprint(request.blueprint_id)
     params = blueprint.resolve_params(dict(request.params))
-    plan = make_plan(blueprint, params, model_source=request.overrides.model, backend=backend)
+    plan = make_plan(
+        blueprint,
+        params,
+        model_source=request.overrides.model,
+        dataset_source=request.overrides.dataset,
+        backend=backend,
+    )
     if args.json:
         print_json(plan.to_dict())
     else:

@@ -23,7 +23,7 @@ from typing import Any
 
 from playground.errors import UserError, shown, shown_path
 from playground.paths import ensure_writable_dir
-from playground.processes import process_alive
+from playground.processes import child_env, process_alive
 from playground.types import Endpoint
 
 SERVER_MODULE = "playground.serving.server"
@@ -253,7 +253,7 @@ class LocalServers:
         raise UserError(f"could not find a free port for the model server after {_PORT_RETRIES} tries")
 
     def _spawn(self, model: str, port: int, log_path: Path, *, offline: bool) -> subprocess.Popen:
-        env = dict(os.environ)
+        env = child_env(server=True)
         if offline:
             env["HF_HUB_OFFLINE"] = "1"  # a local directory needs nothing from the hub
         env.setdefault("TOKENIZERS_PARALLELISM", "false")

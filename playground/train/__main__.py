@@ -19,14 +19,14 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from playground.blueprints import get_blueprint, parse_set_options
+from playground.blueprints import blueprint_from_yaml, get_blueprint, parse_set_options
 from playground.blueprints.fit import local_fit
 from playground.errors import UserError, shown_path
 from playground.events import JobPhase
 from playground.paths import ensure_writable_dir
 
 PROG = "playground.train"
-DATASET_FORMS = "hf://ORG/NAME, synthetic://TASK, or a local .json/.jsonl file or directory"
+DATASET_FORMS = "hf://ORG/NAME, synthetic://TASK, a local .jsonl/.json/.csv/.parquet file, or a directory"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,7 +36,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=f"python -m {PROG}", description="Train a blueprint and write a servable model directory.")
-    parser.add_argument("--blueprint", required=True, help="catalog id or path to a blueprint YAML file")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--blueprint", help="catalog id or path to a blueprint YAML file")
+    which.add_argument(
+        "--blueprint-yaml", metavar="YAML", help="the blueprint itself (a blueprint of your own, in a TrainJob pod)"
+    )
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="parameter")
     parser.add_argument("--output", required=True, help="output directory (model/, checkpoints/, metrics.json)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
@@ -62,9 +66,12 @@ def check_dataset_source(source: str) -> None:
             raise UserError(f"dataset source {shown_path(source)}: expected hf://ORG/NAME", field="dataset")
         return
     path = Path(source).expanduser()
-    if not (path.is_dir() or (path.is_file() and path.suffix in (".json", ".jsonl"))):
+    from playground.userdata import FILE_SUFFIXES
+
+    if not (path.is_dir() or (path.is_file() and path.suffix.lower() in FILE_SUFFIXES)):
         raise UserError(
-            f"dataset source {shown_path(source)}: no such .json/.jsonl file or directory; allowed: {DATASET_FORMS}"
+            f"dataset source {shown_path(source)}: no such data file or directory; allowed: {DATASET_FORMS}",
+            field="dataset",
         )
 
 
@@ -80,16 +87,16 @@ def prepare(argv: list[str] | None):
     from playground.train.recipe import Settings, TrainSpec, check_resume
 
     args = build_parser().parse_args(argv)
-    blueprint = get_blueprint(args.blueprint)
+    blueprint = get_blueprint(args.blueprint) if args.blueprint else blueprint_from_yaml(args.blueprint_yaml)
     params = blueprint.resolve_params(parse_set_options(args.sets))
     model_source = args.model_source or blueprint.model.source
     parse_source(model_source)
     dataset_source = args.dataset_source or blueprint.dataset.source
-    if blueprint.dataset.format == "synthetic" and not dataset_source.startswith("synthetic://"):
-        raise UserError(
-            f"dataset source {shown_path(dataset_source)}: blueprint {blueprint.id!r} needs synthetic://TASK"
-        )
     check_dataset_source(dataset_source)
+    from playground.userdata import check_dataset
+
+    # A local file: the same one-line row/field errors as before launch, now in the job's log.
+    check_dataset(blueprint, params, dataset_source, model_source=model_source)
     if blueprint.needs_gpu:
         local_fit(blueprint, gpu_count(), model_source=args.model_source).check()
     if not args.output.strip():

@@ -25,10 +25,23 @@ EVAL_SEED_OFFSET = 1_000_003  # the held-out set is the same whatever the traini
 
 @dataclass(frozen=True)
 class Sample:
-    """One conversation turn: the user ``prompt`` and the expected assistant ``answer``."""
+    """The user ``prompt`` and the expected assistant ``answer``, after the conversation's earlier turns
+    (``context``: (role, content) pairs, an optional system message first). Every assistant turn is trained."""
 
     prompt: str
     answer: str
+    context: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key(self) -> tuple:
+        """What makes two prompts the same (the held-out split never shares one with training)."""
+        return (self.context, self.prompt) if self.context else self.prompt
+
+    def prompt_messages(self) -> list[dict[str, str]]:
+        return [*({"role": r, "content": c} for r, c in self.context), {"role": "user", "content": self.prompt}]
+
+    def messages(self) -> list[dict[str, str]]:
+        return [*self.prompt_messages(), {"role": "assistant", "content": self.answer}]
 
 
 # --- synthetic tasks ---------------------------------------------------------------------
@@ -199,7 +212,15 @@ def synthetic_splits(
     return train, list(eval_samples.values())
 
 
-# --- Alpaca / local data -------------------------------------------------------------------
+# --- your own data: local files, hub datasets, directories --------------------------------
+# Rows become conversations through playground.userdata (the same functions the pre-launch check runs),
+# so a file that passed the check trains exactly as it was checked.
+
+
+def conversation_sample(conversation: list[dict[str, str]]) -> Sample:
+    """A conversation (optional system, user/assistant alternating, ending with assistant) → a Sample."""
+    *context, user, answer = conversation
+    return Sample(user["content"], answer["content"], tuple((m["role"], m["content"]) for m in context))
 
 
 def alpaca_sample(row: dict[str, Any]) -> Sample:
@@ -210,19 +231,17 @@ def alpaca_sample(row: dict[str, Any]) -> Sample:
     return Sample(prompt, str(row.get("output") or "").strip())
 
 
-def chat_sample(row: dict[str, Any]) -> Sample:
-    """A row with ``messages`` (last one the assistant's) or ``prompt``/``completion`` fields."""
-    if "messages" in row:
-        messages = row["messages"]
-        user = next(m["content"] for m in reversed(messages[:-1]) if m["role"] == "user")
-        return Sample(str(user), str(messages[-1]["content"]))
-    return Sample(str(row["prompt"]), str(row.get("completion") or row.get("response") or ""))
-
-
 def load_rows(source: str, split: str) -> list[dict[str, Any]]:
     """Rows of ``hf://org/name`` (``datasets.load_dataset``; token from ``HF_TOKEN``), a local
-    ``.json``/``.jsonl`` file, a ``save_to_disk`` directory, a directory of json files, or a downloaded
-    hub dataset repo (e.g. parquet under ``data/``, as Kubeflow's dataset initializer leaves it)."""
+    ``.jsonl``/``.json``/``.csv``/``.parquet`` file, a ``save_to_disk`` directory, a directory of json files,
+    or a downloaded hub dataset repo (e.g. parquet under ``data/``, as Kubeflow's dataset initializer leaves it)."""
+    from playground.userdata.check import is_local_file
+
+    if is_local_file(source):
+        from playground.userdata.rows import read_rows
+
+        rows = [row.data for row in read_rows(source)]
+        return _slice(rows, split)
     import datasets
 
     datasets.disable_progress_bars()
@@ -244,10 +263,78 @@ def load_rows(source: str, split: str) -> list[dict[str, Any]]:
     return [dict(row) for row in dataset]
 
 
+def _slice(rows: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
+    """A file has one split; keep a slice such as ``train[:1000]`` or ``train[10:20]``."""
+    _, bracket, rest = split.partition("[")
+    if not bracket:
+        return rows
+    start, _, stop = rest.rstrip("]").partition(":")
+    return rows[int(start) if start else None : int(stop) if stop else None]
+
+
 def _local_split(split: str) -> str:
     """A json file has one split, ``train``; keep a slice such as ``[:1000]``."""
     _, bracket, rest = split.partition("[")
     return "train" + (bracket + rest if bracket else "")
+
+
+def rows_to_samples(
+    rows: list[dict[str, Any]], source: str, *, fmt: str, columns: dict[str, str] | None = None, strict: bool
+) -> list[Sample]:
+    """Rows → samples through the shared shape mapping. ``strict`` (a local file the person brought): the
+    first bad row is a one-line error; else (a public hub dataset) bad rows are skipped and counted."""
+    from playground.userdata.rows import DatasetError
+    from playground.userdata.shapes import check_columns, detect_shape, rows_from_records, to_conversation
+
+    numbered = rows_from_records(rows)
+    mapping = check_columns(columns)
+    shape = detect_shape(numbered, mapping, source, fmt if fmt in ("alpaca", "chat") else "auto")
+    samples: list[Sample] = []
+    skipped: list[str] = []
+    for row in numbered:
+        try:
+            samples.append(conversation_sample(to_conversation(row, shape, mapping, source)))
+        except DatasetError as exc:
+            if strict:
+                raise
+            skipped.append(str(exc))
+    if skipped:
+        print(f"skipped {len(skipped)} of {len(rows)} rows that are not a trainable conversation (first: {skipped[0]})")
+    return samples
+
+
+def split_samples(
+    samples: list[Sample],
+    eval_samples: list[Sample] | None,
+    *,
+    eval_fraction: float,
+    num_train: int | None,
+    num_eval: int | None,
+    where: str | None = None,
+) -> tuple[list[Sample], list[Sample]]:
+    """Train and held-out samples. Without given eval samples, a seeded ``eval_fraction`` of the rows is
+    held out; training rows whose prompt (with its earlier turns) equals a held-out one are dropped."""
+    if eval_samples is not None:
+        train, held = samples, list(eval_samples)
+    else:
+        order = list(range(len(samples)))
+        random.Random(EVAL_SEED_OFFSET).shuffle(order)
+        n_eval = max(1, round(len(samples) * eval_fraction)) if len(samples) > 1 else 0
+        held = [samples[i] for i in order[:n_eval]]
+        train = [samples[i] for i in sorted(order[n_eval:])]
+    if num_eval is not None:
+        held = held[: int(num_eval)]
+    prompts = {s.key for s in held}
+    train = [s for s in train if s.key not in prompts]
+    if num_train is not None:
+        train = train[: int(num_train)]
+    if not train:
+        raise UserError(
+            f"dataset{' ' + where if where else ''}: no training rows left after holding out the eval split "
+            "(every training prompt is also a held-out one)",
+            field="dataset.source",
+        )
+    return train, held
 
 
 def file_splits(
@@ -259,29 +346,16 @@ def file_splits(
     num_train: int | None,
     num_eval: int | None,
     seed: int,
+    source: str = "dataset",
+    columns: dict[str, str] | None = None,
+    strict: bool = False,
 ) -> tuple[list[Sample], list[Sample]]:
-    """Samples for train and eval. Without an eval split, a seeded ``eval_fraction`` of the rows is
-    held out; training rows whose prompt equals a held-out prompt are dropped (no overlap)."""
-    convert = alpaca_sample if fmt == "alpaca" else chat_sample
-    samples = [convert(row) for row in rows]
-    samples = [s for s in samples if s.prompt and s.answer]
-    if eval_rows is not None:
-        train, held = samples, [s for s in (convert(r) for r in eval_rows) if s.prompt and s.answer]
-    else:
-        order = list(range(len(samples)))
-        random.Random(EVAL_SEED_OFFSET).shuffle(order)
-        n_eval = max(1, round(len(samples) * eval_fraction)) if len(samples) > 1 else 0
-        held = [samples[i] for i in order[:n_eval]]
-        train = [samples[i] for i in sorted(order[n_eval:])]
-    if num_eval is not None:
-        held = held[:num_eval]
-    prompts = {s.prompt for s in held}
-    train = [s for s in train if s.prompt not in prompts]
-    if num_train is not None:
-        train = train[:num_train]
-    if not train:
-        raise UserError("dataset: no training rows left after holding out the eval split", field="dataset.source")
-    return train, held
+    """Samples for train and eval from rows (see :func:`rows_to_samples` and :func:`split_samples`)."""
+    samples = rows_to_samples(rows, source, fmt=fmt, columns=columns, strict=strict)
+    held = (
+        rows_to_samples(eval_rows, source, fmt=fmt, columns=columns, strict=strict) if eval_rows is not None else None
+    )
+    return split_samples(samples, held, eval_fraction=eval_fraction, num_train=num_train, num_eval=num_eval)
 
 
 # --- tokenization and batching ------------------------------------------------------------
@@ -302,27 +376,48 @@ class TokenizedSet:
         return len(self.samples)
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _earlier_turns(sample: Sample, tokenizer: Any, full_text: str, full_ids: list[int]) -> list[tuple[int, int]]:
+    """Token spans of the assistant turns before the last one. Empty when the template renders earlier turns
+    differently inside the whole conversation (then only the last answer is trained, as the check says)."""
+    messages = sample.messages()
+    spans = []
+    for j, message in enumerate(messages[:-1]):
+        if message["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:j], tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: j + 1], tokenize=False)
+        if not (full_text.startswith(upto) and upto.startswith(before)):
+            return []
+        ids = tokenizer([before, upto], add_special_tokens=False)["input_ids"]
+        spans.append((_common_prefix(ids[0], full_ids), _common_prefix(ids[1], full_ids)))
+    return spans
+
+
 def tokenize(samples: list[Sample], tokenizer: Any, max_seq_length: int) -> TokenizedSet:
-    """Render each sample with the chat template; train only on the answer (and its end token)."""
+    """Render each sample with the chat template; train only on the assistant turns (each with its end token)."""
     import torch
 
     prompt_texts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": s.prompt}], tokenize=False, add_generation_prompt=True
-        )
-        for s in samples
+        tokenizer.apply_chat_template(s.prompt_messages(), tokenize=False, add_generation_prompt=True) for s in samples
     ]
-    full_texts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": s.prompt}, {"role": "assistant", "content": s.answer}], tokenize=False
-        )
-        for s in samples
-    ]
+    full_texts = [tokenizer.apply_chat_template(s.messages(), tokenize=False) for s in samples]
     prompts = tokenizer(prompt_texts, add_special_tokens=False)["input_ids"]
     fulls = tokenizer(full_texts, add_special_tokens=False)["input_ids"]
+    # The prompt is a prefix of the full conversation for sane templates; be robust if not.
+    spans = [[(_common_prefix(p, f), len(f))] for p, f in zip(prompts, fulls, strict=True)]
+    for i, sample in enumerate(samples):
+        if any(role == "assistant" for role, _ in sample.context):
+            spans[i] = _earlier_turns(sample, tokenizer, full_texts[i], fulls[i]) + spans[i]
     # An example whose prompt fills the whole window has no answer token to learn from: its loss
     # would be 0/0 (NaN). Drop it, and fail clearly when nothing is left.
-    keep = [i for i, p in enumerate(prompts) if len(p) < max_seq_length]
+    keep = [i for i in range(len(samples)) if spans[i][0][0] < max_seq_length]
     if not keep:
         raise ValueError(
             f"max_seq_length={max_seq_length}: every prompt is at least that long, so no answer token "
@@ -337,22 +432,21 @@ def tokenize(samples: list[Sample], tokenizer: Any, max_seq_length: int) -> Toke
         samples = [samples[i] for i in keep]
         prompts = [prompts[i] for i in keep]
         fulls = [fulls[i] for i in keep]
+        spans = [spans[i] for i in keep]
     width = min(max_seq_length, max(len(f) for f in fulls))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     labels = torch.full((len(samples), width), -100, dtype=torch.long)
     lengths = torch.zeros(len(samples), dtype=torch.long)
-    for i, (prompt, full) in enumerate(zip(prompts, fulls, strict=True)):
-        # The prompt is a prefix of the full conversation for sane templates; be robust if not.
-        start = 0
-        limit = min(len(prompt), len(full))
-        while start < limit and prompt[start] == full[start]:
-            start += 1
+    for i, full in enumerate(fulls):
         full = full[:width]
         n = len(full)
-        input_ids[i, :n] = torch.tensor(full)
-        if start < n:
-            labels[i, start:n] = torch.tensor(full[start:])
+        row = torch.tensor(full)
+        input_ids[i, :n] = row
+        for start, end in spans[i]:
+            end = min(end, n)
+            if start < end:
+                labels[i, start:end] = row[start:end]
         lengths[i] = n
     return TokenizedSet(input_ids, labels, lengths, prompts, samples)
 

@@ -119,7 +119,17 @@ def apply_lora(model: Any, method: Any, params: dict[str, Any]) -> Any:
         target_modules=list(method.target_modules),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        if "not found in the base model" not in str(exc):
+            raise
+        linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if type(m).__name__ == "Linear"})
+        raise UserError(
+            f"method.target_modules {', '.join(method.target_modules)}: not in this {model.config.model_type} model; "
+            f"allowed: {', '.join(linear)}",
+            field="method.target_modules",
+        ) from None
 
 
 def configure_generation(model: Any, tokenizer: Any, max_new_tokens: int) -> None:

@@ -188,16 +188,25 @@ def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist | None = None) -> tupl
             seed=seed,
         )
     else:
+        from playground.userdata.check import is_local_file
+
+        own_format = spec.dataset_source == ds.source  # a replaced source has its shape detected
         rows = data.load_rows(spec.dataset_source, ds.split)
-        eval_rows = data.load_rows(spec.dataset_source, ds.eval_split) if ds.eval_split else None
+        if ds.eval_source:
+            eval_rows = data.load_rows(ds.eval_source, "train")
+        else:
+            eval_rows = data.load_rows(spec.dataset_source, ds.eval_split) if ds.eval_split else None
         train, held = data.file_splits(
             rows,
             eval_rows,
-            fmt=ds.format,
+            fmt=ds.format if own_format else "auto",
             eval_fraction=ds.eval_fraction,
             num_train=num_train,
             num_eval=num_eval,
             seed=seed,
+            source=spec.dataset_source,
+            columns=ds.columns,
+            strict=is_local_file(spec.dataset_source),
         )
     max_len = int(spec.setting("max_seq_length"))
     return data.tokenize(train, tokenizer, max_len), data.tokenize(held, tokenizer, max_len)
@@ -576,7 +585,7 @@ def evaluate_model(
             bare, data.eval_set, batch_size=max(settings.batch_size, 32), device=runtime.device,
             autocast=runtime.autocast,
         )  # fmt: skip
-        if spec.blueprint.dataset.format == "synthetic":
+        if spec.blueprint.dataset.format == "synthetic" or spec.blueprint.quality.metric == "eval_exact_match":
             gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
             with runtime.autocast():
                 answers = evaluate.generate_answers(

@@ -11,6 +11,7 @@ needed, so ``render_train``/``render_serve`` work without a kubeconfig.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -25,6 +26,7 @@ from typing import Any
 from playground.backends.base import Backend
 from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes import queue as kueue
+from playground.backends.kubernetes.datafiles import in_pod, own_pod_claims
 from playground.backends.kubernetes.errors import api_error
 from playground.backends.kubernetes.follow import JobFollow, LogSource, history
 from playground.backends.kubernetes.status import (
@@ -215,7 +217,11 @@ class KubernetesBackend(Backend):
     def _plan(self, request: TrainRequest, name: str | None = None) -> m.TrainJobPlan:
         blueprint = get_blueprint(request.blueprint_id)
         name = name or m.new_job_name(blueprint.id)
-        return m.plan_trainjob(blueprint, request, self.opts, name)
+        opts = self.opts
+        if not opts.data_claims and m.local_data_files(blueprint, request) and in_pod():
+            # Your file on this notebook pod's volume: the same claim is mounted in the trainer's pods.
+            opts = dataclasses.replace(opts, data_claims=tuple(own_pod_claims(lambda: self.core)))
+        return m.plan_trainjob(blueprint, request, opts, name)
 
     def render_train(self, request: TrainRequest) -> str:
         return m.to_yaml(m.build_trainjob(self._plan(request)))

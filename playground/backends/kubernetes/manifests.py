@@ -16,6 +16,14 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from playground.backends.kubernetes.datafiles import (
+    PVC_SETTING,
+    ClaimMount,
+    DataPlacement,
+    parse_setting,
+    place,
+    runtime_patch,
+)
 from playground.blueprints import Blueprint
 from playground.booth import owner_key
 from playground.errors import UserError
@@ -111,6 +119,7 @@ class ClusterOptions:
     ttl_seconds_after_finished: int | None = None
     extra_labels: dict[str, str] = field(default_factory=dict)
     trainer: str = PLAYGROUND  # or the opt-in builtin-torchtune variant
+    data_claims: tuple[ClaimMount, ...] = ()  # PVCs holding local data files (PLAYGROUND_DATA_PVC), see datafiles
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClusterOptions:
@@ -120,6 +129,7 @@ class ClusterOptions:
             "hf_token_secret": env.get("PLAYGROUND_HF_TOKEN_SECRET", "hf-token"),
             "hf_token_key": env.get("PLAYGROUND_HF_TOKEN_KEY", "token"),
             "image": env.get("PLAYGROUND_TRAINER_IMAGE") or None,
+            "data_claims": tuple(parse_setting(env.get(PVC_SETTING, ""))),
         }
         labels = dict(overrides.pop("extra_labels", None) or {})
         run = env.get("PLAYGROUND_E2E_RUN")  # set by `playground e2e` for each notebook: its cleanup finds the jobs
@@ -255,6 +265,7 @@ class TrainJobPlan:
     trainer: Any  # kubeflow_trainer_api.models.TrainerV1alpha1Trainer
     initializer: Any = None  # kubeflow_trainer_api.models.TrainerV1alpha1Initializer
     active_deadline_seconds: int | None = None
+    runtime_patches: list[Any] = field(default_factory=list)  # TrainerV1alpha1RuntimePatch (your data's PVC)
 
 
 def run_env(name: str, blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions) -> dict[str, str]:
@@ -275,25 +286,70 @@ def run_env(name: str, blueprint: Blueprint, request: TrainRequest, opts: Cluste
     return env
 
 
+def local_data_files(blueprint: Blueprint, request: TrainRequest) -> list[str]:
+    """The run's data files on this machine (no URL): the dataset override, else the blueprint's own source,
+    and the blueprint's held-out file. On Kubernetes they are read from a PVC (:mod:`.datafiles`)."""
+    dataset = request.overrides.dataset or blueprint.dataset.source
+    files = [dataset, blueprint.dataset.eval_source or ""]
+    return [f for f in files if f and "://" not in f]
+
+
+def shipped(blueprint: Blueprint) -> bool:
+    """Whether the trainer image's catalog has this very blueprint (else its YAML travels in the args)."""
+    from playground.blueprints.loader import CATALOG_DIR, load_blueprint_file
+
+    path = CATALOG_DIR / f"{blueprint.id}.yaml"
+    return path.is_file() and load_blueprint_file(path) == blueprint
+
+
+def _blueprint_args(blueprint: Blueprint, placement: DataPlacement | None) -> list[str]:
+    """``--blueprint ID`` for a shipped blueprint; else its YAML (a blueprint of your own, a few KB of settings,
+    never data), with its local data files renamed to where the trainer's pods see them."""
+    if shipped(blueprint):
+        return ["--blueprint", blueprint.id]
+    from playground.blueprints.custom import blueprint_yaml
+    from playground.blueprints.schema import Example
+
+    dataset = blueprint.dataset
+    # The chat examples (rows of your file) stay with the app: the trainer never reads them.
+    blueprint = blueprint.model_copy(update={"examples": [Example(prompt="(the chat examples stay with the app)")]})
+    if placement is not None:
+        moved = {
+            "source": placement.paths.get(dataset.source, dataset.source),
+            "eval_source": placement.paths.get(dataset.eval_source or "", dataset.eval_source),
+        }
+        blueprint = blueprint.model_copy(update={"dataset": dataset.model_copy(update=moved)})
+    return ["--blueprint-yaml", blueprint_yaml(blueprint)]
+
+
 def _playground_trainer(
-    name: str, blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions, initializers: bool
+    name: str,
+    blueprint: Blueprint,
+    request: TrainRequest,
+    opts: ClusterOptions,
+    initializers: bool,
+    placement: DataPlacement | None = None,
 ):
     """``python -m playground.train`` (torchrun when there is more than one process) with the blueprint's params."""
     from kubeflow_trainer_api import models
 
     res = blueprint.resources
-    args = ["--blueprint", blueprint.id]
+    args = _blueprint_args(blueprint, placement)
     for key in sorted(request.params):
         value = request.params[key]
         args += ["--set", f"{key}={json.dumps(value) if isinstance(value, bool) else value}"]
     args += ["--output", OUTPUT_DIR]
-    if initializers:  # the initializers downloaded both into the shared workspace
-        args += ["--model-source", MODEL_DIR, "--dataset-source", DATASET_DIR]
+    dataset_override = request.overrides.dataset
+    if placement is not None and dataset_override:
+        dataset_override = placement.paths.get(dataset_override, dataset_override)  # your file, on the PVC
+    if initializers:  # the initializers downloaded both into the shared workspace (your file: read from the PVC)
+        dataset_arg = dataset_override if placement is not None and request.overrides.dataset else DATASET_DIR
+        args += ["--model-source", MODEL_DIR, "--dataset-source", dataset_arg]
     else:
         if request.overrides.model:
             args += ["--model-source", request.overrides.model]
-        if request.overrides.dataset:
-            args += ["--dataset-source", request.overrides.dataset]
+        if dataset_override:
+            args += ["--dataset-source", dataset_override]
     procs = max(1, res.gpus_per_node)
     distributed = res.nodes * procs > 1  # torchrun reads nnodes/nproc/rank/master from the PET_* env
     command = ["torchrun", "-m", "playground.train"] if distributed else ["python", "-m", "playground.train"]
@@ -397,9 +453,16 @@ def plan_trainjob(blueprint: Blueprint, request: TrainRequest, opts: ClusterOpti
     if opts.ttl_seconds_after_finished is not None:
         annotations[ANN_TTL] = str(opts.ttl_seconds_after_finished)
     initializer = None
+    files = local_data_files(blueprint, request)
+    placement = place(files, list(opts.data_claims)) if files and kind == PLAYGROUND else None
     if initializers:
         model_uri = _initializer_source("model", request.overrides.model, blueprint.model.source, blueprint)
-        dataset_uri = _initializer_source("dataset", request.overrides.dataset, blueprint.dataset.source, blueprint)
+        # Your file comes from the PVC; the dataset initializer still fetches the blueprint's own (the runtime's
+        # dataset-initializer step runs either way), which the trainer then does not read.
+        dataset_default = blueprint.dataset.source
+        dataset_uri = _initializer_source(
+            "dataset", None if placement is not None else request.overrides.dataset, dataset_default, blueprint
+        )
         token = "ACCESS_TOKEN"  # what Kubeflow's initializers read; from the Secret, never inline
         initializer = models.TrainerV1alpha1Initializer(
             model=models.TrainerV1alpha1ModelInitializer(
@@ -410,7 +473,7 @@ def plan_trainjob(blueprint: Blueprint, request: TrainRequest, opts: ClusterOpti
             ),
         )
     if kind == PLAYGROUND:
-        trainer = _playground_trainer(name, blueprint, request, opts, initializers)
+        trainer = _playground_trainer(name, blueprint, request, opts, initializers, placement)
     else:
         trainer = _torchtune_trainer(blueprint, request, initializer)
     return TrainJobPlan(
@@ -423,6 +486,7 @@ def plan_trainjob(blueprint: Blueprint, request: TrainRequest, opts: ClusterOpti
         trainer=trainer,
         initializer=initializer,
         active_deadline_seconds=blueprint.kubernetes.active_deadline_seconds,
+        runtime_patches=[runtime_patch(placement)] if placement is not None else [],
     )
 
 
@@ -441,6 +505,7 @@ def build_trainjob(plan: TrainJobPlan) -> dict[str, Any]:
             initializer=plan.initializer,
             trainer=plan.trainer,
             activeDeadlineSeconds=plan.active_deadline_seconds,
+            runtimePatches=plan.runtime_patches or None,
         ),
     )
     return _clean(job.to_dict())

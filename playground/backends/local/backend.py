@@ -37,7 +37,7 @@ from playground.booth import BoothPolicy, SubmissionLedger, owns, submit_lock
 from playground.errors import JobNotFound, UserError
 from playground.events import Event, JobPhase, Phase, Progress, event_from_dict, parse_line
 from playground.paths import ensure_writable_dir, playground_home
-from playground.processes import process_alive
+from playground.processes import child_env, process_alive
 from playground.types import Endpoint, Job, TrainRequest
 
 _JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -294,7 +294,7 @@ class LocalBackend(Backend):
                 proc = subprocess.Popen(
                     [sys.executable, "-m", state.SUPERVISOR_MODULE, str(jobdir)],
                     cwd=jobdir,
-                    env={**os.environ, "PYTHONPATH": spec["env"]["PYTHONPATH"]},
+                    env=child_env({"PYTHONPATH": spec["env"]["PYTHONPATH"]}),
                     stdin=subprocess.DEVNULL,
                     stdout=sup_log,
                     stderr=subprocess.STDOUT,

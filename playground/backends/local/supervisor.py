@@ -37,6 +37,7 @@ from playground.events import (
     format_event_line,
     parse_line,
 )
+from playground.processes import child_env
 
 PROGRESS_WRITE_INTERVAL = 0.5  # seconds between status.json rewrites caused by progress alone
 
@@ -191,7 +192,7 @@ class Supervisor:
         if (self.jobdir / state.CANCEL_REQUESTED).exists():  # cancelled before the handler was in place
             self.cancel_requested = True
         command = list(self.spec["command"])
-        env = {**os.environ, **self.spec.get("env", {})}
+        env = child_env(self.spec.get("env", {}))
         log = open(self.jobdir / state.LOG, "ab")  # noqa: SIM115 - closed below, after the reader ends
         self.write_status(supervisor_pid=os.getpid())
         if self.cancel_requested:

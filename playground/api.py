@@ -186,8 +186,8 @@ def serve(
     """Serve a finished job's model (``base=True``: its base model) behind an OpenAI-compatible endpoint and
     wait until it answers (``playground serve JOB [--base] [--port N]``). ``port``: listen there (local
     backend; 1-65535, one that is taken is a one-line UserError naming ``--port`` and nothing starts)."""
-    from playground.backends import get_backend
+    from playground.facade import connect
     from playground.serving.local import parse_port
 
     checked = parse_port(port) if port is not None else None
-    return get_backend(backend).serve(job_id, base=base, owner=owner, port=checked)
+    return connect(backend).serve(job_id, base=base, owner=owner, port=checked)

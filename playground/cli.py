@@ -55,7 +55,7 @@ def backend_from_args(args: argparse.Namespace):  # -> Backend (imported lazily)
     """The backend named by ``--backend``/``$PLAYGROUND_BACKEND`` with its options."""
     import os
 
-    from playground.backends import get_backend
+    from playground.facade import connect
 
     name = args.backend or os.environ.get("PLAYGROUND_BACKEND", "local")
     options: dict[str, Any] = {}
@@ -67,7 +67,7 @@ def backend_from_args(args: argparse.Namespace):  # -> Backend (imported lazily)
         used = [f"--{k}" for k in kubernetes_only if getattr(args, k, None)]
         if used:
             raise UserError(f"{used[0]} only applies to --backend kubernetes", field=used[0])
-    return get_backend(name, **options)
+    return connect(name, **options)
 
 
 def print_json(data: Any) -> None:

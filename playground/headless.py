@@ -155,14 +155,19 @@ def run_blueprint(
     ``result["passed"]`` is True when the job succeeded, the servers answered and, with
     ``assert_quality``, the blueprint's quality bar was met. The caller asserts on it.
     """
-    from playground.backends import get_backend
+    from playground.facade import connect as get_backend  # serves and deletes with the job's servers
 
     t0 = time.time()
     blueprint = get_blueprint(blueprint_id)
     quality = blueprint.quality
     if quality_threshold is not None:
         quality = quality.model_copy(update={"threshold": float(quality_threshold)})
-    be = get_backend(backend, **dict(backend_options or {})) if isinstance(backend, str) else backend
+    from playground.facade import Playground
+
+    if isinstance(backend, str):
+        be = get_backend(backend, **dict(backend_options or {}))
+    else:
+        be = backend if isinstance(backend, Playground) else Playground(backend)
     out = Path(out_dir)
     result: dict[str, Any] = {
         "blueprint": blueprint.id,

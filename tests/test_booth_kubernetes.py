@@ -17,6 +17,8 @@ from playground.backends.kubernetes import manifests as m
 from playground.booth import BoothPolicy, QuotaExceeded, owner_key
 from playground.errors import JobNotFound, UserError
 from playground.events import JobPhase, Phase, Queued
+from playground.facade import Playground
+from playground.serving import kserve as ks
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "booth"
@@ -50,7 +52,7 @@ def held_in_queue(cluster: Cluster, monkeypatch: pytest.MonkeyPatch, queue: str)
 
 def test_owner_labels_isolation_and_quota(cluster, kubeconfig, monkeypatch):
     held_in_queue(cluster, monkeypatch, "owners-q")
-    backend = KubernetesBackend(kubeconfig=kubeconfig, drain_timeout=5, policy=BoothPolicy())
+    backend = Playground(KubernetesBackend(kubeconfig=kubeconfig, drain_timeout=5, policy=BoothPolicy()))
     alice = backend.submit(make_request("tiny-llama-cpu", owner="alice@example.com"))
     bob = backend.submit(make_request("tiny-llama-cpu", owner="bob"))
     operator = backend.submit(make_request("tiny-llama-cpu"))  # no owner: the operator's, no quota
@@ -92,10 +94,12 @@ def test_owner_labels_isolation_and_quota(cluster, kubeconfig, monkeypatch):
 def test_inference_services_carry_and_filter_by_owner(cluster, kubeconfig):
     from playground.blueprints import get_blueprint
 
-    backend = KubernetesBackend(kubeconfig=kubeconfig)
+    backend = Playground(KubernetesBackend(kubeconfig=kubeconfig))
     blueprint = get_blueprint("tiny-llama-cpu")
     for job, owner in (("job-a", "alice"), ("job-b", "bob")):
-        body = m.build_inferenceservice(job, blueprint, "pvc://x/output/model", backend.opts, base=False, owner=owner)
+        body = ks.build_inferenceservice(
+            job, blueprint, "pvc://x/output/model", backend.backend.opts, base=False, owner=owner
+        )
         assert body["metadata"]["labels"][m.LABEL_OWNER] == owner_key(owner)
         cluster.put("inferenceservices", body)
         name = body["metadata"]["name"]

@@ -22,6 +22,7 @@ from playground.booth import BoothPolicy, QuotaExceeded
 from playground.cli import main
 from playground.errors import JobNotFound, UserError
 from playground.events import JobPhase, Phase, Queued
+from playground.facade import Playground
 from playground.processes import process_alive
 
 pytestmark = pytest.mark.slow
@@ -60,7 +61,7 @@ def follow_to_end(backend: LocalBackend, job_id: str) -> list:
 
 def test_owners_quotas_queue_and_ttl(home: Path, hold_hook):
     policy = BoothPolicy(max_concurrent_trainings=1, max_jobs_per_owner_per_hour=6, finished_ttl_seconds=600)
-    backend = LocalBackend(home=home, policy=policy, cancel_grace=2)
+    backend = Playground(LocalBackend(home=home, policy=policy, cancel_grace=2))  # jobs with their servers
 
     # An operator's job first (no owner, no quota): the history the wait estimates learn the pace from.
     history = backend.submit(make_request("tiny-llama-cpu", SHORT))
@@ -145,7 +146,7 @@ def test_owners_quotas_queue_and_ttl(home: Path, hold_hook):
     assert backend.endpoints(owner="alice") == []
     with pytest.raises(UserError, match="no local model server matches"):
         backend.unserve(bob.id, owner="alice")
-    pid = next(r["pid"] for r in backend._servers().records() if r["url"] == endpoint.url)
+    pid = next(r["pid"] for r in backend.servers.records() if r["url"] == endpoint.url)
     assert bob.id not in backend.cleanup(now=done.finished_at + 599)
     assert bob.id in backend.cleanup(now=done.finished_at + 601)
     assert backend.endpoints() == [] and not process_alive(pid)

@@ -73,12 +73,16 @@ print("about to hang", flush=True)
 time.sleep(3600)
 """
 
-# A real job that fails: tiny-llama-cpu pointed at a directory with no model in it.
+# A real job that fails in its trainer: tiny-llama-cpu pointed at a model directory that passes the checks made
+# before launch (a causal LM's config.json, a tokenizer file) but holds no loadable tokenizer or weights.
 FAILJOB_BODY = """
-import tempfile
+import json, pathlib, tempfile
 from playground.headless import run_blueprint
-empty = tempfile.mkdtemp(prefix="not-a-model-")
-result = run_blueprint("tiny-llama-cpu", {"max_steps": 5}, backend=backend, model_source=empty, out_dir=out_dir)
+broken = pathlib.Path(tempfile.mkdtemp(prefix="no-weights-"))
+config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "vocab_size": 100}
+(broken / "config.json").write_text(json.dumps(config))
+(broken / "tokenizer.json").write_text("{}")
+result = run_blueprint("tiny-llama-cpu", {"max_steps": 5}, backend=backend, model_source=str(broken), out_dir=out_dir)
 """
 
 
@@ -258,7 +262,7 @@ def test_failing_notebook_diagnostics(e2e: dict) -> None:
     assert diag["job"]["phase"] == "Failed" and diag["job"]["id"]
     assert any(p["phase"] == "Failed" for p in diag["phases"])
     assert diag["failing_step"] == "trainer"
-    assert any("not a model directory" in line for line in diag["failing_step_logs"])
+    assert any("KeyError: 'added_tokens'" in line for line in diag["failing_step_logs"])  # the trainer's own error
     assert diag["failing_cell"]["ename"] == "RuntimeError"
     md = (folder / "diagnostics.md").read_text()
     assert "phase **Failed**" in md and "## Logs: trainer" in md

@@ -20,6 +20,7 @@ from playground.backends.kubernetes import KubernetesBackend
 from playground.backends.kubernetes import manifests as m
 from playground.errors import BackendError, JobNotFound, UserError
 from playground.events import ClusterEvent, JobPhase, Log, Metric, Phase, Progress, parse_line
+from playground.facade import Playground
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "ml"
@@ -45,8 +46,9 @@ def cluster():
 
 
 @pytest.fixture
-def k8s(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> KubernetesBackend:
-    """A backend on the emulator through a kubeconfig file; the simulator reset to a short clean run."""
+def k8s(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Playground:
+    """The facade over a backend on the emulator through a kubeconfig file (jobs and their InferenceServices);
+    the simulator reset to a short clean run."""
     monkeypatch.delenv("PLAYGROUND_KUEUE_QUEUE", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     cluster.clear_faults()
@@ -60,7 +62,7 @@ def k8s(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ku
 
     cluster.call(reset)
     kubeconfig = cluster.kubeconfig(tmp_path / "kubeconfig")
-    return KubernetesBackend(kubeconfig=str(kubeconfig), drain_timeout=5, serve_timeout=60)
+    return Playground(KubernetesBackend(kubeconfig=str(kubeconfig), drain_timeout=5, serve_timeout=60))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,7 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
 
         # What was created is what --dry-run renders (same SDK builder), with our labels.
         created = cluster.get("trainjobs", job.id)
-        rendered = m.build_trainjob(k8s._plan(request, name=job.id))
+        rendered = m.build_trainjob(k8s.backend._plan(request, name=job.id))
         assert created["spec"] == rendered["spec"]
         labels = created["metadata"]["labels"]
         assert labels[m.LABEL_BLUEPRINT] == "tiny-llama-cpu" and labels[m.LABEL_PREFIX + "session"] == "booth-7"
@@ -193,7 +195,7 @@ def test_dropped_streams_resume_without_loss_or_repeats(cluster, k8s, real_log):
 
     cluster.call(flaky)
     watches, logs = cluster.emu.dropped_watches, cluster.emu.dropped_logs
-    flaky_backend = KubernetesBackend(kubeconfig=k8s.kubeconfig, drain_timeout=5)
+    flaky_backend = KubernetesBackend(kubeconfig=k8s.backend.kubeconfig, drain_timeout=5)
     got = split(_follow_collect(flaky_backend, flaky_backend.submit(make_request("tiny-llama-cpu")).id))
     assert cluster.emu.dropped_watches - watches >= 2 and cluster.emu.dropped_logs - logs >= 2
     assert flaky_backend.stats.reconnects >= 4
@@ -225,7 +227,7 @@ def test_expired_resource_version_relists_and_emits_only_changes(cluster, k8s):
     thread.join(60)
     assert not thread.is_alive()
     parts = split(events)
-    assert k8s.stats.relists >= 1
+    assert k8s.backend.stats.relists >= 1
     assert [p.step for p in parts["progress"]] == list(range(5, 61, 5))
     assert [e.phase for e in parts["phase"]][-1] == JobPhase.SUCCEEDED
     keys = [(e.kind, e.reason, e.message) for e in parts["cluster"]]
@@ -249,7 +251,7 @@ def test_failed_job_names_step_reason_and_last_lines(cluster, k8s):
 
 def test_kueue_queue_label_admission_and_unschedulable(cluster, k8s, monkeypatch):
     monkeypatch.setenv("PLAYGROUND_KUEUE_QUEUE", "gpu-queue")
-    backend = KubernetesBackend(kubeconfig=k8s.kubeconfig, drain_timeout=5)
+    backend = KubernetesBackend(kubeconfig=k8s.backend.kubeconfig, drain_timeout=5)
     cluster.sim.scenario = Scenario(node_log=synthetic_log(), hold_queue=True, unschedulable_for=0.3)
     job = backend.submit(make_request("tiny-llama-cpu"))
     assert cluster.get("trainjobs", job.id)["metadata"]["labels"][m.QUEUE_LABEL] == "gpu-queue"
@@ -290,10 +292,14 @@ def test_cancel_then_ttl_cleanup(cluster, k8s):
     assert cluster.get("trainjobs", job.id)["spec"]["suspend"] is True
 
     cluster.sim.scenario = Scenario(node_log=synthetic_log(), line_delay=0.001)
-    ttl = KubernetesBackend(kubeconfig=k8s.kubeconfig, ttl_seconds_after_finished=0, drain_timeout=5)
+    ttl = Playground(
+        KubernetesBackend(kubeconfig=k8s.backend.kubeconfig, ttl_seconds_after_finished=0, drain_timeout=5)
+    )
     short = ttl.submit(make_request("tiny-llama-cpu"))
     assert list(ttl.events(short.id, follow=True))[-1].phase == JobPhase.SUCCEEDED
-    assert short.id not in [j.id for j in ttl.list()]  # expired: deleted on the next listing
+    assert short.id in [j.id for j in ttl.backend.list()]  # the backend's list has no side effects...
+    assert ttl.backend.expired() == [short.id] and cluster.get("trainjobs", short.id) is not None
+    assert short.id not in [j.id for j in ttl.list()]  # ...the facade's cleanup deletes it on the next listing
     assert cluster.get("trainjobs", short.id) is None
 
 
@@ -356,7 +362,7 @@ def test_progress_continues_from_trainer_status_when_the_log_is_lost(cluster, k8
 def test_builtin_torchtune_opt_in_variant(cluster, k8s, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_do_not_leak_me")
     cluster.sim.scenarios["qwen2.5-1.5b-lora-alpaca"] = Scenario(node_log=["tune: step 1 loss 1.9"], line_delay=0.001)
-    tune = KubernetesBackend(kubeconfig=k8s.kubeconfig, trainer="builtin-torchtune", drain_timeout=5)
+    tune = KubernetesBackend(kubeconfig=k8s.backend.kubeconfig, trainer="builtin-torchtune", drain_timeout=5)
     request = make_request("qwen2.5-1.5b-lora-alpaca", {"max_steps": 20, "lora_rank": 16})
     job = tune.submit(request)
     created = cluster.get("trainjobs", job.id)
@@ -458,7 +464,7 @@ def test_name_clash_409_and_serve_timeout(cluster, k8s):
         k8s.serve(job.id)
     cluster.call(lambda: cluster.emu.delete("inferenceservices", NS, f"{job.id}-ft"))
     cluster.sim.output_dir = None  # KServe cannot load the model: never Ready
-    slow = KubernetesBackend(kubeconfig=k8s.kubeconfig, serve_timeout=2)
+    slow = Playground(KubernetesBackend(kubeconfig=k8s.backend.kubeconfig, serve_timeout=2))
     with pytest.raises(BackendError, match=r"not Ready after 2s: .*ModelLoadFailed"):
         slow.serve(job.id)
     k8s.delete(job.id)
@@ -531,7 +537,7 @@ def test_e2e_cleanup_cancels_the_runs_trainjobs(cluster, k8s, monkeypatch, tmp_p
 
     cluster.sim.scenario = Scenario(node_log=synthetic_log(400), line_delay=0.05)
     home = tmp_path / "playground-e2e-nb-x1" / "playground-home"  # what run_notebook passes
-    monkeypatch.setenv("KUBECONFIG", k8s.kubeconfig)
+    monkeypatch.setenv("KUBECONFIG", k8s.backend.kubeconfig)
     monkeypatch.setenv("PLAYGROUND_E2E_RUN", runner._run_label(home))  # what run_notebook gives the kernel
     mine = KubernetesBackend(drain_timeout=5).submit(make_request("tiny-llama-cpu"))
     monkeypatch.delenv("PLAYGROUND_E2E_RUN")
@@ -610,3 +616,33 @@ def test_notebook_pod_volume_carries_your_data_file_to_the_trainer(cluster, k8s,
     ):
         k8s.submit(make_request("tiny-llama-cpu", dataset_source=str(train)))
     assert len(cluster.items("trainjobs")) == before
+
+
+def test_sdk_adapter_names_what_it_relies_on(k8s):
+    """The SDK internals the project relies on (playground/backends/kubernetes/sdk.py) still exist: this fails when
+    a kubeflow release moves them, instead of the first TorchTune submit failing or a long-lived app gathering
+    threads."""
+    from kubeflow.trainer.backends.kubernetes import utils
+    from kubernetes import client
+
+    from playground.backends.kubernetes import sdk
+
+    assert callable(utils.get_args_using_torchtune_config)
+    trainer = k8s.backend.connection.trainer  # a real TrainerClient on the emulator
+    assert isinstance(trainer.backend.custom_api.api_client, client.ApiClient)
+    sdk.close_pools(trainer)
+    assert k8s.backend.connection.sdk("get_runtime", "playground-torch").name == "playground-torch"  # still works
+
+
+def test_backends_do_not_import_serving():
+    """Training backends only train: nothing under playground/backends imports playground.serving (the facade
+    pairs them), so a new backend brings no serving code and no import cycle appears."""
+    import ast
+
+    offenders = []
+    for path in sorted((REPO / "playground" / "backends").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.startswith("playground.serving")]
+    assert offenders == []

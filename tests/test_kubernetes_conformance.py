@@ -14,6 +14,7 @@ from playground.api import make_request
 from playground.backends.kubernetes import manifests as m
 from playground.blueprints import get_blueprint, load_catalog
 from playground.errors import UserError
+from playground.serving import kserve as ks
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -31,9 +32,9 @@ def rendered(blueprint_id: str, namespace: str = "ml", blueprint=None, **opts) -
     name = m.new_job_name(blueprint_id)
     trainjob = m.build_trainjob(m.plan_trainjob(blueprint, request, options, name))
     kind = options.trainer
-    ft = m.build_inferenceservice(name, blueprint, m.output_uri(name, blueprint, kind), options, base=False)
+    ft = ks.build_inferenceservice(name, blueprint, m.output_uri(name, blueprint, kind), options, base=False)
     base_uri = m.base_model_uri(name, blueprint, kind=kind)
-    base = m.build_inferenceservice(name, blueprint, base_uri, options, base=True)
+    base = ks.build_inferenceservice(name, blueprint, base_uri, options, base=True)
     return trainjob, ft, base
 
 
@@ -183,7 +184,7 @@ def test_kserve_host_label_fits_the_documented_namespace(blueprint_id):
     for kind in ("fine-tuned", "base"):
         _, ft, base = rendered(blueprint_id, namespace=DOCUMENTED_NAMESPACE)
         isvc = ft if kind == "fine-tuned" else base
-        host = f"{isvc['metadata']['name']}{m.KSERVE_HOST_INFIX}{DOCUMENTED_NAMESPACE}"
+        host = f"{isvc['metadata']['name']}{ks.KSERVE_HOST_INFIX}{DOCUMENTED_NAMESPACE}"
         assert len(host) <= m.DNS_LABEL_MAX, host
         assert isvc["metadata"]["name"].startswith(isvc["metadata"]["labels"][m.LABEL_JOB])  # not shortened
 
@@ -192,12 +193,14 @@ def test_inferenceservice_names_shorten_in_long_namespaces():
     job = m.new_job_name("qwen2.5-1.5b-lora-alpaca")
     assert len(job) == m.JOB_NAME_MAX
     namespace = "team-" + "n" * 30
-    names = {m.isvc_name(job, base, namespace) for base in (True, False)}
+    names = {ks.isvc_name(job, base, namespace) for base in (True, False)}
     assert len(names) == 2
-    assert all(len(f"{n}{m.KSERVE_HOST_INFIX}{namespace}") <= m.DNS_LABEL_MAX for n in names)
-    assert m.isvc_name(job, True, namespace) != m.isvc_name(m.new_job_name("qwen2.5-1.5b-lora-alpaca"), True, namespace)
+    assert all(len(f"{n}{ks.KSERVE_HOST_INFIX}{namespace}") <= m.DNS_LABEL_MAX for n in names)
+    assert ks.isvc_name(job, True, namespace) != ks.isvc_name(
+        m.new_job_name("qwen2.5-1.5b-lora-alpaca"), True, namespace
+    )
     with pytest.raises(UserError, match=r"namespace 'n{50}' is too long to serve from"):
-        m.isvc_name(job, True, "n" * 50)
+        ks.isvc_name(job, True, "n" * 50)
 
 
 def test_kueue_queue_setting_is_validated(monkeypatch):

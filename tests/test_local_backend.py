@@ -25,6 +25,7 @@ from playground.backends.local import LocalBackend
 from playground.backends.local.backend import new_job_id
 from playground.errors import JobNotFound, UserError
 from playground.events import JobPhase, Log, Metric, Phase, Progress
+from playground.facade import Playground
 from playground.processes import process_alive
 
 pytestmark = pytest.mark.slow
@@ -168,7 +169,7 @@ def test_cancel_stops_the_trainer_and_ends_cancelled(home: Path):
     assert isinstance(events[-1], Phase) and events[-1].phase == JobPhase.CANCELLED
     assert backend.cancel(job.id).phase == JobPhase.CANCELLED  # cancelling a finished job changes nothing
     with pytest.raises(UserError, match=r"is Cancelled; it can be served once it has Succeeded"):
-        backend.serve(job.id)
+        Playground(backend).serve(job.id)
     backend.delete(job.id)
     assert not (home / "jobs" / job.id).exists()
     with pytest.raises(JobNotFound):

@@ -22,6 +22,7 @@ import pytest
 from _waiting import wait_for
 
 from playground.errors import UserError
+from playground.facade import Playground
 from playground.serving.client import base_url, chat, complete, list_models
 from playground.serving.local import LocalServers, free_port, pid_alive, port_in_use
 from playground.serving.validate import check_model_dir
@@ -51,7 +52,7 @@ def held_out() -> list[tuple[str, str]]:
 def backend(session_home: Path):
     from playground.backends.local import LocalBackend
 
-    return LocalBackend(home=session_home)
+    return Playground(LocalBackend(home=session_home))  # the facade: jobs with their model servers
 
 
 @pytest.fixture(scope="module")

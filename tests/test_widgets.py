@@ -235,7 +235,10 @@ class ScriptedBackend(Backend):
             raise JobNotFound(job_id)
         return self.jobs[job_id]
 
-    def submit(self, request: TrainRequest) -> Job:
+    def prepare(self, request: TrainRequest) -> None:
+        raise NotImplementedError
+
+    def create(self, request: TrainRequest, prepared: None) -> Job:
         raise NotImplementedError
 
     def list(self, *, owner: str | None = None) -> list[Job]:
@@ -245,14 +248,6 @@ class ScriptedBackend(Backend):
         return self.jobs[job_id]
 
     def delete(self, job_id: str, *, owner: str | None = None) -> None: ...
-
-    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None) -> Endpoint:
-        raise NotImplementedError
-
-    def unserve(self, target: str, *, owner: str | None = None) -> None: ...
-
-    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
-        return []
 
 
 def test_monitor_at_1000_lines_per_second() -> None:

@@ -10,12 +10,13 @@ from typing import Any
 import ipywidgets as ipw
 
 from playground import api
-from playground.backends import BACKENDS, get_backend
+from playground.backends import BACKENDS
 from playground.backends.base import Backend
 from playground.blueprints import Blueprint, get_blueprint
 from playground.booth import booth_enabled
 from playground.errors import UserError
 from playground.events import JobPhase
+from playground.facade import Playground, connect
 from playground.types import Job
 from widgets.chat import ChatPanel, ServePanel
 from widgets.form import LaunchForm
@@ -64,7 +65,7 @@ def section(title: str, body: ipw.Widget, css: str) -> ipw.VBox:
 
 
 class App(ipw.VBox):
-    """The whole path in one widget. It talks only to a Backend and the chat client.
+    """The whole path in one widget. It talks only to the facade (a backend and its servers) and the chat client.
 
     Booth mode (``booth=True``, or ``PLAYGROUND_BOOTH=1`` in the environment as
     ``playground app --booth`` sets it): the page belongs to one ``visitor`` (in Voila, the id
@@ -78,7 +79,7 @@ class App(ipw.VBox):
     def __init__(
         self,
         *,
-        backend: Backend | None = None,
+        backend: Backend | Playground | None = None,
         backend_name: str | None = None,
         blueprint_id: str | None = None,
         params: Mapping[str, Any] | None = None,
@@ -98,7 +99,8 @@ class App(ipw.VBox):
         self.owner = visitor if self.booth else None
         self.operator = not self.booth
         self.backend_name = backend_name or (backend.name if backend else os.environ.get("PLAYGROUND_BACKEND", "local"))
-        self._backends: dict[str, Backend] = {self.backend_name: backend} if backend else {}
+        given = backend if isinstance(backend, Playground) or backend is None else Playground(backend)
+        self._backends: dict[str, Playground] = {self.backend_name: given} if given else {}
         self._backend_options = dict(backend_options or {})
         self.model_source, self.dataset_source = model_source, dataset_source
         self.preset = dict(params or {})
@@ -149,10 +151,10 @@ class App(ipw.VBox):
 
     # -- backends ------------------------------------------------------------------------------
 
-    def get_backend(self, name: str) -> Backend:
+    def get_backend(self, name: str) -> Playground:
         if name not in self._backends:
             options = self._backend_options if name == self.backend_name else {}
-            self._backends[name] = get_backend(name, **options)
+            self._backends[name] = connect(name, **options)
         return self._backends[name]
 
     def _text(self, text: str) -> str:
@@ -233,7 +235,7 @@ class App(ipw.VBox):
             self.gallery.select(job.blueprint_id)
         self.open_job(job)
 
-    def attach(self, backend: Backend, job: Job) -> JobMonitor:
+    def attach(self, backend: Playground, job: Job) -> JobMonitor:
         self.job = job
         try:
             blueprint = get_blueprint(job.blueprint_id)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import ipywidgets as ipw
 
 from playground.answers import answer_is_correct
-from playground.backends.base import Backend
 from playground.blueprints import Blueprint
+from playground.facade import Playground
 from playground.types import Endpoint, Job
 from widgets.state import error_text, scrub_paths
 
@@ -209,7 +209,7 @@ class ServePanel(ipw.VBox):
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Playground,
         job: Job,
         *,
         chat: ChatPanel | None = None,

@@ -13,7 +13,8 @@ from playground.backends import BACKENDS
 from playground.blueprints import Blueprint
 from playground.booth import booth_enabled
 from playground.errors import UserError
-from widgets.state import FieldSpec, FormModel, FormResult, error_text, format_duration, format_param
+from playground.formatting import format_duration
+from widgets.state import FieldSpec, FormModel, FormResult, error_text, format_param
 from widgets.userdata import DataPanel, is_data_error
 
 LaunchHandler = Callable[[str, dict[str, Any]], Any]
@@ -44,7 +45,7 @@ def _plan_html(plan: Any, message: str) -> str:
     gb = plan.memory.total / 1e9
     verdict = "fits" if plan.fits else "does not fit"
     icon = "✓" if plan.fits else "✗"
-    duration = format_duration(plan.seconds)
+    duration = format_duration(plan.seconds, unknown="–", sub_minute=True)
     head = (
         f"<b>Plan</b>: {plan.parameters / 1e6:.1f}M parameters ({plan.trainable_parameters / 1e6:.2f}M trainable) · "
         f"<span class='pg-plan-verdict'>{icon} {gb:.2f} GB per device, {verdict}</span> · about {duration}"

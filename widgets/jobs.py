@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import ipywidgets as ipw
 
-from playground.backends.base import Backend
+from playground.facade import Playground
 from playground.types import Job
 from widgets.monitor import phase_badge
 from widgets.state import attachable_jobs, error_text, scrub_paths
@@ -32,7 +32,7 @@ class JobsList(ipw.VBox):
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Playground,
         *,
         on_open: Callable[[Job], None] | None = None,
         limit: int = 20,
@@ -62,7 +62,7 @@ class JobsList(ipw.VBox):
         self._last_click = now
         self.refresh()
 
-    def set_backend(self, backend: Backend) -> None:
+    def set_backend(self, backend: Playground) -> None:
         self.backend = backend
         self.refresh()
 

@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from playground.backends.base import Backend
 from playground.blueprints import Blueprint
 from playground.events import JobPhase
+from playground.formatting import format_duration, format_rate
 from playground.runs.registry import register as register_model
 from playground.runs.store import loss_curves as previous_loss_curves
 from playground.runs.store import run_for_job
@@ -28,8 +29,6 @@ from widgets.state import (
     Snapshot,
     error_text,
     follow_job,
-    format_eta,
-    format_rate,
     metric_rows,
     queue_text,
     scrub_paths,
@@ -473,7 +472,7 @@ class JobMonitor(ipw.VBox):
             loss = f"{latest.loss:.4f}" if latest.loss is not None else "–"
             self.progress_text.value = (
                 f"step {latest.step}/{latest.total_steps} · {snap.fraction:.0%} · ETA "
-                f"{format_eta(latest.eta_seconds if not snap.phase.terminal else 0)} · loss {loss} · "
+                f"{format_duration(latest.eta_seconds if not snap.phase.terminal else 0, unknown='–')} · loss {loss} · "
                 f"{format_rate(latest.tokens_per_second)} tokens/s"
             )
         elif snap.queue_position:

@@ -26,6 +26,7 @@ from playground.blueprints import Blueprint
 from playground.blueprints.fit import local_fit
 from playground.errors import ParameterError, UserError
 from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress, Queued
+from playground.formatting import format_duration, progress_line
 from playground.types import Job
 
 # ---------------------------------------------------------------------------------------------
@@ -80,7 +81,7 @@ class JobState:
             self.events_seen += 1
             if isinstance(event, Progress):
                 self.points.append(event)
-                self.logs.append(progress_line(event))
+                self.logs.append(progress_line(event, page=True))
                 self.queue_position = None
             elif isinstance(event, Phase):
                 if event.phase != self.phase or event.reason != self.reason:
@@ -380,24 +381,12 @@ def visitor_text(line: str) -> str | None:
     return scrub_paths(line)
 
 
-def progress_line(point: Progress) -> str:
-    """One readable log line for a progress point."""
-    parts = [f"step {point.step}/{point.total_steps}"]
-    if point.loss is not None:
-        parts.append(f"loss {point.loss:.4f}")
-    if point.learning_rate is not None:
-        parts.append(f"lr {point.learning_rate:.2e}")
-    if point.tokens_per_second is not None:
-        parts.append(f"{format_rate(point.tokens_per_second)} tokens/s")
-    return " · ".join(parts)
-
-
 def queue_text(position: int, wait_seconds: float | None) -> str:
     """``position 2 in the queue · about 1:30``."""
     ahead = "next in line" if position == 1 else f"position {position} in the queue"
     if wait_seconds is None:
         return f"{ahead} · waiting for admission"
-    return f"{ahead} · about {format_eta(wait_seconds)} to wait"
+    return f"{ahead} · about {format_duration(wait_seconds, unknown='–')} to wait"
 
 
 # name -> (label, kind): kind "percent", "loss", "seconds", "count", "number"
@@ -424,7 +413,7 @@ def format_metric(name: str, value: float) -> str:
     if kind == "loss":
         return f"{value:.3f}" if value == 0 or abs(value) >= 0.001 else f"{value:.1e}"  # not "0.000"
     if kind == "seconds":
-        return format_duration(value)
+        return format_duration(value, sub_minute=True)
     if kind == "count" or (float(value).is_integer() and abs(value) < 1e15):
         return f"{int(value):,}"
     return f"{value:.4g}"
@@ -440,12 +429,6 @@ def metric_rows(metrics: Mapping[str, float], *, operator: bool = False) -> list
     known = [n for n in METRIC_LABELS if n in metrics]
     rest = sorted(n for n in metrics if n not in METRIC_LABELS and (operator or n not in OPERATOR_METRICS))
     return [(METRIC_LABELS.get(n, (humanise(n), ""))[0], format_metric(n, metrics[n])) for n in (*known, *rest)]
-
-
-def format_duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    return format_eta(seconds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,23 +458,6 @@ def blueprint_notes(blueprint: Blueprint, backend: str = "local", gpus: int | No
     elif blueprint.model.source.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE") == "1":
         notes.append("downloads from the Hugging Face hub, which is offline here (HF_HUB_OFFLINE=1)")
     return notes
-
-
-def format_eta(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "–"
-    seconds = round(seconds)
-    minutes, sec = divmod(seconds, 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{sec:02d}" if hours else f"{minutes}:{sec:02d}"
-
-
-def format_rate(value: float | None) -> str:
-    if value is None:
-        return "–"
-    if value >= 1000:
-        return f"{value / 1000:.1f}k"
-    return f"{value:.0f}"
 
 
 def error_text(exc: BaseException) -> str:

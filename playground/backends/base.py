@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-from playground.booth import BoothPolicy
+from playground.booth import BoothPolicy, SubmissionLedger, submit_lock
 from playground.errors import UserError
 from playground.events import Event
-from playground.types import Endpoint, Job, TrainRequest
+from playground.paths import ensure_writable_dir, playground_home
+from playground.requests import check_request
+from playground.types import Job, TrainRequest
 
 
 class Backend(abc.ABC):
-    """Submit, watch, serve and clean up blueprint training jobs.
+    """Submit, watch, cancel and delete blueprint training jobs (training only: model servers have their own
+    interface, :class:`playground.serving.base.ModelServers`, paired with a backend by :mod:`playground.facade`).
 
     Ownership (booth mode): every call that names a job takes ``owner``. ``owner=None`` is the
     operator's view (every job). With an ``owner``, a job that belongs to someone else is reported
@@ -27,14 +32,39 @@ class Backend(abc.ABC):
     name: str = "abstract"
     policy: BoothPolicy | None = None  # booth limits; None: no limits (a personal machine)
 
-    @abc.abstractmethod
     def submit(self, request: TrainRequest) -> Job:
-        """Validate what can be validated without starting anything, then start the job.
+        """Validate what can be validated without starting anything (:meth:`prepare`), then start the job.
 
-        With a :attr:`policy` and ``request.owner`` set, the owner's quota is checked and the job
-        created atomically (two clicks at the same moment make one job), else
-        :class:`~playground.booth.QuotaExceeded`.
+        With a :attr:`policy` and ``request.owner`` set, the owner's quota is checked and the job created as one
+        step for every process sharing :attr:`quota_home` (two clicks at the same moment make one job), else
+        :class:`~playground.booth.QuotaExceeded`. The same rule for every backend.
         """
+        check_request(request)  # the same for every backend, before its own checks
+        prepared = self.prepare(request)
+        if self.policy is None or request.owner is None:
+            return self.create(request, prepared)
+        home = ensure_writable_dir(self.quota_home, what="state dir")
+        with submit_lock(home):
+            ledger = SubmissionLedger(home)
+            mine = self.list(owner=request.owner)
+            times = max(ledger.times(request.owner), [job.created_at for job in mine], key=len)
+            self.policy.check_quota(mine, times)
+            job = self.create(request, prepared)
+            ledger.record(request.owner, job.created_at)
+            return job
+
+    @abc.abstractmethod
+    def prepare(self, request: TrainRequest) -> Any:
+        """Check ``request`` for this backend and return what :meth:`create` needs; starts nothing."""
+
+    @abc.abstractmethod
+    def create(self, request: TrainRequest, prepared: Any) -> Job:
+        """Start the job :meth:`prepare` checked."""
+
+    @property
+    def quota_home(self) -> Path:
+        """Where the booth's submission ledger and lock live (one per app, shared by its kernels)."""
+        return playground_home()
 
     @abc.abstractmethod
     def get(self, job_id: str, *, owner: str | None = None) -> Job:
@@ -59,36 +89,18 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def delete(self, job_id: str, *, owner: str | None = None) -> None:
-        """Stop the job if needed, stop its servers, and remove its state."""
+        """Stop the job if needed and remove its state (the facade stops its model servers first)."""
 
-    @abc.abstractmethod
-    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None, port: int | None = None) -> Endpoint:
-        """Serve the job's fine-tuned model (or its base model) and wait until ready. ``port``: listen on
-        that port (local servers; a port that is taken is a one-line UserError naming ``--port``)."""
-
-    @abc.abstractmethod
-    def unserve(self, target: str, *, owner: str | None = None) -> None:
-        """Stop serving: ``target`` is an endpoint URL, a server name or a job id (all its servers).
-
-        With an ``owner``, only servers of that owner's jobs match.
-        """
-
-    @abc.abstractmethod
-    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
-        """The model servers this backend is running (all, or those of ``owner``'s jobs)."""
-
-    def cleanup(self, *, now: float | None = None) -> list[str]:
-        """Remove finished jobs (and their servers) older than the policy's TTL; the ids removed.
-
-        Backends run it opportunistically (on submit and list) when a policy is active; the operator
-        runs it with ``playground jobs --cleanup``.
-        """
+    def expired(self, *, now: float | None = None) -> list[str]:
+        """Finished jobs whose time-to-live has passed (nothing is deleted here: the facade's ``cleanup`` deletes
+        them, servers first; the operator runs it with ``playground jobs --cleanup``)."""
         return []
+
+    @property
+    def cleanup_interval(self) -> float | None:
+        """Seconds between the cleanups the facade runs on the side of ``list``/``submit``; None: only on request."""
+        return None
 
     def render_train(self, request: TrainRequest) -> str:
         """The manifest ``submit`` would create, as YAML (``--dry-run``)."""
-        raise UserError(f"--dry-run: the {self.name} backend creates no manifest; use --backend kubernetes")
-
-    def render_serve(self, job_id: str, *, base: bool = False) -> str:
-        """The serving manifest ``serve`` would create, as YAML (``--dry-run``)."""
         raise UserError(f"--dry-run: the {self.name} backend creates no manifest; use --backend kubernetes")

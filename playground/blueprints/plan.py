@@ -197,7 +197,7 @@ class Plan:
 
     def describe(self) -> str:
         """The plan as a few readable lines (CLI, app panel)."""
-        from playground.backends.local.state import format_duration
+        from playground.formatting import format_duration
 
         m = self.memory
         lines = [

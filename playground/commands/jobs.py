@@ -127,8 +127,8 @@ def follow_job(backend, job, *, as_json: bool = False, out: IO[str] | None = Non
 
 def summarize(job, out: IO[str]) -> None:
     """The final lines of ``train --follow``: phase, duration, metrics, model directory or log tail."""
-    from playground.backends.local.state import format_duration
     from playground.events import JobPhase
+    from playground.formatting import format_duration
 
     took = ""
     if job.finished_at and (job.started_at or job.created_at):
@@ -178,7 +178,7 @@ class ProgressPrinter:
             self._draw(force=True)
 
     def render(self, progress) -> str:
-        from playground.backends.local.state import format_duration
+        from playground.formatting import format_duration
 
         frac = progress.fraction
         filled = round(frac * self.WIDTH)
@@ -209,8 +209,8 @@ class ProgressPrinter:
             self.last_draw = now
 
     def event(self, event) -> None:
-        from playground.backends.local.state import describe_event
         from playground.events import ClusterEvent, Metric, Phase, Progress, Queued
+        from playground.formatting import describe_event
 
         if isinstance(event, Queued):
             if event.position > 0:
@@ -290,7 +290,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from playground.backends.local.state import describe_event
+    from playground.formatting import describe_event
 
     backend = backend_from_args(args)
     backend.get(args.job)  # unknown job: one line, exit 2

@@ -672,7 +672,7 @@ def _cleanup_jobs(home: Path, backend: str, emit: Callable[[str], None], name: s
     if backend == "local" and not home.exists():
         return
     try:
-        from playground.backends import get_backend
+        from playground.facade import connect as get_backend  # deletes a job's servers with it
 
         if backend == "local":
             be = get_backend("local", home=home)

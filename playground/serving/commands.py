@@ -61,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     port = parse_port(args.port) if args.port is not None else None  # before anything else: starts nothing
     if port is not None and (args.backend or os.environ.get("PLAYGROUND_BACKEND", "local")) != "local":
-        from playground.backends.kubernetes.backend import PORT_IS_LOCAL
+        from playground.serving.kserve import PORT_IS_LOCAL
 
         raise UserError(PORT_IS_LOCAL, field="--port")
     backend = backend_from_args(args)

@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from playground.booth import owns
 from playground.errors import UserError, shown, shown_path
 from playground.paths import ensure_writable_dir
 from playground.processes import child_env, process_alive
-from playground.types import Endpoint
+from playground.serving.base import ModelServers, model_to_serve
+from playground.types import Endpoint, Job
 
 SERVER_MODULE = "playground.serving.server"
 HOST = "127.0.0.1"
@@ -104,12 +106,30 @@ def _resolve_model(model_dir: str) -> tuple[str, bool]:
     return str(path), True
 
 
-class LocalServers:
-    """Start, list and stop the local model servers recorded under ``home/servers``."""
+class LocalServers(ModelServers):
+    """Start, list and stop the local model servers recorded under ``home/servers`` (the local backend's home)."""
+
+    name = "local"
 
     def __init__(self, home: Path | str) -> None:
         self.home = Path(home)
         self.dir = self.home / "servers"
+
+    # -- the ModelServers interface --------------------------------------------------------------
+    def serve(self, job: Job, *, base: bool = False, port: int | None = None) -> Endpoint:
+        model = model_to_serve(job, base=base)
+        kind = "base" if base else "fine-tuned"
+        return self.start(model, job_id=job.id, kind=kind, owner=job.owner, port=port)
+
+    def unserve(self, target: str, *, owner: str | None = None) -> None:
+        if not self.stop(target, owner=owner):
+            raise UserError(f"no local model server matches {target!r} (an endpoint URL, server name or job id)")
+
+    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
+        return [e for e in self.list() if owns(e.owner, owner)]
+
+    def stop_job(self, job_id: str) -> None:
+        self.stop(job_id)
 
     # -- records -----------------------------------------------------------------------------
     def _records(self) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""TrainJob and InferenceService manifests for a blueprint.
+"""TrainJob manifests for a blueprint (InferenceServices: ``playground.serving.kserve``).
 
 The TrainJob is assembled from the Trainer's own API models (``kubeflow_trainer_api``, the typed
 form of the TrainJob CRD), so ``--dry-run`` renders exactly what ``submit`` creates and nothing here
@@ -8,7 +8,6 @@ TorchTune argument mapping for the opt-in ``builtin-torchtune`` variant (hence `
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -16,6 +15,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from playground.backends.kubernetes import sdk
 from playground.backends.kubernetes.datafiles import (
     PVC_SETTING,
     ClaimMount,
@@ -33,9 +33,6 @@ GROUP = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
 TRAINJOB_PLURAL = "trainjobs"
 CTR_PLURAL = "clustertrainingruntimes"
-KSERVE_GROUP = "serving.kserve.io"
-KSERVE_VERSION = "v1beta1"
-ISVC_PLURAL = "inferenceservices"
 
 LABEL_PREFIX = "blueprint-playground.dev/"
 LABEL_BLUEPRINT = LABEL_PREFIX + "blueprint"
@@ -70,14 +67,9 @@ INITIALIZER_URI = re.compile(r"^(hf|s3)://.+")  # what Kubeflow's HF/S3 initiali
 # The PVC JobSet creates from a runtime's shared volumeClaimPolicies template: <claim>-<jobset name>.
 WORKSPACE_CLAIM = {PLAYGROUND: "workspace", TORCHTUNE: "initializer"}
 
-# Name lengths. KServe's default domain template ``{{ .Name }}-{{ .Namespace }}`` names the host after
-# the predictor service ``<isvc>-predictor``, and a DNS label holds at most 63 characters, so
-# len(isvc) + len("-predictor-") + len(namespace) <= 63. Job names are at most 26 characters and
-# InferenceService names ``<job>-ft``/``<job>-base`` at most 31, which leaves 21 for the namespace
-# (the documented ``blueprint-playground`` has 20). In a longer namespace the InferenceService name
-# is shortened, a hash of the job name keeping it unique.
+# Name lengths: job names are at most 26 characters, which leaves room for KServe's host label of an
+# InferenceService named after the job (``playground.serving.kserve``).
 DNS_LABEL_MAX = 63
-KSERVE_HOST_INFIX = "-predictor-"
 JOB_NAME_MAX = 26
 _JOB_SUFFIX = 5  # random characters after the blueprint stem
 
@@ -221,7 +213,7 @@ def base_model_uri(job_name: str, blueprint: Blueprint, override: str | None = N
     return source
 
 
-def _secret_env(name: str, opts: ClusterOptions, *, optional: bool):
+def secret_env(name: str, opts: ClusterOptions, *, optional: bool):
     """An env var read from the HF token Secret (never the value itself)."""
     from kubeflow_trainer_api import models
 
@@ -362,7 +354,7 @@ def _playground_trainer(
         )
     )
     if needs_hub:  # the entrypoint downloads itself: the token from the Secret, never inline
-        env.append(_secret_env("HF_TOKEN", opts, optional=not blueprint.model.gated))
+        env.append(secret_env("HF_TOKEN", opts, optional=not blueprint.model.gated))
     env += [models.IoK8sApiCoreV1EnvVar(name=k, value=v) for k, v in run_env(name, blueprint, request, opts).items()]
     return models.TrainerV1alpha1Trainer(
         image=blueprint.kubernetes.image or opts.image or None,
@@ -378,7 +370,6 @@ def _playground_trainer(
 def _torchtune_trainer(blueprint: Blueprint, request: TrainRequest, initializer: Any):
     """The opt-in upstream TorchTune trainer: the SDK's TorchTune argument mapping, plus the params
     (max steps, learning rate...) that ``TorchTuneConfig`` has no field for."""
-    from kubeflow.trainer.backends.kubernetes import utils as sdk_utils
     from kubeflow.trainer.constants import constants
     from kubeflow.trainer.types import types
     from kubeflow_trainer_api import models
@@ -416,7 +407,7 @@ def _torchtune_trainer(blueprint: Blueprint, request: TrainRequest, initializer:
         "log_every": "log_every_n_steps",
         "gradient_accumulation_steps": "gradient_accumulation_steps",
     }
-    args = sdk_utils.get_args_using_torchtune_config(config, sdk_initializer)
+    args = sdk.torchtune_args(config, sdk_initializer)
     args += [f"{tune_keys[k]}={params[k]}" for k in sorted(params) if k in tune_keys]
     return models.TrainerV1alpha1Trainer(
         command=list(constants.TORCH_TUNE_COMMAND),
@@ -466,10 +457,10 @@ def plan_trainjob(blueprint: Blueprint, request: TrainRequest, opts: ClusterOpti
         token = "ACCESS_TOKEN"  # what Kubeflow's initializers read; from the Secret, never inline
         initializer = models.TrainerV1alpha1Initializer(
             model=models.TrainerV1alpha1ModelInitializer(
-                storageUri=model_uri, env=[_secret_env(token, opts, optional=not blueprint.model.gated)]
+                storageUri=model_uri, env=[secret_env(token, opts, optional=not blueprint.model.gated)]
             ),
             dataset=models.TrainerV1alpha1DatasetInitializer(
-                storageUri=dataset_uri, env=[_secret_env(token, opts, optional=True)]
+                storageUri=dataset_uri, env=[secret_env(token, opts, optional=True)]
             ),
         )
     if kind == PLAYGROUND:
@@ -519,78 +510,6 @@ def _clean(data: Any) -> Any:
     if isinstance(data, list):
         return [_clean(v) for v in data]
     return data
-
-
-def isvc_name(job_name: str, base: bool, namespace: str) -> str:
-    """``<job>-ft`` / ``<job>-base``, shortened (with a hash of the job name) when KServe's host label
-    ``<isvc>-predictor-<namespace>`` would pass 63 characters."""
-    suffix = "base" if base else "ft"
-    budget = DNS_LABEL_MAX - len(KSERVE_HOST_INFIX) - len(namespace)
-    name = f"{job_name}-{suffix}"
-    if len(name) <= budget:
-        return name
-    digest = hashlib.sha1(job_name.encode()).hexdigest()[:6]
-    keep = budget - len(suffix) - len(digest) - 2
-    if keep < 1:
-        raise UserError(
-            f"namespace {_shown(namespace)} is too long to serve from: KServe's host label "
-            f"<name>{KSERVE_HOST_INFIX}<namespace> must fit in {DNS_LABEL_MAX} characters; "
-            f"use a namespace of at most {DNS_LABEL_MAX - len(KSERVE_HOST_INFIX) - len(suffix) - len(digest) - 3} "
-            "characters",
-            field="namespace",
-        )
-    return f"{job_name[:keep].rstrip('-')}-{digest}-{suffix}"
-
-
-def build_inferenceservice(
-    job_name: str,
-    blueprint: Blueprint,
-    storage_uri: str,
-    opts: ClusterOptions,
-    *,
-    base: bool,
-    owner: str | None = None,
-) -> dict[str, Any]:
-    """A KServe InferenceService on the Hugging Face runtime serving ``storage_uri``."""
-    name = isvc_name(job_name, base, opts.namespace)
-    res = blueprint.resources
-    requests = {"cpu": str(res.cpu or "1"), "memory": str(res.memory or "4Gi")}
-    limits = dict(requests)
-    args: list[str] = []
-    if res.gpus_per_node:
-        limits["nvidia.com/gpu"] = "1"
-        requests["nvidia.com/gpu"] = "1"
-    else:
-        args.append("--backend=huggingface")  # vLLM needs a GPU; the transformers backend runs on CPU
-    if blueprint.model.dtype != "auto":
-        args.append(f"--dtype={blueprint.model.dtype}")
-    model: dict[str, Any] = {
-        "modelFormat": {"name": "huggingface"},
-        "storageUri": storage_uri,
-        "resources": {"requests": requests, "limits": limits},
-    }
-    if args:
-        model["args"] = args
-    if storage_uri.startswith("hf://"):
-        model["env"] = [_secret_env("HF_TOKEN", opts, optional=not blueprint.model.gated)]
-    labels = {
-        LABEL_JOB: job_name,
-        LABEL_KIND: "base" if base else "fine-tuned",
-        LABEL_BLUEPRINT: label_value(blueprint.id),
-        LABEL_MANAGED: MANAGED_BY,
-        **opts.extra_labels,
-    }
-    owner_labels, owner_annotations = owner_metadata(owner)
-    labels.update(owner_labels)
-    metadata: dict[str, Any] = {"name": name, "namespace": opts.namespace, "labels": labels}
-    if owner_annotations:
-        metadata["annotations"] = owner_annotations
-    return {
-        "apiVersion": f"{KSERVE_GROUP}/{KSERVE_VERSION}",
-        "kind": "InferenceService",
-        "metadata": metadata,
-        "spec": {"predictor": {"model": model}},
-    }
 
 
 def to_yaml(obj: dict[str, Any]) -> str:

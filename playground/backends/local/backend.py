@@ -33,17 +33,18 @@ from playground.backends.local.gpus import detect_gpus
 from playground.backends.local.queue import jobs_queue
 from playground.blueprints import Blueprint, get_blueprint
 from playground.blueprints.fit import local_fit
-from playground.booth import BoothPolicy, SubmissionLedger, owns, submit_lock
+from playground.booth import BoothPolicy, owns
 from playground.errors import JobNotFound, UserError
 from playground.events import Event, JobPhase, Phase, Progress, event_from_dict, parse_line
+from playground.formatting import describe_event
 from playground.paths import ensure_writable_dir, playground_home
 from playground.processes import child_env, process_alive
-from playground.types import Endpoint, Job, TrainRequest
+from playground.types import Job, TrainRequest
 
 _JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 _FOLLOW_INTERVAL = 0.2  # seconds between looks at a followed log
-_CLEANUP_INTERVAL = 30.0  # booth mode: seconds between the TTL cleanups list/submit run on the side
+CLEANUP_INTERVAL = 30.0  # booth mode: seconds between the TTL cleanups the facade runs on the side of list/submit
 _LAUNCHED: list[subprocess.Popen] = []  # supervisors this process started, reaped so they leave no zombies
 
 
@@ -113,7 +114,6 @@ class LocalBackend(Backend):
         # Booth mode (given, or PLAYGROUND_BOOTH=1): quotas per owner, a FIFO queue of bounded
         # concurrent trainings, a deadline per job and a TTL for finished ones.
         self.policy = policy if policy is not None else BoothPolicy.from_settings()
-        self._last_cleanup = float("-inf")
 
     # -- paths --------------------------------------------------------------------------------
     @property
@@ -152,18 +152,7 @@ class LocalBackend(Backend):
         blueprint = get_blueprint(request.blueprint_id)
         params = blueprint.resolve_params(dict(request.params))
         _check_trainer_installed()
-        model, dataset = request.overrides.model, request.overrides.dataset
-        if model is not None and not _is_remote(model) and not Path(model).expanduser().is_dir():
-            raise UserError(
-                f"--model-source {model!r}: no such directory; allowed: a local model directory or hf://ORG/NAME",
-                field="model_source",
-            )
-        if dataset is not None and not _is_remote(dataset) and not Path(dataset).expanduser().exists():
-            raise UserError(
-                f"--dataset-source {dataset!r}: no such file or directory; "
-                "allowed: a local .json/.jsonl file or directory, or hf://ORG/NAME",
-                field="dataset_source",
-            )
+        model = request.overrides.model
         source = model or blueprint.model.source
         if source.startswith("pkg://"):  # installed, intact, convertible, cache writable: before anything starts
             from playground.models.packaged import check
@@ -231,28 +220,18 @@ class LocalBackend(Backend):
             env[rs.TRACKING_ENV] = rs.default_tracking_uri(self.home)
         return env
 
-    def submit(self, request: TrainRequest) -> Job:
-        blueprint, params, nproc, _ = self._plan(request)
-        jobs_dir = ensure_writable_dir(self.jobs_dir, what="state dir")
-        if self.policy is None:
-            return self._create(jobs_dir, request, blueprint, params, nproc)
-        self._cleanup_now_and_then()
-        # One submit at a time on this machine: the quota check and the new job are one step, so two
-        # Launch clicks at the same moment (threads of a kernel, two kernels) make one job.
-        with submit_lock(self.home):
-            ledger = SubmissionLedger(self.home)
-            if request.owner is not None:
-                mine = self._jobs(request.owner)
-                times = max(ledger.times(request.owner), [job.created_at for job in mine], key=len)
-                self.policy.check_quota(mine, times)
-            job = self._create(jobs_dir, request, blueprint, params, nproc)
-            if request.owner is not None:
-                ledger.record(request.owner, job.created_at)
-            return job
+    @property
+    def quota_home(self) -> Path:
+        return self.home
 
-    def _create(
-        self, jobs_dir: Path, request: TrainRequest, blueprint: Blueprint, params: dict[str, Any], nproc: int
-    ) -> Job:
+    def prepare(self, request: TrainRequest) -> Any:
+        blueprint, params, nproc, _ = self._plan(request)
+        ensure_writable_dir(self.jobs_dir, what="state dir")
+        return blueprint, params, nproc
+
+    def create(self, request: TrainRequest, prepared: Any) -> Job:
+        blueprint, params, nproc = prepared
+        jobs_dir = self.jobs_dir
         for _ in range(20):
             job_id = new_job_id(blueprint.id)
             jobdir = jobs_dir / job_id
@@ -372,7 +351,7 @@ class LocalBackend(Backend):
                 text = fh.read().decode("utf-8", errors="replace")
         except OSError:
             return []
-        return [state.describe_event(parse_line(line)) for line in text.splitlines()[-lines:]]
+        return [describe_event(parse_line(line)) for line in text.splitlines()[-lines:]]
 
     def _job(self, jobdir: Path) -> Job:
         spec = state.read_json(jobdir / state.SPEC)
@@ -423,38 +402,29 @@ class LocalBackend(Backend):
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
     def list(self, *, owner: str | None = None) -> list[Job]:
-        self._cleanup_now_and_then()
         return self._jobs(owner)
 
-    # -- TTL cleanup ------------------------------------------------------------------------------
-    def cleanup(self, *, now: float | None = None) -> list[str]:
-        """Delete finished jobs (and their servers) whose end is older than the TTL; the ids deleted.
-
-        The TTL is the policy's ``finished_ttl_seconds`` (else ``PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS``
-        or its default), so the operator's ``playground jobs --cleanup`` works on any machine.
-        """
+    # -- TTL ------------------------------------------------------------------------------------
+    def expired(self, *, now: float | None = None) -> list[str]:
+        """Finished jobs whose end is older than the TTL: the policy's ``finished_ttl_seconds`` (else
+        ``PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS`` or its default), so the operator's ``playground jobs --cleanup``
+        works on any machine."""
         ttl = (self.policy or BoothPolicy.from_env()).finished_ttl_seconds
         now = time.time() if now is None else now
-        self._last_cleanup = time.monotonic()
-        removed = []
+        found = []
         for jobdir in self._job_dirs():
             try:
                 status = state.read_json(jobdir / state.STATUS)
-                expired = JobPhase(status["phase"]).terminal and now >= float(status["finished_at"]) + ttl
+                if JobPhase(status["phase"]).terminal and now >= float(status["finished_at"]) + ttl:
+                    found.append(jobdir.name)
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if expired:
-                try:
-                    self.delete(jobdir.name)
-                except UserError:
-                    continue  # removed by someone else meanwhile
-                removed.append(jobdir.name)
-        return removed
+        return found
 
-    def _cleanup_now_and_then(self) -> None:
-        """Booth mode: run the TTL cleanup on the side of list/submit, at most every 30 s per instance."""
-        if self.policy is not None and time.monotonic() - self._last_cleanup >= _CLEANUP_INTERVAL:
-            self.cleanup()
+    @property
+    def cleanup_interval(self) -> float | None:
+        """Booth mode: the facade's TTL cleanup on the side of list/submit, at most every 30 s; else on request."""
+        return CLEANUP_INTERVAL if self.policy is not None else None
 
     def job_dir(self, job_id: str) -> Path:
         """The job's state directory (``spec.json``, ``status.json``, ``train.log``, ``output/``)."""
@@ -532,39 +502,6 @@ class LocalBackend(Backend):
         jobdir = self._jobdir(job_id, owner)
         if not JobPhase(self._status(jobdir)["phase"]).terminal:
             self.cancel(job_id)
-        servers = self._servers(required=False)
-        if servers is not None:
-            servers.stop(job_id)
         shutil.rmtree(jobdir, ignore_errors=True)
         if jobdir.exists():
             raise UserError(f"could not remove {str(jobdir)!r}", field="job")
-
-    # -- serving (delegated to playground.serving.local) ---------------------------------------
-    def _servers(self, *, required: bool = True):
-        try:
-            from playground.serving.local import LocalServers
-        except ModuleNotFoundError as exc:
-            if required or exc.name not in ("playground.serving.local", "playground.serving"):
-                raise
-            return None  # serving is not installed in this build: nothing can be serving
-        return LocalServers(self.home)
-
-    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None, port: int | None = None) -> Endpoint:
-        job = self.get(job_id, owner=owner)
-        if base:
-            if not job.base_model:
-                raise UserError(f"job {job_id} has no base model yet (phase {job.phase}); try again soon", field="job")
-            return self._servers().start(job.base_model, job_id=job_id, kind="base", owner=job.owner, port=port)
-        if job.phase != JobPhase.SUCCEEDED or not job.model_dir:
-            raise UserError(f"job {job_id} is {job.phase}; it can be served once it has Succeeded", field="job")
-        return self._servers().start(job.model_dir, job_id=job_id, kind="fine-tuned", owner=job.owner, port=port)
-
-    def unserve(self, target: str, *, owner: str | None = None) -> None:
-        stopped = self._servers().stop(target, owner=owner)
-        if not stopped:
-            raise UserError(f"no local model server matches {target!r} (an endpoint URL, server name or job id)")
-
-    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
-        servers = self._servers(required=False)
-        found = servers.list() if servers is not None else []
-        return [e for e in found if owns(e.owner, owner)]

@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from playground.events import ClusterEvent, Event, Log, Metric, Phase, Progress, Queued
 from playground.processes import process_alive
 
 SPEC = "spec.json"
@@ -64,47 +63,6 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def read_json(path: Path) -> dict[str, Any]:
     with open(path) as fh:
         return json.load(fh)
-
-
-def describe_event(event: Event) -> str:
-    """One readable line for an event (``playground logs``, log tails)."""
-    if isinstance(event, Log):
-        return event.line
-    if isinstance(event, Progress):
-        parts = [f"step {event.step}/{event.total_steps}"]
-        if event.loss is not None:
-            parts.append(f"loss {event.loss:.4f}")
-        if event.learning_rate is not None:
-            parts.append(f"lr {event.learning_rate:.2e}")
-        if event.tokens_per_second is not None:
-            parts.append(f"{event.tokens_per_second:,.0f} tok/s")
-        if event.eta_seconds is not None:
-            parts.append(f"eta {format_duration(event.eta_seconds)}")
-        return "[progress] " + "  ".join(parts)
-    if isinstance(event, Phase):
-        return f"[phase] {event.phase}" + (f": {event.reason}" if event.reason else "")
-    if isinstance(event, Metric):
-        return f"[metric] {event.name} = {event.value:.4g}"
-    if isinstance(event, ClusterEvent):
-        return f"[{event.kind}] {event.reason}: {event.message}"
-    if isinstance(event, Queued):
-        if event.position <= 0:
-            return "[queue] a training slot is free: starting"
-        wait = (
-            "" if event.estimated_wait_seconds is None else f", about {format_duration(event.estimated_wait_seconds)}"
-        )
-        return f"[queue] waiting for a training slot: position {event.position}{wait}"
-    return str(event)
-
-
-def format_duration(seconds: float | None) -> str:
-    """``75`` → ``1:15``, ``3725`` → ``1:02:05``; unknown → ``?``."""
-    if seconds is None or seconds != seconds or seconds < 0:
-        return "?"
-    total = round(seconds)
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def take_supervisor_lock(jobdir: Path) -> int:

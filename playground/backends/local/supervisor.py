@@ -37,6 +37,7 @@ from playground.events import (
     format_event_line,
     parse_line,
 )
+from playground.formatting import describe_event
 from playground.processes import child_env
 
 PROGRESS_WRITE_INTERVAL = 0.5  # seconds between status.json rewrites caused by progress alone
@@ -74,7 +75,7 @@ class Supervisor:
 
     def _on_event(self, line: str) -> None:
         event = parse_line(line)
-        self.tail.append(state.describe_event(event))
+        self.tail.append(describe_event(event))
         if isinstance(event, Progress):
             data = event_to_dict(event)
             data.pop("type", None)
@@ -130,7 +131,7 @@ class Supervisor:
         """An event of the supervisor's own, in the job's event history (train.log) like the trainer's."""
         log.write((format_event_line(event) + "\n").encode())
         log.flush()
-        self.tail.append(state.describe_event(event))
+        self.tail.append(describe_event(event))
 
     def wait_for_slot(self, log) -> bool:
         """Wait (FIFO by submit time) for one of the machine's training slots; False if cancelled meanwhile.

@@ -1,0 +1,110 @@
+"""The facade the CLI, the app and the notebooks use: one training backend and its model servers as one object.
+
+Training backends (:mod:`playground.backends`) only train; model servers (:mod:`playground.serving`) only serve.
+The facade pairs them: ``serve`` checks the caller may see the job, then asks the servers; ``delete`` stops the
+job's servers before the backend removes the job; ``cleanup`` deletes the jobs past their TTL the same way, and
+runs on the side of ``list``/``submit`` as often as the backend asks (booth mode), never inside the backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from playground.backends import Backend, get_backend
+from playground.errors import JobNotFound, UserError
+from playground.events import Event
+from playground.serving.base import ModelServers
+from playground.types import Endpoint, Job, TrainRequest
+
+
+class Playground:
+    """Jobs on one backend and their model servers (the same verbs as ``Backend``, plus serving)."""
+
+    def __init__(self, backend: Backend, servers: ModelServers | None = None) -> None:
+        self.backend = backend
+        self._servers = servers
+        self._last_cleanup = float("-inf")
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def policy(self) -> Any:
+        return self.backend.policy
+
+    @property
+    def servers(self) -> ModelServers:
+        """The backend's model servers (made on first use: listing jobs needs none)."""
+        if self._servers is None:
+            from playground.serving import servers_for
+
+            self._servers = servers_for(self.backend)
+        return self._servers
+
+    # -- jobs -------------------------------------------------------------------------------------
+    def submit(self, request: TrainRequest) -> Job:
+        self._cleanup_now_and_then()
+        return self.backend.submit(request)
+
+    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+        return self.backend.get(job_id, owner=owner)
+
+    def list(self, *, owner: str | None = None) -> list[Job]:
+        self._cleanup_now_and_then()
+        return self.backend.list(owner=owner)
+
+    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+        return self.backend.events(job_id, follow, owner=owner)
+
+    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+        return self.backend.cancel(job_id, owner=owner)
+
+    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+        """Stop the job's servers, then the job, and remove it (someone else's job: JobNotFound, nothing stops)."""
+        self.backend.get(job_id, owner=owner)
+        self.servers.stop_job(job_id)
+        self.backend.delete(job_id, owner=owner)
+
+    def cleanup(self, *, now: float | None = None) -> list[str]:
+        """Delete the finished jobs past their TTL, with their servers; the ids deleted."""
+        self._last_cleanup = time.monotonic()
+        removed = []
+        for job_id in self.backend.expired(now=now):
+            try:
+                self.delete(job_id)
+            except (JobNotFound, UserError):
+                continue  # removed by someone else meanwhile
+            removed.append(job_id)
+        return removed
+
+    def _cleanup_now_and_then(self) -> None:
+        interval = self.backend.cleanup_interval
+        if interval is not None and time.monotonic() - self._last_cleanup >= interval:
+            self.cleanup()
+
+    # -- serving ----------------------------------------------------------------------------------
+    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None, port: int | None = None) -> Endpoint:
+        """Serve the job's fine-tuned model (or its base model) and wait until it answers."""
+        self.servers.check_port(port)  # refused before the backend is asked anything
+        return self.servers.serve(self.backend.get(job_id, owner=owner), base=base, port=port)
+
+    def unserve(self, target: str, *, owner: str | None = None) -> None:
+        self.servers.unserve(target, owner=owner)
+
+    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
+        return self.servers.endpoints(owner=owner)
+
+    # -- manifests (--dry-run) --------------------------------------------------------------------
+    def render_train(self, request: TrainRequest) -> str:
+        return self.backend.render_train(request)
+
+    def render_serve(self, job_id: str, *, base: bool = False) -> str:
+        return self.servers.render(job_id, base=base)
+
+
+def connect(name: str = "local", **options: Any) -> Playground:
+    """The facade over a backend by name (``options`` go to the backend, e.g. namespace, context)."""
+    return Playground(get_backend(name, **options))

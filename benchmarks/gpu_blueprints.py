@@ -316,6 +316,7 @@ def run_hf_trainer(
     from playground.blueprints import get_blueprint
     from playground.train.model import apply_lora
     from playground.train.recipe import lr_lambda
+    from playground.train.settings import default_warmup, resolve_setting
 
     blueprint = get_blueprint(BLUEPRINTS[arch])
     defaults = blueprint.defaults()
@@ -346,12 +347,12 @@ def run_hf_trainer(
     # cosine to 10%), so the two loss curves differ only by the data order.
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
-        lr=float(defaults.get("learning_rate", 2e-4)),
+        lr=float(resolve_setting(blueprint, defaults, "learning_rate")),
         betas=(0.9, 0.95),
         weight_decay=0.0,
         fused=cuda or None,
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(min(100, max(1, steps // 20)), steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(default_warmup(steps), steps))
     marks: dict[int, float] = {}
 
     class Clock(TrainerCallback):

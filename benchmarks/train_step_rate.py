@@ -55,7 +55,8 @@ def _setup(blueprint_id: str, steps: int) -> dict[str, Any]:
     from playground.blueprints import get_blueprint
     from playground.train.data import Batches
     from playground.train.model import apply_lora, build_model, load_tokenizer, parse_source
-    from playground.train.recipe import Dist, TrainSpec, cpu_threads, load_data
+    from playground.train.recipe import Dist, cpu_threads, load_data
+    from playground.train.settings import TrainSpec
 
     blueprint = get_blueprint(blueprint_id)
     params = blueprint.resolve_params({"max_steps": steps})

@@ -1,23 +1,27 @@
-"""The recipe's stages, each called on its own in this process (tiny-llama-cpu, a few steps)."""
+"""The recipe's stages, each called on its own in this process (tiny-llama-cpu, a few steps), and the
+torch-free settings they read."""
 
 from __future__ import annotations
 
+import copy
 import io
 import math
-from dataclasses import replace
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 import pytest
 
+from playground.blueprints import TRAINING_DEFAULTS, get_blueprint
 from playground.events import Progress, parse_line
 from playground.train import recipe
 from playground.train.__main__ import prepare
 from playground.train.reporting import Reporter
+from playground.train.settings import Settings, TrainSpec, resolve_setting
 
 STEPS = 6
 
 
-def _spec(out: Path, *sets: str, resume: bool = False) -> recipe.TrainSpec:
+def _spec(out: Path, *sets: str, resume: bool = False) -> TrainSpec:
     args = ["--blueprint", "tiny-llama-cpu", "--output", str(out), "--set", f"max_steps={STEPS}"]
     args += ["--set", "num_eval_examples=10", "--set", "batch_size=8", "--set", "checkpoint_every=0"]
     for item in sets:
@@ -36,27 +40,48 @@ def _progress(stream: io.StringIO) -> list[Progress]:
 
 
 @pytest.fixture(scope="module")
-def stages(tmp_path_factory: pytest.TempPathFactory):
-    """Distributed setup, data, model and optimizer of one tiny run (built once)."""
-    spec = _spec(tmp_path_factory.mktemp("recipe") / "out", "log_every=2")
-    reporter, _ = _reporter()
-    settings = recipe.Settings.from_spec(spec)
-    runtime = recipe.setup_distributed(spec, reporter)
-    data = recipe.setup_data(spec, runtime, settings, reporter)
-    model = recipe.setup_model(spec, runtime, settings, data, reporter)
-    return spec, settings, runtime, data, model
+def built(tmp_path_factory: pytest.TempPathFactory) -> recipe.Recipe:
+    """Distributed setup, data and model of one tiny run (built once)."""
+    run = recipe.Recipe(_spec(tmp_path_factory.mktemp("recipe") / "out", "log_every=2"), _reporter()[0])
+    run.runtime = recipe.setup_distributed(run)
+    run.data = recipe.setup_data(run)
+    run.model = recipe.setup_model(run)
+    return run
+
+
+@pytest.fixture
+def stages(built: recipe.Recipe) -> recipe.Recipe:
+    """The built run for one test: its own state and reporter, the runtime, data and model shared."""
+    run = copy.copy(built)
+    run.state = recipe.TrainState()
+    return run
 
 
 def test_settings_resolve_parameters_then_training_block_then_defaults(tmp_path: Path) -> None:
-    settings = recipe.Settings.from_spec(_spec(tmp_path, "learning_rate=0.01"))
+    settings = Settings.from_spec(_spec(tmp_path, "learning_rate=0.01"))
     assert settings.learning_rate == 0.01  # a parameter
     assert settings.warmup_steps == 20  # the blueprint's fixed training block
-    assert settings.gradient_accumulation_steps == 1 and settings.eval_every == 0  # DEFAULTS
+    assert settings.gradient_accumulation_steps == 1 and settings.eval_every == 0  # TRAINING_DEFAULTS
     assert (settings.max_steps, settings.batch_size, settings.log_every) == (STEPS, 8, 5)
 
 
-def test_setup_data_and_model(stages) -> None:
-    spec, settings, runtime, data, model = stages
+def test_every_setting_has_its_default_in_the_one_block() -> None:
+    """Settings has a field per TRAINING_DEFAULTS entry and no defaults of its own; a setting no
+    parameter or training block gives takes the block's value (warmup None: 5% of max_steps)."""
+    assert {f.name for f in fields(Settings)} == set(TRAINING_DEFAULTS)
+    assert all(f.default is MISSING and f.default_factory is MISSING for f in fields(Settings))
+    blueprint = get_blueprint("tiny-llama-cpu")
+    assert resolve_setting(blueprint, {}, "eval_every") == TRAINING_DEFAULTS["eval_every"]
+    assert resolve_setting(blueprint, {}, "warmup_steps") == 20  # the training block
+    assert resolve_setting(blueprint, {"warmup_steps": 3}, "warmup_steps") == 3  # a parameter
+    bare = blueprint.model_copy(update={"training": {}, "parameters": {}})
+    settings = Settings.from_spec(TrainSpec(bare, {}, Path("out"), "scratch://llama", "synthetic://reverse"))
+    expected = {**TRAINING_DEFAULTS, "warmup_steps": 5}  # max_steps 100
+    assert {name: getattr(settings, name) for name in TRAINING_DEFAULTS} == expected
+
+
+def test_setup_data_and_model(stages: recipe.Recipe) -> None:
+    spec, settings, runtime, data, model = stages.spec, stages.settings, stages.runtime, stages.data, stages.model
     assert runtime.dist.world_size == 1 and str(runtime.device) == "cpu" and not runtime.bf16
     assert len(data.eval_set) == 10 and len(data.train_set) == STEPS * settings.batch_size
     ids, labels, n_tokens = data.batches.batch(0)
@@ -68,18 +93,18 @@ def test_setup_data_and_model(stages) -> None:
     assert (spec.output / "base-model" / "model.safetensors").exists()  # the untrained scratch model
 
 
-def test_loop_checkpoint_restore_and_mfu_after_warmup(stages, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_loop_checkpoint_restore_and_mfu_after_warmup(stages: recipe.Recipe, monkeypatch: pytest.MonkeyPatch) -> None:
     """The loop emits Progress on its cadence; MFU (with a peak given) leaves the warm-up steps out;
     a checkpoint written by the stage restores the same step, weights and history."""
     import torch
 
-    spec, settings, runtime, data, model = stages
+    run, model = stages, stages.model
     monkeypatch.setenv("PLAYGROUND_PEAK_FLOPS", "1e12")  # a made-up CPU peak, so MFU is computed
-    optim = recipe.setup_optimizer(runtime, settings, model)
-    state = recipe.restore(spec, runtime, settings, model, optim, _reporter()[0])
+    run.optim = recipe.setup_optimizer(run)
+    run.state = state = recipe.restore(run)
     assert state.start_step == 0
-    reporter, stream = _reporter()
-    state = recipe.train_loop(spec, runtime, settings, data, model, optim, state, reporter)
+    run.reporter, stream = _reporter()
+    recipe.train_loop(run)
     progress = _progress(stream)
     assert [p.step for p in progress] == [2, 4, 6] and state.step == STEPS
     assert all(math.isfinite(p.loss) and p.tokens_per_second > 0 for p in progress)
@@ -87,26 +112,28 @@ def test_loop_checkpoint_restore_and_mfu_after_warmup(stages, monkeypatch: pytes
     assert progress[0].mfu is None and all(p.mfu > 0 for p in progress[1:])
 
     state.history.append({"step": STEPS, "eval_loss": 1.0})
-    recipe.save_checkpoint(spec, runtime, settings, data, model, optim, state)
+    recipe.save_checkpoint(run)
     weights = {k: v.clone() for k, v in model.model.state_dict().items()}
     with torch.no_grad():
         for p in model.model.parameters():
             p.zero_()
-    fresh = recipe.setup_optimizer(runtime, settings, model)
-    restored = recipe.restore(replace(spec, resume=True), runtime, settings, model, fresh, _reporter()[0])
+    run.spec = replace(run.spec, resume=True)
+    run.optim = fresh = recipe.setup_optimizer(run)
+    restored = recipe.restore(run)
     assert (restored.start_step, restored.history) == (STEPS, state.history)
     assert all(torch.equal(weights[k], v) for k, v in model.model.state_dict().items())
     assert fresh.scheduler.last_epoch == STEPS
 
 
-def test_final_eval_and_save(stages) -> None:
-    spec, settings, runtime, data, model = stages
-    state = recipe.TrainState(start_step=STEPS, step=STEPS, last_loss=1.5)
-    reporter, stream = _reporter()
-    final = recipe.final_eval(spec, runtime, settings, data, model, state, reporter)
+def test_final_eval_and_save(stages: recipe.Recipe) -> None:
+    run, spec = stages, stages.spec
+    run.state = state = recipe.TrainState(start_step=STEPS, step=STEPS, last_loss=1.5)
+    run.reporter, stream = _reporter()
+    final = recipe.final_eval(run)
     assert set(final) == {"eval_loss", "eval_exact_match"} and state.history[-1]["step"] == STEPS
     assert "eval_loss" in stream.getvalue()  # reported as a Metric event too
-    metrics = recipe.save(spec, runtime, data, model, state, final, wall_start=0.0, reporter=reporter)
+    run.wall_start = 0.0
+    metrics = recipe.save(run, final)
     assert metrics["steps"] == STEPS and metrics["resumed_from_step"] == STEPS and metrics["train_loss"] == 1.5
     assert (spec.output / "model" / "model.safetensors").exists() and (spec.output / "metrics.json").exists()
 
@@ -121,7 +148,7 @@ def test_final_eval_and_save(stages) -> None:
     ],
 )
 def test_global_batch_is_fixed_whatever_the_world_size(tmp_path: Path, batch_size, accum, world, expected) -> None:
-    settings = recipe.Settings.from_spec(_spec(tmp_path))
+    settings = Settings.from_spec(_spec(tmp_path))
     settings = replace(settings, batch_size=batch_size, gradient_accumulation_steps=accum)
     plan = settings.plan(world)
     assert (plan.global_batch, plan.micro_batch, plan.micro_steps) == expected
@@ -131,18 +158,18 @@ def test_global_batch_is_fixed_whatever_the_world_size(tmp_path: Path, batch_siz
 def test_uneven_global_batch_is_refused_naming_the_field(tmp_path: Path) -> None:
     from playground.errors import UserError
 
-    settings = recipe.Settings.from_spec(_spec(tmp_path, "batch_size=3"))
+    settings = Settings.from_spec(_spec(tmp_path, "batch_size=3"))
     with pytest.raises(UserError, match=r"batch_size=3 .* global batch 3 cannot be split evenly over 2") as err:
         settings.plan(2)
     assert err.value.field == "batch_size"
 
 
-def test_every_world_size_sees_the_same_examples_per_step(stages) -> None:
+def test_every_world_size_sees_the_same_examples_per_step(stages: recipe.Recipe) -> None:
     """Batches for 1 process × 4 micro-batches and for 2 ranks × 2 micro-batches cover the same
     rows in every optimizer step, across an epoch boundary; the step's answer-token count too."""
     from playground.train.data import Batches
 
-    train = stages[3].train_set
+    train = stages.data.train_set
     one = Batches(train, batch_size=4, seed=3, grad_accum=4)
     ranks = [Batches(train, batch_size=4, seed=3, rank=r, world_size=2, grad_accum=2) for r in (0, 1)]
     for step in range(one.per_epoch + 2):

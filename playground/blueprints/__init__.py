@@ -9,6 +9,7 @@ from playground.blueprints.loader import (
 )
 from playground.blueprints.schema import (
     KNOWN_PARAMETERS,
+    TRAINING_DEFAULTS,
     Blueprint,
     Example,
     ParameterSpec,
@@ -17,6 +18,7 @@ from playground.blueprints.schema import (
 
 __all__ = [
     "KNOWN_PARAMETERS",
+    "TRAINING_DEFAULTS",
     "Blueprint",
     "Example",
     "ParameterSpec",

@@ -321,11 +321,12 @@ def example_lengths(
     data = dataset_source or blueprint.dataset.source
     if data.startswith("synthetic://"):
         from playground.train.data import SYNTHETIC_TASKS, synthetic_splits
+        from playground.train.settings import resolve_setting
 
         task = data.removeprefix("synthetic://")
         if task not in SYNTHETIC_TASKS:
             return None
-        seed = int(params.get("seed", 0))
+        seed = int(resolve_setting(blueprint, params, "seed"))
         train, _ = synthetic_splits(task, dict(blueprint.dataset.options), num_train=n, num_eval=20, seed=seed)
         conversations = [sample.messages() for sample in train]
     elif is_local_file(data) and Path(data).expanduser().is_file():
@@ -508,7 +509,7 @@ def make_plan(
 ) -> Plan:
     """Predict memory per device, fit and time for training ``blueprint`` with ``params`` (validated)."""
     from playground.train.flops import FlopCounter
-    from playground.train.recipe import resolve_setting
+    from playground.train.settings import resolve_setting
 
     def setting(name: str) -> Any:
         return resolve_setting(blueprint, params, name)

@@ -35,6 +35,29 @@ KNOWN_PARAMETERS: dict[str, str] = {
     "distributed": "several processes: auto (FSDP2 when DDP's replicated state would not fit), ddp or fsdp",
 }
 
+# Every training setting's default, in one place (nanoGPT style). A run's setting is its parameter (a
+# blueprint's ``parameters``, their defaults in its YAML) > the blueprint's fixed ``training`` block > this
+# block: ``playground.train.settings.resolve_setting``, which the trainer's ``Settings``, ``playground plan``
+# and ``playground data check`` all ask. LoRA's (lora_rank, lora_alpha, lora_dropout): the blueprint's ``method``.
+TRAINING_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 2e-4,
+    "max_steps": 100,
+    "batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "warmup_steps": None,  # None: 5% of max_steps, at most 100
+    "weight_decay": 0.0,
+    "seed": 0,
+    "max_seq_length": 512,
+    "num_train_examples": None,  # None: all rows (synthetic: max_steps × global batch, capped)
+    "num_eval_examples": 200,  # the held-out prompts are kept out of the training rows
+    "eval_every": 0,
+    "checkpoint_every": 0,
+    "log_every": 10,
+    "packing": False,  # speed levers (playground/train/perf.py): fixed settings, off unless a blueprint sets them
+    "compile": False,
+    "distributed": "auto",  # auto | ddp | fsdp (playground/train/parallel.py has the rule)
+}
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -269,7 +292,7 @@ class Blueprint(_Strict):
     method: MethodSpec
     parameters: dict[str, ParameterSpec]
     # Fixed training settings a visitor cannot change (e.g. warmup_steps), keys from KNOWN_PARAMETERS;
-    # a same-named entry in ``parameters`` overrides them.
+    # a same-named entry in ``parameters`` overrides them, and they override TRAINING_DEFAULTS.
     training: dict[str, Any] = Field(default_factory=dict)
     resources: ResourcesSpec = ResourcesSpec()
     kubernetes: KubernetesSpec = KubernetesSpec()

@@ -1,7 +1,8 @@
 """The training entrypoint (``python -m playground.train``), run locally or in a TrainJob pod.
 
-Modules: ``recipe`` (the loop), ``data``, ``tokenizer``, ``model``, ``evaluate``, ``checkpoint``,
-``save``, ``reporting``, ``standins``. Only trainer processes import this package's heavy parts.
+Modules: ``recipe`` (the loop), ``settings`` (torch-free: the run's settings), ``data``, ``tokenizer``,
+``model``, ``evaluate``, ``checkpoint``, ``save``, ``reporting``, ``standins``. Only trainer processes import
+this package's heavy parts.
 """
 
 import os

@@ -84,7 +84,7 @@ def gpu_count() -> int:
 def prepare(argv: list[str] | None):
     """Parse and validate everything before writing anything; returns the TrainSpec."""
     from playground.train.model import parse_source
-    from playground.train.recipe import Settings, TrainSpec, check_resume
+    from playground.train.settings import Settings, TrainSpec, check_resume
 
     args = build_parser().parse_args(argv)
     blueprint = get_blueprint(args.blueprint) if args.blueprint else blueprint_from_yaml(args.blueprint_yaml)
@@ -131,7 +131,7 @@ def _start_run(spec):
     """The job's MLflow run (playground/runs/tracking.py); None when tracking is off or cannot start."""
     from playground.runs.settings import scrub
     from playground.runs.tracking import start_run
-    from playground.train.recipe import Settings
+    from playground.train.settings import Settings
 
     try:
         tracker = start_run(spec, Settings.from_spec(spec))

@@ -7,11 +7,13 @@ step), eval by greedy generation through the chat template, and no per-step over
 write: ``loss.item()`` (a device sync) happens only on logging steps. HF Trainer stays the
 baseline our benchmarks compare against.
 
-``run()`` is a list of named stages, torchtune style, each a function of what the earlier ones
-returned (small dataclasses), so each can be called and tested on its own: settings →
-``setup_distributed`` → ``setup_data`` (tokenizer, data, batch order) → ``setup_model`` (+ LoRA;
-DDP or FSDP2) → ``setup_optimizer`` → ``restore`` (``--resume``) → ``train_loop`` (log, checkpoint, eval) →
-``final_eval`` → ``save`` (model dir, metrics.json) → ``teardown``.
+The run's state lives on one object, torchtune style: a :class:`Recipe` holds the spec, its resolved
+``Settings`` (playground/train/settings.py, torch-free) and what each stage builds, and runs as
+``setup`` (``setup_distributed`` → ``setup_data``: tokenizer, data, batch order → ``setup_model``: + LoRA;
+DDP or FSDP2 → ``setup_optimizer`` → ``restore``: ``--resume``) → ``train`` (``train_loop``: log,
+checkpoint, eval → ``final_eval`` → ``save``: model dir, metrics.json) → ``cleanup`` (``teardown``).
+Every stage is a function of that object, so a test can run any of them on its own. torch is imported
+inside the stages, as in every ``playground.train`` module.
 """
 
 from __future__ import annotations
@@ -26,60 +28,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from playground.blueprints import Blueprint
-from playground.errors import UserError
 from playground.events import JobPhase, Progress
-from playground.train.flops import FlopCounter
+from playground.train import checkpoint, evaluate, parallel
+from playground.train import model as models
+from playground.train.data import Batches, file_splits, load_rows, synthetic_splits, tokenize
+from playground.train.flops import MFU_WARMUP_STEPS, FlopCounter, count_flops, mfu, peak_flops
+from playground.train.parallel import gradient_sync
+from playground.train.perf import causal_lm_loss, compile_model, model_inputs
 from playground.train.reporting import Reporter
+from playground.train.save import save_model_dir, unwrap
+from playground.train.settings import BatchPlan, Settings, TrainSpec, check_resume
+from playground.userdata.check import is_local_file
 
-# Settings used when neither the blueprint's parameters nor its fixed ``training`` block set them.
-DEFAULTS: dict[str, Any] = {
-    "learning_rate": 2e-4,
-    "max_steps": 100,
-    "batch_size": 8,
-    "gradient_accumulation_steps": 1,
-    "warmup_steps": None,  # None: 5% of max_steps, at most 100
-    "weight_decay": 0.0,
-    "seed": 0,
-    "max_seq_length": 512,
-    "num_train_examples": None,  # None: all rows (synthetic: max_steps × global batch, capped)
-    "num_eval_examples": 200,
-    "eval_every": 0,
-    "checkpoint_every": 0,
-    "log_every": 10,
-    "packing": False,  # speed levers (playground/train/perf.py): fixed settings, off unless a blueprint sets them
-    "compile": False,
-    "distributed": "auto",  # auto | ddp | fsdp (playground/train/parallel.py has the rule)
-}
 MAX_GRAD_NORM = 1.0
 MIN_LR_RATIO = 0.1  # cosine decays to 10% of the peak
 MAX_SYNTHETIC_ROWS = 50_000  # generated up front; longer runs cycle through them in epochs
-
-
-@dataclass(frozen=True)
-class TrainSpec:
-    """Everything a run needs, resolved and validated by the entrypoint."""
-
-    blueprint: Blueprint
-    params: dict[str, Any]  # blueprint parameters, validated
-    output: Path
-    model_source: str
-    dataset_source: str
-    resume: bool = False
-
-    def setting(self, name: str) -> Any:
-        """Parameter > the blueprint's fixed training setting > DEFAULTS."""
-        return resolve_setting(self.blueprint, self.params, name)
-
-
-def resolve_setting(blueprint: Blueprint, params: dict[str, Any], name: str) -> Any:
-    """A training setting: the run's parameter > the blueprint's fixed ``training`` setting > DEFAULTS.
-    The trainer (:meth:`TrainSpec.setting`) and ``playground plan`` both ask this."""
-    if name in params:
-        return params[name]
-    if name in blueprint.training:
-        return blueprint.training[name]
-    return DEFAULTS.get(name)
 
 
 @dataclass
@@ -172,15 +135,13 @@ def lr_lambda(warmup: int, total: int):
 
 def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist | None = None) -> tuple[Any, Any]:
     """Tokenized train and held-out sets (never overlapping). The same on every rank."""
-    from playground.train import data
-
     ds = spec.blueprint.dataset
     seed = int(spec.setting("seed"))
     num_eval = spec.setting("num_eval_examples")
     num_train = spec.setting("num_train_examples")
     if spec.dataset_source.startswith("synthetic://"):
         global_batch = int(spec.setting("batch_size")) * int(spec.setting("gradient_accumulation_steps"))
-        train, held = data.synthetic_splits(
+        train, held = synthetic_splits(
             spec.dataset_source.removeprefix("synthetic://"),
             ds.options,
             num_train=int(num_train or min(spec.setting("max_steps") * global_batch, MAX_SYNTHETIC_ROWS)),
@@ -188,15 +149,13 @@ def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist | None = None) -> tupl
             seed=seed,
         )
     else:
-        from playground.userdata.check import is_local_file
-
         own_format = spec.dataset_source == ds.source  # a replaced source has its shape detected
-        rows = data.load_rows(spec.dataset_source, ds.split)
+        rows = load_rows(spec.dataset_source, ds.split)
         if ds.eval_source:
-            eval_rows = data.load_rows(ds.eval_source, "train")
+            eval_rows = load_rows(ds.eval_source, "train")
         else:
-            eval_rows = data.load_rows(spec.dataset_source, ds.eval_split) if ds.eval_split else None
-        train, held = data.file_splits(
+            eval_rows = load_rows(spec.dataset_source, ds.eval_split) if ds.eval_split else None
+        train, held = file_splits(
             rows,
             eval_rows,
             fmt=ds.format if own_format else "auto",
@@ -209,12 +168,10 @@ def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist | None = None) -> tupl
             strict=is_local_file(spec.dataset_source),
         )
     max_len = int(spec.setting("max_seq_length"))
-    return data.tokenize(train, tokenizer, max_len), data.tokenize(held, tokenizer, max_len)
+    return tokenize(train, tokenizer, max_len), tokenize(held, tokenizer, max_len)
 
 
-# --- the stages --------------------------------------------------------------------------------
-# Each stage is a function of what the earlier ones produced (the small dataclasses below), so a
-# test can run any of them on its own; ``run`` is the list of stage calls.
+# --- the run's state ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -243,115 +200,6 @@ class Runtime:
             import torch.distributed
 
             torch.distributed.barrier()
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How one optimizer step's global batch is split: every rank runs ``micro_steps``
-    micro-batches of ``micro_batch`` examples; ``micro_batch × micro_steps × world_size`` is
-    always ``global_batch``."""
-
-    global_batch: int
-    micro_batch: int
-    micro_steps: int
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The run's resolved training settings (parameters > the blueprint's ``training`` > DEFAULTS)."""
-
-    max_steps: int
-    learning_rate: float
-    warmup_steps: int
-    weight_decay: float
-    batch_size: int
-    gradient_accumulation_steps: int
-    seed: int
-    log_every: int
-    eval_every: int
-    checkpoint_every: int
-    packing: bool = False
-    compile: bool = False
-    distributed: str = "auto"
-    max_seq_length: int = 512
-    num_train_examples: int | None = None
-    num_eval_examples: int | None = 200  # the held-out prompts are kept out of the training rows
-
-    # What a resumed run must keep (checked against the checkpoint): the data and its order (the seed;
-    # the training rows, their tokenization and the held-out prompts kept out of them; the global
-    # batch) and the learning-rate schedule. Everything else may change, notably the number of
-    # processes, DDP/FSDP2 and how the global batch is split: a step sees the same examples and
-    # computes the same update either way.
-    RESUME_KEEPS = (
-        "seed",
-        "global_batch_size",
-        "max_steps",
-        "warmup_steps",
-        "learning_rate",
-        "max_seq_length",
-        "num_train_examples",
-        "num_eval_examples",
-    )
-    RESUME_MAY_CHANGE = (
-        "the number of GPUs/processes, DDP/FSDP2, the batch_size × gradient_accumulation_steps split "
-        "and the log/eval/checkpoint cadence"
-    )
-    RESUME_HINTS = {"global_batch_size": "batch_size × gradient_accumulation_steps = {saved}"}
-
-    @classmethod
-    def from_spec(cls, spec: TrainSpec) -> Settings:
-        from playground.train.parallel import STRATEGIES
-
-        max_steps = int(spec.setting("max_steps"))
-        warmup = spec.setting("warmup_steps")
-        distributed = str(spec.setting("distributed"))
-        num_train, num_eval = spec.setting("num_train_examples"), spec.setting("num_eval_examples")
-        if distributed not in STRATEGIES:
-            raise UserError(
-                f"training setting 'distributed': {distributed!r} is not allowed; allowed: {', '.join(STRATEGIES)}",
-                field="distributed",
-            )
-        return cls(
-            max_steps=max_steps,
-            learning_rate=float(spec.setting("learning_rate")),
-            warmup_steps=int(warmup) if warmup is not None else min(100, max(1, max_steps // 20)),
-            weight_decay=float(spec.setting("weight_decay")),
-            batch_size=int(spec.setting("batch_size")),
-            gradient_accumulation_steps=int(spec.setting("gradient_accumulation_steps")),
-            seed=int(spec.setting("seed")),
-            log_every=max(1, int(spec.setting("log_every"))),
-            eval_every=int(spec.setting("eval_every")),
-            checkpoint_every=int(spec.setting("checkpoint_every")),
-            packing=bool(spec.setting("packing")),
-            compile=bool(spec.setting("compile")),
-            distributed=distributed,
-            max_seq_length=int(spec.setting("max_seq_length")),
-            num_train_examples=None if num_train is None else int(num_train),
-            num_eval_examples=None if num_eval is None else int(num_eval),
-        )
-
-    @property
-    def global_batch_size(self) -> int:
-        """Examples per optimizer step, whatever the number of processes."""
-        return self.batch_size * self.gradient_accumulation_steps
-
-    def resume_config(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.RESUME_KEEPS}
-
-    def plan(self, world_size: int) -> BatchPlan:
-        """Split the fixed global batch over ``world_size`` processes, nanoGPT style: the
-        accumulation steps divide first, then the micro-batch. A one-line UserError when the global
-        batch cannot be split evenly."""
-        accum, batch = self.gradient_accumulation_steps, self.batch_size
-        split_accum = math.gcd(accum, world_size)
-        split_batch = world_size // split_accum
-        if batch % split_batch:
-            raise UserError(
-                f"batch_size={batch} × gradient_accumulation_steps={accum} = global batch {batch * accum} cannot be "
-                f"split evenly over {world_size} processes; allowed: a global batch divisible by {world_size}",
-                field="batch_size",
-            )
-        return BatchPlan(batch * accum, batch // split_batch, accum // split_accum)
 
 
 @dataclass
@@ -397,33 +245,67 @@ class TrainState:
     clock: Clock = field(default_factory=Clock)
 
 
-def setup_distributed(spec: TrainSpec, reporter: Reporter) -> Runtime:
-    """Stage 1: ranks (torchrun or a single process; NCCL on GPU, gloo on CPU), the device, bf16 or
-    float32, the seed."""
+class Recipe:
+    """One run: the spec, its resolved settings and what each stage builds (``runtime``, ``data``,
+    ``model``, ``optim``, ``state``), run as ``setup() → train() → cleanup()``. A stage's attribute
+    exists once that stage has run."""
+
+    runtime: Runtime
+    data: DataState
+    model: ModelState
+    optim: OptimizerState
+
+    def __init__(self, spec: TrainSpec, reporter: Reporter) -> None:
+        self.wall_start = time.perf_counter()
+        self.spec, self.reporter = spec, reporter
+        self.settings = Settings.from_spec(spec)
+        self.state = TrainState()
+
+    def setup(self) -> None:
+        """Ranks and device, data, model, optimizer, and the state (``--resume``: the checkpoint's)."""
+        self.runtime = setup_distributed(self)
+        self.data = setup_data(self)
+        self.model = setup_model(self)
+        self.optim = setup_optimizer(self)
+        self.state = restore(self)
+
+    def train(self) -> dict[str, Any]:
+        """The loop, the final eval and the save; returns the final metrics (also in metrics.json)."""
+        train_loop(self)
+        return save(self, final_eval(self))
+
+    def cleanup(self) -> None:
+        teardown(self)
+
+
+# --- the stages: each a function of the Recipe -------------------------------------------------
+
+
+def setup_distributed(recipe: Recipe) -> Runtime:
+    """Ranks (torchrun or a single process; NCCL on GPU, gloo on CPU), the device, bf16 or float32,
+    the seed."""
     import torch
 
     dist = init_distributed()
-    reporter.enabled = reporter.enabled and dist.main
+    recipe.reporter.enabled = recipe.reporter.enabled and dist.main
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(cpu_threads())
     # bf16 on GPU (autocast over fp32 masters for scratch models, bf16 weights for hub models);
     # float32 on CPU, where bf16 matmuls are slow and gain nothing at these sizes.
     bf16 = cuda and torch.cuda.is_bf16_supported()
-    torch.manual_seed(int(spec.setting("seed")))
+    torch.manual_seed(recipe.settings.seed)
     return Runtime(dist, torch.device(f"cuda:{dist.local_rank}" if cuda else "cpu"), cuda, bf16)
 
 
-def setup_data(spec: TrainSpec, runtime: Runtime, settings: Settings, reporter: Reporter) -> DataState:
-    """Stage 2: tokenizer (with the chat template), train and held-out sets, batch order."""
-    from playground.train.data import Batches
-    from playground.train.model import load_tokenizer, parse_source
-
-    plan = settings.plan(runtime.dist.world_size)
-    kind, ref = parse_source(spec.model_source)
-    tokenizer = load_tokenizer(kind, ref, spec.blueprint.model)
+def setup_data(recipe: Recipe) -> DataState:
+    """Tokenizer (with the chat template), train and held-out sets, batch order."""
+    spec, runtime = recipe.spec, recipe.runtime
+    plan = recipe.settings.plan(runtime.dist.world_size)
+    kind, ref = models.parse_source(spec.model_source)
+    tokenizer = models.load_tokenizer(kind, ref, spec.blueprint.model)
     train_set, eval_set = load_data(spec, tokenizer, runtime.dist)
-    reporter.log(
+    recipe.reporter.log(
         f"data: {len(train_set)} training and {len(eval_set)} held-out examples from {spec.dataset_source} "
         f"(up to {train_set.input_ids.shape[1]} tokens each); global batch {plan.global_batch} = "
         f"{runtime.dist.world_size} process(es) × {plan.micro_steps} micro-batch(es) × {plan.micro_batch}"
@@ -434,7 +316,7 @@ def setup_data(spec: TrainSpec, runtime: Runtime, settings: Settings, reporter: 
     batches = Batches(
         train_set,
         batch_size=plan.micro_batch,
-        seed=settings.seed,
+        seed=recipe.settings.seed,
         rank=runtime.dist.rank,
         world_size=runtime.dist.world_size,
         grad_accum=plan.micro_steps,
@@ -445,8 +327,6 @@ def setup_data(spec: TrainSpec, runtime: Runtime, settings: Settings, reporter: 
 def build_model(spec: TrainSpec, tokenizer: Any, weights_dtype: Any) -> Any:
     """The blueprint's model as it trains (LoRA-wrapped for LoRA), on the CPU, with its generation
     settings; seeded, so every rank builds the same weights."""
-    from playground.train import model as models
-
     kind, ref = models.parse_source(spec.model_source)
     blueprint = spec.blueprint
     model = models.build_model(
@@ -456,26 +336,20 @@ def build_model(spec: TrainSpec, tokenizer: Any, weights_dtype: Any) -> Any:
     return model
 
 
-def setup_model(
-    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, reporter: Reporter
-) -> ModelState:
-    """Stage 3: build or load the model (+ LoRA), save the untrained scratch model, then wrap it
-    for data parallelism (DDP, or FSDP2 sharding; see playground/train/parallel.py)."""
+def setup_model(recipe: Recipe) -> ModelState:
+    """Build or load the model (+ LoRA), save the untrained scratch model, then wrap it for data
+    parallelism (DDP, or FSDP2 sharding; see playground/train/parallel.py)."""
     import torch
 
-    from playground.train import parallel
-    from playground.train.flops import count_flops
-    from playground.train.model import apply_lora, parse_source
-    from playground.train.save import save_model_dir
-
+    spec, runtime, settings, tokenizer = recipe.spec, recipe.runtime, recipe.settings, recipe.data.tokenizer
     blueprint, dist = spec.blueprint, runtime.dist
-    kind, _ = parse_source(spec.model_source)
+    kind, _ = models.parse_source(spec.model_source)
     weights_dtype = torch.bfloat16 if (runtime.bf16 and kind != "scratch") else torch.float32
-    model = build_model(spec, data.tokenizer, weights_dtype)
+    model = build_model(spec, tokenizer, weights_dtype)
     if kind == "scratch" and dist.main and not (spec.output / "base-model").exists():
-        save_model_dir(model, data.tokenizer, spec.output / "base-model")  # the untrained model, for base-vs-tuned chat
+        save_model_dir(model, tokenizer, spec.output / "base-model")  # the untrained model, for base-vs-tuned chat
     if blueprint.method.kind == "lora":
-        model = apply_lora(model, blueprint.method, spec.params)
+        model = models.apply_lora(model, blueprint.method, spec.params)
     model.to(runtime.device)
     n_params = sum(p.numel() for p in model.parameters())
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -495,94 +369,73 @@ def setup_model(
         if runtime.cuda
         else f"{dist.world_size} process(es) × {torch.get_num_threads()} threads"
     )
-    reporter.log(
+    recipe.reporter.log(
         f"model: {spec.model_source} ({n_params / 1e6:.2f}M parameters, {n_trainable / 1e6:.2f}M trainable, "
         f"{blueprint.method.kind}) on {runtime.device} in {'bf16' if runtime.bf16 else 'float32'}, {workers}"
         + (f", {'FSDP2' if strategy == 'fsdp' else 'DDP'}" if strategy != "single" else "")
     )
     if settings.compile:
-        from playground.train.perf import compile_model
-
         train_model = compile_model(train_model, dynamic=settings.packing)
     trainable = [p for p in model.parameters() if p.requires_grad]  # after sharding: FSDP2 swaps in DTensors
     return ModelState(model, train_model, strategy, trainable, n_params, weights_dtype, flops)
 
 
-def setup_optimizer(runtime: Runtime, settings: Settings, model: ModelState) -> OptimizerState:
-    """Stage 4: AdamW (no weight decay on vectors), linear warmup then cosine decay."""
+def setup_optimizer(recipe: Recipe) -> OptimizerState:
+    """AdamW (no weight decay on vectors), linear warmup then cosine decay."""
     import torch
 
-    decay = [p for p in model.trainable if p.ndim >= 2]
-    no_decay = [p for p in model.trainable if p.ndim < 2]
+    settings, trainable = recipe.settings, recipe.model.trainable
+    decay = [p for p in trainable if p.ndim >= 2]
+    no_decay = [p for p in trainable if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0}],
         lr=settings.learning_rate,
         betas=(0.9, 0.95),
-        fused=runtime.cuda or None,
+        fused=recipe.runtime.cuda or None,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(settings.warmup_steps, settings.max_steps))
     return OptimizerState(optimizer, scheduler)
 
 
-def check_resume(spec: TrainSpec, settings: Settings) -> Path | None:
-    """The checkpoint ``--resume`` continues from (None: none yet), after checking that the run
-    keeps the seed, global batch and schedule it was trained with (a one-line UserError naming the
-    first setting that changed). Reads JSON only: the entrypoint calls it before starting anything."""
-    from playground.train import checkpoint
-
-    latest = checkpoint.latest_checkpoint(spec.output / "checkpoints")
-    if latest is not None:
-        checkpoint.check_resume(latest, settings.resume_config(), Settings.RESUME_MAY_CHANGE, Settings.RESUME_HINTS)
-    return latest
-
-
-def restore(
-    spec: TrainSpec, runtime: Runtime, settings: Settings, model: ModelState, optim: OptimizerState, reporter: Reporter
-) -> TrainState:
-    """Stage 5: with ``--resume``, load the latest checkpoint (weights, optimizer, schedule, RNG,
-    step, history, training time) on every rank; otherwise a fresh state at step 0."""
-    from playground.train import checkpoint
-
+def restore(recipe: Recipe) -> TrainState:
+    """With ``--resume``, load the latest checkpoint (weights, optimizer, schedule, RNG, step, history,
+    training time) on every rank; otherwise a fresh state at step 0."""
+    spec, dist, optim = recipe.spec, recipe.runtime.dist, recipe.optim
     state = TrainState()
     if not spec.resume:
         return state
-    latest = check_resume(spec, settings) if runtime.dist.main else None
+    latest = check_resume(spec, recipe.settings) if dist.main else None
     saved = checkpoint.load_checkpoint(
         latest,
-        model=model.model,
+        model=recipe.model.model,
         optimizer=optim.optimizer,
         scheduler=optim.scheduler,
-        world_size=runtime.dist.world_size,
-        main=runtime.dist.main,
+        world_size=dist.world_size,
+        main=dist.main,
     )
     if saved is None:
-        reporter.log("resume: no checkpoint yet; starting from step 0")
+        recipe.reporter.log("resume: no checkpoint yet; starting from step 0")
         return state
     state.start_step = state.step = int(saved["step"])
     state.history = list(saved["extra"].get("history", []))
     state.clock.wall = float(saved["extra"].get("train_seconds", 0.0))
     state.clock.cpu = float(saved["extra"].get("train_cpu_seconds", 0.0))
-    reporter.log(f"resume: continuing from checkpoints/step-{state.start_step} (step {state.start_step})")
+    recipe.reporter.log(f"resume: continuing from checkpoints/step-{state.start_step} (step {state.start_step})")
     return state
 
 
-def evaluate_model(
-    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState, state: TrainState,
-    reporter: Reporter,
-) -> dict[str, float]:  # fmt: skip
+def evaluate_model(recipe: Recipe) -> dict[str, float]:
     """Held-out metrics (eval loss; exact match for synthetic tasks), reported by rank 0 as Metric
     events and appended to the history. Rank 0 evaluates alone, except under FSDP2, where every
     forward pass is a collective: there every rank runs the same eval (generation with
     ``synced_gpus``, which transformers turns on for FSDP-managed models)."""
-    from playground.train import evaluate
-    from playground.train.save import unwrap
-
+    spec, runtime, data, state = recipe.spec, recipe.runtime, recipe.data, recipe.state
     results: dict[str, float] = {}
     trained_seconds = state.clock.wall_total()  # before the eval's own time
-    if runtime.dist.main or model.strategy == "fsdp":
-        bare = unwrap(model.model)
+    if runtime.dist.main or recipe.model.strategy == "fsdp":
+        bare = unwrap(recipe.model.model)
         results["eval_loss"] = evaluate.eval_loss(
-            bare, data.eval_set, batch_size=max(settings.batch_size, 32), device=runtime.device,
+            bare, data.eval_set, batch_size=max(recipe.settings.batch_size, 32), device=runtime.device,
             autocast=runtime.autocast,
         )  # fmt: skip
         if spec.blueprint.dataset.format == "synthetic" or spec.blueprint.quality.metric == "eval_exact_match":
@@ -594,35 +447,31 @@ def evaluate_model(
             results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
     if runtime.dist.main:
         for name, value in results.items():
-            reporter.metric(name, value)
+            recipe.reporter.metric(name, value)
         state.history.append({"step": state.step, "train_seconds": round(trained_seconds, 3), **results})
     runtime.barrier()
     return results
 
 
-def save_checkpoint(
-    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState,
-    optim: OptimizerState, state: TrainState,
-) -> None:  # fmt: skip
+def save_checkpoint(recipe: Recipe) -> None:
     """Write ``checkpoints/step-N`` for ``--resume``: every rank gathers, rank 0 writes."""
-    from playground.train import checkpoint
-
+    runtime, data, state = recipe.runtime, recipe.data, recipe.state
     micro_step = state.step * data.plan.micro_steps
     checkpoint.save_checkpoint(
-        spec.output / "checkpoints",
+        recipe.spec.output / "checkpoints",
         step=state.step,
-        model=model.model,
-        optimizer=optim.optimizer,
-        scheduler=optim.scheduler,
+        model=recipe.model.model,
+        optimizer=recipe.optim.optimizer,
+        scheduler=recipe.optim.scheduler,
         data_position=dict(zip(("epoch", "batch"), data.batches.position(micro_step), strict=True)),
-        config=settings.resume_config(),
+        config=recipe.settings.resume_config(),
         extra={
             "history": state.history,
             "train_seconds": state.clock.wall_total(),
             "train_cpu_seconds": state.clock.cpu_total(),
             "loss": state.last_loss,
             "world_size": runtime.dist.world_size,
-            "strategy": model.strategy,
+            "strategy": recipe.model.strategy,
         },
         main=runtime.dist.main,
     )
@@ -640,13 +489,10 @@ class _Window:
     warmup_seconds: float = 0.0  # window time spent in warm-up steps (not in the MFU timer)
 
 
-def train_loop(
-    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState,
-    optim: OptimizerState, state: TrainState, reporter: Reporter,
-) -> TrainState:  # fmt: skip
-    """Stage 6: steps ``start_step+1 .. max_steps``: gradient accumulation, clipping, AdamW, the
-    schedule; a Progress event every ``log_every`` steps (and the last), eval and checkpoints on
-    their cadence. ``loss.item()`` (a device sync) happens only on logging steps.
+def train_loop(recipe: Recipe) -> None:
+    """Steps ``start_step+1 .. max_steps``: gradient accumulation, clipping, AdamW, the schedule; a
+    Progress event every ``log_every`` steps (and the last), eval and checkpoints on their cadence.
+    ``loss.item()`` (a device sync) happens only on logging steps. Advances ``recipe.state``.
 
     The loss of a step is the mean over every answer token of its global batch, whatever the
     number of processes and micro-batches: each micro-batch sums its token losses and divides by
@@ -654,15 +500,13 @@ def train_loop(
     DDP and FSDP2 average gradients over ranks. So 1 and 16 processes compute the same step."""
     import torch
 
-    from playground.train.flops import MFU_WARMUP_STEPS, peak_flops
-    from playground.train.parallel import gradient_sync
-    from playground.train.perf import causal_lm_loss, model_inputs
-
+    runtime, settings, data, model = recipe.runtime, recipe.settings, recipe.data, recipe.model
+    optim, state = recipe.optim, recipe.state
     world, micro_steps, max_steps = runtime.dist.world_size, data.plan.micro_steps, settings.max_steps
     peak = peak_flops(torch.cuda.get_device_name(runtime.device) if runtime.cuda else None)
     # MFU leaves out this process's first steps (warm-up), but always measures at least one step.
     warmup_end = state.start_step + min(MFU_WARMUP_STEPS, max(0, max_steps - state.start_step - 1))
-    reporter.phase(JobPhase.TRAINING)
+    recipe.reporter.phase(JobPhase.TRAINING)
     model.train_model.train()
     window = _Window(torch.zeros((), device=runtime.device))
     state.clock.restart()  # training time starts now: setup and a resume's checkpoint load are not training
@@ -688,30 +532,25 @@ def train_loop(
         state.step = step
 
         if step % settings.log_every == 0 or step == max_steps:
-            _report_progress(runtime, settings, data, optim, state, window, peak, reporter)
+            _report_progress(recipe, window, peak)
             window = _Window(window.loss.zero_())
         elif peak and step == warmup_end:  # warm-up over mid-window: the MFU timer starts now
             runtime.synchronize()
             window.warmup_seconds += state.clock.lap()
         if settings.eval_every and step % settings.eval_every == 0 and step < max_steps:
             with state.clock.paused():  # eval time is not training time
-                evaluate_model(spec, runtime, settings, data, model, state, reporter)
+                evaluate_model(recipe)
         if settings.checkpoint_every and step % settings.checkpoint_every == 0:
             with state.clock.paused():
-                save_checkpoint(spec, runtime, settings, data, model, optim, state)
+                save_checkpoint(recipe)
     state.clock.lap()
-    return state
 
 
-def _report_progress(
-    runtime: Runtime, settings: Settings, data: DataState, optim: OptimizerState, state: TrainState,
-    window: _Window, peak: float | None, reporter: Reporter,
-) -> None:  # fmt: skip
+def _report_progress(recipe: Recipe, window: _Window, peak: float | None) -> None:
     """One Progress event for the window: loss and tokens summed over ranks, MFU per device."""
     import torch
 
-    from playground.train.flops import mfu
-
+    runtime, state = recipe.runtime, recipe.state
     world = runtime.dist.world_size
     counts = torch.tensor([window.tokens, window.flops], dtype=torch.float64, device=runtime.device)
     totals = torch.cat([window.loss.double().reshape(1), counts])
@@ -721,14 +560,14 @@ def _report_progress(
     state.last_loss = loss_sum / window.steps  # each step's loss is already its global-batch mean
     timed = state.clock.lap()  # since the window (or the MFU timer) started
     elapsed = window.warmup_seconds + timed
-    step, max_steps = state.step, settings.max_steps
-    reporter.progress(
+    step, max_steps = state.step, recipe.settings.max_steps
+    recipe.reporter.progress(
         Progress(
             step=step,
             total_steps=max_steps,
-            epoch=round(data.batches.epoch_float(step * data.plan.micro_steps), 4),
+            epoch=round(recipe.data.batches.epoch_float(step * recipe.data.plan.micro_steps), 4),
             loss=state.last_loss,
-            learning_rate=optim.scheduler.get_last_lr()[0],
+            learning_rate=recipe.optim.scheduler.get_last_lr()[0],
             tokens_per_second=tokens / elapsed if elapsed > 0 else None,
             eta_seconds=(max_steps - step) * elapsed / window.steps,
             gpu_memory_bytes=torch.cuda.max_memory_allocated(runtime.device) if runtime.cuda else None,
@@ -739,27 +578,19 @@ def _report_progress(
         raise FloatingPointError(f"loss became {state.last_loss} at step {step}; try a lower learning_rate")
 
 
-def final_eval(
-    spec: TrainSpec, runtime: Runtime, settings: Settings, data: DataState, model: ModelState, state: TrainState,
-    reporter: Reporter,
-) -> dict[str, float]:  # fmt: skip
-    """Stage 7: held-out metrics of the trained model (the quality bar reads them)."""
-    state.step = settings.max_steps
-    return evaluate_model(spec, runtime, settings, data, model, state, reporter)
+def final_eval(recipe: Recipe) -> dict[str, float]:
+    """Held-out metrics of the trained model (the quality bar reads them)."""
+    recipe.state.step = recipe.settings.max_steps
+    return evaluate_model(recipe)
 
 
-def save(
-    spec: TrainSpec, runtime: Runtime, data: DataState, model: ModelState, state: TrainState,
-    final: dict[str, float], wall_start: float, reporter: Reporter,
-) -> dict[str, Any]:  # fmt: skip
-    """Stage 8: the servable ``model/`` directory and ``metrics.json``, written atomically by rank 0.
+def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
+    """The servable ``model/`` directory and ``metrics.json``, written atomically by rank 0.
     FSDP2-sharded weights are gathered into a plain copy of the model on rank 0's CPU first."""
     import torch
 
-    from playground.train import parallel
-    from playground.train.save import save_model_dir
-
-    reporter.phase(JobPhase.SAVING)
+    spec, runtime, data, model, state = recipe.spec, recipe.runtime, recipe.data, recipe.model, recipe.state
+    recipe.reporter.phase(JobPhase.SAVING)
     to_save = model.model
     if model.strategy == "fsdp":
         weights = parallel.full_state_dict(model.model)  # every rank takes part; rank 0 gets them
@@ -767,9 +598,7 @@ def save(
         if runtime.dist.main:
             to_save = build_model(spec, data.tokenizer, model.weights_dtype)
             if spec.blueprint.method.kind == "lora":
-                from playground.train.model import apply_lora
-
-                to_save = apply_lora(to_save, spec.blueprint.method, spec.params)
+                to_save = models.apply_lora(to_save, spec.blueprint.method, spec.params)
             to_save.load_state_dict(weights)
     metrics: dict[str, Any] = {}
     if runtime.dist.main:
@@ -781,7 +610,7 @@ def save(
             "steps": state.step,
             "train_seconds": round(state.clock.wall, 3),
             "train_cpu_seconds": round(state.clock.cpu, 3),
-            "wall_seconds": round(time.perf_counter() - wall_start, 3),
+            "wall_seconds": round(time.perf_counter() - recipe.wall_start, 3),
             "num_train_examples": len(data.train_set),
             "num_eval_examples": len(data.eval_set),
             "parameters": model.n_params,
@@ -791,7 +620,7 @@ def save(
             "global_batch_size": data.plan.global_batch,
             "resumed_from_step": state.start_step or None,
             "history": state.history,
-            **measured_footprint(runtime, data, model, state.step),
+            **measured_footprint(recipe),
         }
         tmp = spec.output / ".metrics.json.tmp"
         tmp.write_text(json.dumps(_finite_json(metrics), indent=2, allow_nan=False, default=str) + "\n")
@@ -799,7 +628,7 @@ def save(
     return metrics
 
 
-def measured_footprint(runtime: Runtime, data: DataState, model: ModelState, steps: int) -> dict[str, Any]:
+def measured_footprint(recipe: Recipe) -> dict[str, Any]:
     """What ``playground plan`` learns from a finished run: peak memory of this process (RSS on CPU, the
     allocator's reserved peak on a GPU), trainable parameters, and the tokens and model FLOPs of all
     steps (rank 0's micro-batches × world size: the ranks' shares are the same size)."""
@@ -807,7 +636,8 @@ def measured_footprint(runtime: Runtime, data: DataState, model: ModelState, ste
 
     import torch
 
-    micro_steps = steps * data.plan.micro_steps
+    runtime, data, model = recipe.runtime, recipe.data, recipe.model
+    micro_steps = recipe.state.step * data.plan.micro_steps
     tokens = squares = widths = 0
     for micro_step in range(micro_steps):
         lengths = data.batches.lengths(micro_step)
@@ -831,9 +661,9 @@ def measured_footprint(runtime: Runtime, data: DataState, model: ModelState, ste
     }
 
 
-def teardown(runtime: Runtime) -> None:
+def teardown(recipe: Recipe) -> None:
     """Wait for every rank, then leave the process group."""
-    if runtime.dist.world_size > 1:
+    if recipe.runtime.dist.world_size > 1:
         import torch.distributed
 
         torch.distributed.barrier()
@@ -842,17 +672,10 @@ def teardown(runtime: Runtime) -> None:
 
 def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
     """Train, evaluate and save; returns the final metrics (also written to metrics.json)."""
-    wall_start = time.perf_counter()
-    settings = Settings.from_spec(spec)
-    runtime = setup_distributed(spec, reporter)
-    data = setup_data(spec, runtime, settings, reporter)
-    model = setup_model(spec, runtime, settings, data, reporter)
-    optim = setup_optimizer(runtime, settings, model)
-    state = restore(spec, runtime, settings, model, optim, reporter)
-    state = train_loop(spec, runtime, settings, data, model, optim, state, reporter)
-    final = final_eval(spec, runtime, settings, data, model, state, reporter)
-    metrics = save(spec, runtime, data, model, state, final, wall_start, reporter)
-    teardown(runtime)
+    recipe = Recipe(spec, reporter)
+    recipe.setup()
+    metrics = recipe.train()
+    recipe.cleanup()
     return metrics
 
 

@@ -133,7 +133,7 @@ def check_dataset(
 ) -> DatasetReport | None:
     """Check a local dataset file for ``blueprint`` (its own source, or ``source``); None when the
     dataset is not a local file (synthetic tasks; hub ids and directories are read when the job starts)."""
-    from playground.train.recipe import resolve_setting
+    from playground.train.settings import resolve_setting
 
     dataset = blueprint.dataset
     source = source or dataset.source
@@ -254,7 +254,7 @@ def _split_counts(
 ) -> tuple[int, int, str]:
     """(training rows, held-out rows, where the held-out rows come from) exactly as the trainer splits."""
     from playground.train.data import conversation_sample, split_samples
-    from playground.train.recipe import resolve_setting
+    from playground.train.settings import resolve_setting
 
     samples = [conversation_sample(c) for c in conversations]
     held = [conversation_sample(c) for c in eval_conversations] if eval_conversations is not None else None

@@ -532,7 +532,7 @@ def test_ui_never_imports_torch_or_transformers() -> None:
     script = """
 import json, sys
 import widgets, widgets.app, widgets.chat, widgets.form, widgets.gallery, widgets.jobs, widgets.monitor, widgets.state
-import playground.headless, playground.commands.app, playground.cli
+import playground.e2e.headless, playground.headless, playground.commands.app, playground.cli
 from widgets import App
 App(backend_name="local")
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "peft"))))

@@ -1,7 +1,9 @@
-"""The headless path of the per-blueprint notebooks (papermill, ``playground e2e``).
+"""The headless path of the per-blueprint notebooks (papermill, ``playground e2e``), as steps.
 
-launch → follow to the end → evaluate → serve (fine-tuned and base) → chat on the blueprint's
-example prompts → check the quality bar → write ``result.json`` → stop the servers.
+:func:`run_headless`: build stand-ins → submit → :func:`follow` the job to its end → :func:`evaluate` →
+:func:`serve_and_chat` (fine-tuned and base, on the blueprint's example prompts) → :func:`verdict`. Each step
+fills its part of a :class:`HeadlessResult`, written as ``result.json`` whatever happens, after the servers
+and the job are stopped. The notebooks call :func:`run_blueprint` (the same, as a dict).
 It talks only to a Backend and the chat client, like the widgets; no torch import here
 (stand-ins, when asked for, are built by :mod:`playground.train.standins`, imported lazily).
 Secrets come from the environment only (``HF_TOKEN``) and are never written out.
@@ -10,19 +12,26 @@ Secrets come from the environment only (``HF_TOKEN``) and are never written out.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from playground.answers import answer_is_correct
 from playground.api import make_request
 from playground.blueprints import Blueprint, get_blueprint
 from playground.events import JobPhase, Metric, Phase, Progress
+
+if TYPE_CHECKING:
+    from playground.backends.base import Backend
+    from playground.blueprints.schema import QualitySpec
+    from playground.types import Job
 
 STANDIN = "standin"
 FROM_CONFIG = "config"  # model_source: the hub model's architecture at full size, random init, no hub
@@ -111,6 +120,7 @@ def ask(endpoint: Any, prompt: str, blueprint: Blueprint, max_tokens: int | None
 
 
 def write_result(out_dir: Path, result: Mapping[str, Any]) -> Path:
+    """Write ``result`` as ``out_dir/result.json`` (replaced whole: a reader never sees half a file); its path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RESULT_FILE
     tmp = path.with_suffix(".json.tmp")
@@ -119,7 +129,7 @@ def write_result(out_dir: Path, result: Mapping[str, Any]) -> Path:
     return path
 
 
-def _stop_job(backend: Any, job_id: str, say: Callable[[str], None]) -> bool:
+def _stop_job(backend: Backend, job_id: str, say: Callable[[str], None]) -> bool:
     """Cancel the job unless it has ended (cancel waits for it to end); whether it has ended."""
     try:
         job = backend.get(job_id)
@@ -132,11 +142,176 @@ def _stop_job(backend: Any, job_id: str, say: Callable[[str], None]) -> bool:
         return False
 
 
-def run_blueprint(
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET  # a field result.json leaves out: the step that sets it was not reached (or did not apply)
+
+
+@dataclass(kw_only=True)
+class QualityCheck:
+    """The quality bar (the blueprint's, or its threshold replaced) and the trainer's held-out value against it."""
+
+    metric: str
+    threshold: float
+    blueprint_threshold: float
+    higher_is_better: bool
+    value: float | None = None
+    passed: bool | None = None
+    asserted: bool = True  # the verdict requires ``passed``
+
+
+@dataclass(kw_only=True)
+class HeadlessResult:
+    """What one headless run found; :meth:`to_dict` is ``result.json`` (its fields in this order)."""
+
+    blueprint: str
+    backend: str
+    job_id: str | None = None
+    phase: str | None = None
+    passed: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str | None] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    quality: QualityCheck
+    chat: list[dict[str, Any]] = field(default_factory=list)  # a row per example prompt, both models' answers
+    endpoints: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    progress_points: int = 0
+    error: str | None = None
+    # set by the steps that reach them
+    job: dict[str, Any] | _Unset = UNSET  # the ended job
+    queue_wait_seconds: float | _Unset = UNSET  # once the job started
+    train_seconds: float | _Unset = UNSET  # once it started and finished
+    chat_exact_match: float | _Unset | None = UNSET  # after the chat (None: no example has an expected answer)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``result.json``'s content: every field that is set, the quality check as a dict."""
+        return {key: value for key, value in asdict(self).items() if value is not UNSET}
+
+    def write(self, out_dir: Path) -> Path:
+        """Write ``out_dir/result.json``; its path."""
+        return write_result(out_dir, self.to_dict())
+
+
+# -- the steps: each fills its part of the result -------------------------------------------------------------
+
+
+def follow(
+    backend: Backend, job_id: str, result: HeadlessResult, say: Callable[[str], None], *, submitted: float
+) -> Job:
+    """Follow the job's events to its end (a line per tenth of the steps, each phase and metric), then record
+    the ended job; ``submitted``: its ``time.monotonic()`` at submit. RuntimeError unless it succeeded."""
+    timings = result.timings
+    first_progress = None
+    last_shown = -1
+    for event in backend.events(job_id, follow=True):
+        if isinstance(event, Progress):
+            result.progress_points += 1
+            if first_progress is None:
+                first_progress = time.monotonic() - submitted
+            decile = int(event.fraction * 10)
+            if decile > last_shown:
+                last_shown = decile
+                loss = f"{event.loss:.4f}" if event.loss is not None else "?"
+                say(f"step {event.step}/{event.total_steps} loss {loss}")
+        elif isinstance(event, Phase):
+            say(f"phase {event.phase}" + (f": {event.reason}" if event.reason else ""))
+        elif isinstance(event, Metric):
+            say(f"metric {event.name} = {event.value:.4g}")
+    timings["follow_seconds"] = round(time.monotonic() - submitted, 3)
+    if first_progress is not None:
+        timings["submit_to_first_progress_seconds"] = round(first_progress, 3)
+
+    job = backend.get(job_id)
+    result.phase = str(job.phase)
+    result.metrics = dict(job.metrics)
+    result.job = job.to_dict()
+    if job.started_at:
+        result.queue_wait_seconds = round(max(0.0, job.started_at - job.created_at), 3)
+        if job.finished_at:
+            result.train_seconds = round(max(0.0, job.finished_at - job.started_at), 3)
+    if job.phase != JobPhase.SUCCEEDED:
+        tail = "\n".join(job.log_tail[-10:])
+        raise RuntimeError(f"job {job.id} ended {job.phase}: {job.message}\n{tail}".rstrip())
+    return job
+
+
+def evaluate(job: Job, quality: QualitySpec, result: HeadlessResult) -> None:
+    """The trainer's held-out evaluation of the ended job, checked against the bar."""
+    value = job.metrics.get(quality.metric)
+    result.quality.value = value
+    result.quality.passed = value is not None and quality.passed(value)
+
+
+def serve_and_chat(
+    backend: Backend,
+    job_id: str,
+    blueprint: Blueprint,
+    result: HeadlessResult,
+    say: Callable[[str], None],
+    max_new_tokens: int | None = None,
+) -> None:
+    """Serve the fine-tuned and the base model and ask both each of the blueprint's example prompts (a chat row
+    per prompt, each answer marked by the trainer's rule). With :func:`stop_serving`, this path's only use of
+    the backend's serving."""
+    timings = result.timings
+    t = time.monotonic()
+    endpoints = {"fine-tuned": backend.serve(job_id), "base": backend.serve(job_id, base=True)}
+    timings["serve_seconds"] = round(time.monotonic() - t, 3)
+    result.endpoints = [e.to_dict() for e in endpoints.values()]
+    say("serving: " + ", ".join(f"{k} {e.url}" for k, e in endpoints.items()))
+
+    t = time.monotonic()
+    for example in blueprint.examples:
+        row: dict[str, Any] = {"prompt": example.prompt, "expected": example.expected}
+        for kind, endpoint in endpoints.items():
+            text, seconds = ask(endpoint, example.prompt, blueprint, max_new_tokens)
+            row[kind] = text
+            row[f"{kind}_seconds"] = round(seconds, 3)
+            row[f"{kind}_correct"] = answer_is_correct(text, example.expected)
+        result.chat.append(row)
+        say(f"{example.prompt!r}: fine-tuned {_short(row['fine-tuned'])} · base {_short(row['base'])}")
+    timings["chat_seconds"] = round(time.monotonic() - t, 3)
+    scored = [r["fine-tuned_correct"] for r in result.chat if r["fine-tuned_correct"] is not None]
+    result.chat_exact_match = (sum(scored) / len(scored)) if scored else None
+
+
+def stop_serving(backend: Backend, job_id: str) -> None:
+    """Stop the job's model servers, if any."""
+    with contextlib.suppress(Exception):  # nothing was serving
+        backend.unserve(job_id)
+
+
+def verdict(result: HeadlessResult) -> None:
+    """Passed: the bar was met, or it is not asserted; else the error says by how much it was missed."""
+    quality = result.quality
+    result.passed = bool(quality.passed) or not quality.asserted
+    if not result.passed:
+        result.error = (
+            f"quality bar not met: {quality.metric} = {quality.value} "
+            f"({'≥' if quality.higher_is_better else '≤'} {quality.threshold} required)"
+        )
+
+
+def _clean_up(backend: Backend, job_id: str | None, workdir: Path | None, say: Callable[[str], None]) -> None:
+    """Stop the servers and the job; the stand-ins go once the job has ended (it reads them until then)."""
+    if job_id is not None:
+        stop_serving(backend, job_id)
+    stopped = job_id is None or _stop_job(backend, job_id, say)
+    if workdir is not None:
+        if stopped:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            say(f"job {job_id} is still running; its stand-ins stay in {workdir}")
+
+
+def run_headless(
     blueprint_id: str,
     params: Mapping[str, Any] | None = None,
     *,
-    backend: str | Any = "local",
+    backend: str | Backend = "local",
     model_source: str | None = None,
     dataset_source: str | None = None,
     assert_quality: bool = True,
@@ -146,14 +321,16 @@ def run_blueprint(
     quality_threshold: float | None = None,
     config_overrides: Mapping[str, Any] | None = None,
     say: Callable[[str], None] = _say,
-) -> dict[str, Any]:
-    """Run the whole path with no clicks; returns (and writes) the result.
+) -> HeadlessResult:
+    """Run the whole path with no clicks: stand-ins → submit → :func:`follow` → :func:`evaluate` →
+    :func:`serve_and_chat` → :func:`verdict`; ``result.json`` is written in ``out_dir`` whatever happens
+    (an exception, Ctrl-C included, cancels the job and is raised again after the cleanup).
 
     ``max_new_tokens`` caps the chat answers (None: the blueprint's ``serving.max_new_tokens``).
     ``quality_threshold`` replaces the blueprint's bar (same metric and direction): a model built
     from config starts from random weights and cannot meet a bar set for the pretrained one.
-    ``result["passed"]`` is True when the job succeeded, the servers answered and, with
-    ``assert_quality``, the blueprint's quality bar was met. The caller asserts on it.
+    ``passed`` is True when the job succeeded, the servers answered and, with ``assert_quality``,
+    the blueprint's quality bar was met. The caller asserts on it.
     """
     from playground.backends import get_backend
 
@@ -164,140 +341,62 @@ def run_blueprint(
         quality = quality.model_copy(update={"threshold": float(quality_threshold)})
     be = get_backend(backend, **dict(backend_options or {})) if isinstance(backend, str) else backend
     out = Path(out_dir)
-    result: dict[str, Any] = {
-        "blueprint": blueprint.id,
-        "backend": be.name,
-        "job_id": None,
-        "phase": None,
-        "passed": False,
-        "params": dict(params or {}),
-        "sources": {"model": model_source, "dataset": dataset_source},
-        "metrics": {},
-        "quality": {
-            "metric": quality.metric,
-            "threshold": quality.threshold,
-            "blueprint_threshold": blueprint.quality.threshold,
-            "higher_is_better": quality.higher_is_better,
-            "value": None,
-            "passed": None,
-            "asserted": bool(assert_quality),
-        },
-        "chat": [],
-        "endpoints": [],
-        "timings": {},
-        "progress_points": 0,
-        "error": None,
-    }
-    timings = result["timings"]
+    result = HeadlessResult(
+        blueprint=blueprint.id,
+        backend=be.name,
+        params=dict(params or {}),
+        sources={"model": model_source, "dataset": dataset_source},
+        quality=QualityCheck(
+            metric=quality.metric,
+            threshold=quality.threshold,
+            blueprint_threshold=blueprint.quality.threshold,
+            higher_is_better=quality.higher_is_better,
+            asserted=bool(assert_quality),
+        ),
+    )
     needs_standins = needs_local_build(model_source, dataset_source)
     workdir = Path(tempfile.mkdtemp(prefix="playground-standins-")) if needs_standins else None
-    job_id: str | None = None
     try:
         if workdir is not None:
             t = time.monotonic()
             model_source, dataset_source = build_standins(
                 blueprint, model_source, dataset_source, workdir, config_overrides=config_overrides
             )
-            timings["standins_seconds"] = round(time.monotonic() - t, 3)
+            result.timings["standins_seconds"] = round(time.monotonic() - t, 3)
             say(f"stand-ins: model={model_source} dataset={dataset_source}")
 
         request = make_request(
             blueprint.id, params, model_source=model_source, dataset_source=dataset_source, labels={"app": "notebook"}
         )
-        result["params"] = dict(request.params)
+        result.params = dict(request.params)
         submitted = time.monotonic()
         job = be.submit(request)
-        job_id = result["job_id"] = job.id
+        result.job_id = job.id
         say(f"job {job.id} submitted ({be.name} backend)")
 
-        first_progress = None
-        last_shown = -1
-        for event in be.events(job.id, follow=True):
-            if isinstance(event, Progress):
-                result["progress_points"] += 1
-                if first_progress is None:
-                    first_progress = time.monotonic() - submitted
-                decile = int(event.fraction * 10)
-                if decile > last_shown:
-                    last_shown = decile
-                    loss = f"{event.loss:.4f}" if event.loss is not None else "?"
-                    say(f"step {event.step}/{event.total_steps} loss {loss}")
-            elif isinstance(event, Phase):
-                say(f"phase {event.phase}" + (f": {event.reason}" if event.reason else ""))
-            elif isinstance(event, Metric):
-                say(f"metric {event.name} = {event.value:.4g}")
-        timings["follow_seconds"] = round(time.monotonic() - submitted, 3)
-        if first_progress is not None:
-            timings["submit_to_first_progress_seconds"] = round(first_progress, 3)
-
-        job = be.get(job.id)
-        result["phase"] = str(job.phase)
-        result["metrics"] = dict(job.metrics)
-        result["job"] = job.to_dict()
-        if job.started_at:
-            result["queue_wait_seconds"] = round(max(0.0, job.started_at - job.created_at), 3)
-            if job.finished_at:
-                result["train_seconds"] = round(max(0.0, job.finished_at - job.started_at), 3)
-        if job.phase != JobPhase.SUCCEEDED:
-            tail = "\n".join(job.log_tail[-10:])
-            raise RuntimeError(f"job {job.id} ended {job.phase}: {job.message}\n{tail}".rstrip())
-
-        # evaluate: the trainer's held-out evaluation, checked against the blueprint's bar
-        value = job.metrics.get(quality.metric)
-        result["quality"]["value"] = value
-        result["quality"]["passed"] = value is not None and quality.passed(value)
-
-        # serve fine-tuned and base
-        t = time.monotonic()
-        endpoints = {"fine-tuned": be.serve(job.id), "base": be.serve(job.id, base=True)}
-        timings["serve_seconds"] = round(time.monotonic() - t, 3)
-        result["endpoints"] = [e.to_dict() for e in endpoints.values()]
-        say("serving: " + ", ".join(f"{k} {e.url}" for k, e in endpoints.items()))
-
-        # chat on the blueprint's example prompts, both models
-        t = time.monotonic()
-        for example in blueprint.examples:
-            row: dict[str, Any] = {"prompt": example.prompt, "expected": example.expected}
-            for kind, endpoint in endpoints.items():
-                text, seconds = ask(endpoint, example.prompt, blueprint, max_new_tokens)
-                row[kind] = text
-                row[f"{kind}_seconds"] = round(seconds, 3)
-                row[f"{kind}_correct"] = answer_is_correct(text, example.expected)
-            result["chat"].append(row)
-            say(f"{example.prompt!r}: fine-tuned {_short(row['fine-tuned'])} · base {_short(row['base'])}")
-        timings["chat_seconds"] = round(time.monotonic() - t, 3)
-        scored = [r["fine-tuned_correct"] for r in result["chat"] if r["fine-tuned_correct"] is not None]
-        result["chat_exact_match"] = (sum(scored) / len(scored)) if scored else None
-
-        result["passed"] = bool(result["quality"]["passed"]) or not assert_quality
-        if not result["passed"]:
-            result["error"] = (
-                f"quality bar not met: {quality.metric} = {value} "
-                f"({'≥' if quality.higher_is_better else '≤'} {quality.threshold} required)"
-            )
+        job = follow(be, job.id, result, say, submitted=submitted)
+        evaluate(job, quality, result)
+        serve_and_chat(be, job.id, blueprint, result, say, max_new_tokens)
+        verdict(result)
     except BaseException as exc:
-        result["passed"] = False
-        result["error"] = f"{type(exc).__name__}: {exc}"
-        if job_id is not None:  # interrupted (a cell timeout, Ctrl-C) or failed: no job outlives the notebook
+        result.passed = False
+        result.error = f"{type(exc).__name__}: {exc}"
+        if result.job_id is not None:  # interrupted (a cell timeout, Ctrl-C) or failed: no job outlives the notebook
             with contextlib.suppress(Exception):  # already finished: cancel is a no-op
-                be.cancel(job_id)
+                be.cancel(result.job_id)
         raise
     finally:
-        if job_id is not None:
-            with contextlib.suppress(Exception):  # nothing was serving
-                be.unserve(job_id)
-        # The job reads the stand-ins until it ends: stop it first, and keep them if it will not stop.
-        stopped = job_id is None or _stop_job(be, job_id, say)
-        if workdir is not None:
-            if stopped:
-                shutil.rmtree(workdir, ignore_errors=True)
-            else:
-                say(f"job {job_id} is still running; its stand-ins stay in {workdir}")
-        timings["total_seconds"] = round(time.time() - t0, 3)
-        write_result(out, result)
-        say(f"result: {'PASSED' if result['passed'] else 'FAILED'} → {out / RESULT_FILE}")
+        _clean_up(be, result.job_id, workdir, say)
+        result.timings["total_seconds"] = round(time.time() - t0, 3)
+        result.write(out)
+        say(f"result: {'PASSED' if result.passed else 'FAILED'} → {out / RESULT_FILE}")
     return result
 
 
-if __name__ == "__main__":  # pragma: no cover - convenience: python -m playground.headless ID
+def run_blueprint(blueprint_id: str, params: Mapping[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    """:func:`run_headless` (same arguments) as the notebooks call it: the result as ``result.json`` has it."""
+    return run_headless(blueprint_id, params, **options).to_dict()
+
+
+if __name__ == "__main__":  # pragma: no cover - convenience: python -m playground.e2e.headless ID [OUT_DIR]
     run_blueprint(sys.argv[1], out_dir=sys.argv[2] if len(sys.argv) > 2 else ".")

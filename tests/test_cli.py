@@ -106,8 +106,7 @@ def test_can_it_run_here_has_one_wording_everywhere(capsys, isolated_home, tmp_p
     from playground.train.__main__ import main as trainer_main
     from widgets.state import blueprint_notes
 
-    if detect_gpus():
-        pytest.skip("this machine has a GPU: nothing refuses")
+    monkeypatch.setenv("PLAYGROUND_GPU_COUNT", "0")  # a GPU machine refuses as one without GPUs does
     llama = get_blueprint("llama-3.2-1b-lora-alpaca")
     fit = local_fit(llama, 0)
     assert not fit.runnable and fit.note == "needs 1 GPU and this machine has none"
@@ -130,6 +129,21 @@ def test_can_it_run_here_has_one_wording_everywhere(capsys, isolated_home, tmp_p
     assert trainer_main(["--blueprint", llama.id, "--output", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip() == f"playground.train: error: blueprint {llama.id!r} {fit.advice()}"
     assert not (tmp_path / "out").exists()
+
+
+def test_gpu_count_setting_replaces_detection(capsys, isolated_home, monkeypatch):
+    """PLAYGROUND_GPU_COUNT is the count every fit check takes for this machine's; a bad value is one line."""
+    from playground.train.__main__ import gpu_count
+
+    for value, count in (("0", 0), (" 2 ", 2)):
+        monkeypatch.setenv("PLAYGROUND_GPU_COUNT", value)
+        assert detect_gpus() == gpu_count() == count
+    code, out, _ = run(capsys, "blueprints")
+    assert code == 0 and next(r for r in out.splitlines() if r.startswith("llama-")).endswith("runs here (2 GPUs)")
+    for bad in ("two", "-1", "1.5"):
+        monkeypatch.setenv("PLAYGROUND_GPU_COUNT", bad)
+        code, _, err = run(capsys, "blueprints")
+        assert_one_line_error(code, err, f"PLAYGROUND_GPU_COUNT: {bad!r} is not a GPU count", "integer >= 0")
 
 
 @pytest.mark.parametrize(

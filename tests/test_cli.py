@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _fixtures import catalog_variant
 
 from playground.backends.local import LocalBackend, detect_gpus
 from playground.blueprints import get_blueprint, load_catalog
@@ -266,8 +267,7 @@ def test_shown_caps_any_echo():
 @pytest.mark.slow
 def test_train_a_blueprint_file_outside_the_catalog(capsys, home, tmp_path, monkeypatch):
     """`playground train FILE.yaml`: the backend trains that file, not a catalog id it was swapped for."""
-    text = (Path(__file__).parents[1] / "playground/blueprints/catalog/tiny-llama-cpu.yaml").read_text()
-    (tmp_path / "my-reverse.yaml").write_text(text.replace("id: tiny-llama-cpu", "id: my-reverse"))
+    catalog_variant(tmp_path, "tiny-llama-cpu", {"id": "my-reverse"})
     monkeypatch.chdir(tmp_path)
     argv = ["train", "my-reverse.yaml", "--set", "max_steps=3", "--set", "num_eval_examples=10", "--follow"]
     code, out, err = run(capsys, *argv)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _fixtures import tiny_held_out
 from _train_helpers import REPO_ROOT, describe, run_trainer, trainer_status_server
 
 from playground.events import EVENT_PREFIX, JobPhase, parse_line
@@ -147,14 +148,12 @@ def test_untrained_model_scores_near_zero(tiny_run) -> None:
     """base-model/ (the initial weights) fails the held-out task, as a visitor sees in side-by-side chat."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from playground.blueprints import get_blueprint
     from playground.train import data, evaluate
 
     _, out = tiny_run
     tokenizer = AutoTokenizer.from_pretrained(out / "base-model")
     model = AutoModelForCausalLM.from_pretrained(out / "base-model")
-    blueprint = get_blueprint("tiny-llama-cpu")
-    _, held = data.synthetic_splits("reverse", blueprint.dataset.options, num_train=1, num_eval=100, seed=0)
+    held = tiny_held_out(100)
     prompts = data.tokenize(held, tokenizer, 64).prompt_ids
     answers = evaluate.generate_answers(model, tokenizer, prompts, max_new_tokens=10, device="cpu")
     assert evaluate.exact_match(answers, [s.answer for s in held]) <= 0.02

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from playground import answers, headless
+from playground import answers
+from playground.e2e import headless
 from playground.train import evaluate
 from widgets.chat import Turn
 

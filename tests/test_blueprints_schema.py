@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _fixtures import catalog_variant
 
 from playground.blueprints import get_blueprint, load_blueprint_file, load_catalog, parse_set_options
 from playground.errors import BlueprintError, ParameterError
@@ -86,9 +87,7 @@ def test_malformed_yaml_names_file_and_field(tmp_path: Path):
     broken.write_text("id: broken\ntitle: [unclosed\n")
     with pytest.raises(BlueprintError, match=r"broken\.yaml.*malformed YAML"):
         load_blueprint_file(broken)
-    bad_field = tmp_path / "bad-field.yaml"
-    text = (Path(__file__).parents[1] / "playground/blueprints/catalog/tiny-llama-cpu.yaml").read_text()
-    bad_field.write_text(text.replace("id: tiny-llama-cpu", "id: bad-field").replace("kind: full", "kind: qlora"))
+    bad_field = catalog_variant(tmp_path, "tiny-llama-cpu", {"id": "bad-field", "method.kind": "qlora"})
     with pytest.raises(BlueprintError) as err:
         load_blueprint_file(bad_field)
     assert "bad-field.yaml" in str(err.value) and "method.kind" in str(err.value)

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 import pytest
+from _fixtures import tiny_held_out, unused_port
 from _waiting import wait_for
 
 # generous: ~5 min on 2 free cores, far more on a loaded machine (training dominates)
@@ -43,12 +44,6 @@ CHROMIUM_ARGS = [
 SECRET = "booth-test-secret-" + "0123456789abcdef" * 2
 MAX_KERNELS = 5
 QUICK = {"max_steps": "12", "log_every": "2", "num_eval_examples": "10", "checkpoint_every": "0"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def listing_with(page, job_id: str) -> str:
@@ -96,7 +91,7 @@ def booth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booth]:
     pytest.importorskip("playwright.sync_api")
     tmp = tmp_path_factory.mktemp("booth")
     home = tmp / "home"
-    port = free_port()
+    port = unused_port()
     env = {
         **os.environ,
         "PLAYGROUND_HOME": str(home),
@@ -127,17 +122,6 @@ def booth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booth]:
         for job in backend.list():
             with contextlib.suppress(Exception):
                 backend.delete(job.id)  # cancels, stops its servers, removes its state
-
-
-def held_out_prompts(n: int = 3) -> list[tuple[str, str]]:
-    """Prompts from tiny-llama-cpu's held-out split (never trained on) with their answers."""
-    from playground.blueprints import get_blueprint
-    from playground.train.data import synthetic_splits
-
-    blueprint = get_blueprint("tiny-llama-cpu")
-    task = blueprint.dataset.source.split("://", 1)[1]
-    _, held = synthetic_splits(task, dict(blueprint.dataset.options), num_train=1, num_eval=n, seed=0)
-    return [(s.prompt, s.answer) for s in held]
 
 
 # -- page helpers -------------------------------------------------------------------------------------
@@ -316,7 +300,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             a.wait_for_selector(".pg-send:not([disabled])", timeout=600_000)
             assert "127.0.0.1:" not in a.inner_text(".pg-step-chat")  # no endpoints or paths for visitors
             correct = None
-            for i, (prompt, answer) in enumerate(held_out_prompts(3), start=1):
+            for i, (prompt, answer) in enumerate(((s.prompt, s.answer) for s in tiny_held_out(3)), start=1):
                 a.fill(".pg-prompt input", prompt)
                 a.click(".pg-send")
                 done = f".pg-answer-{{side}} .pg-turn:nth-child({i}) .pg-a[data-done='true']"

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _fixtures import catalog_variant
 
 from playground.backends.local import LocalBackend, detect_gpus
 from playground.blueprints import get_blueprint, load_catalog
@@ -106,8 +107,7 @@ def test_can_it_run_here_has_one_wording_everywhere(capsys, isolated_home, tmp_p
     from playground.train.__main__ import main as trainer_main
     from widgets.state import blueprint_notes
 
-    if detect_gpus():
-        pytest.skip("this machine has a GPU: nothing refuses")
+    monkeypatch.setenv("PLAYGROUND_GPU_COUNT", "0")  # a GPU machine refuses as one without GPUs does
     llama = get_blueprint("llama-3.2-1b-lora-alpaca")
     fit = local_fit(llama, 0)
     assert not fit.runnable and fit.note == "needs 1 GPU and this machine has none"
@@ -130,6 +130,21 @@ def test_can_it_run_here_has_one_wording_everywhere(capsys, isolated_home, tmp_p
     assert trainer_main(["--blueprint", llama.id, "--output", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.strip() == f"playground.train: error: blueprint {llama.id!r} {fit.advice()}"
     assert not (tmp_path / "out").exists()
+
+
+def test_gpu_count_setting_replaces_detection(capsys, isolated_home, monkeypatch):
+    """PLAYGROUND_GPU_COUNT is the count every fit check takes for this machine's; a bad value is one line."""
+    from playground.train.__main__ import gpu_count
+
+    for value, count in (("0", 0), (" 2 ", 2)):
+        monkeypatch.setenv("PLAYGROUND_GPU_COUNT", value)
+        assert detect_gpus() == gpu_count() == count
+    code, out, _ = run(capsys, "blueprints")
+    assert code == 0 and next(r for r in out.splitlines() if r.startswith("llama-")).endswith("runs here (2 GPUs)")
+    for bad in ("two", "-1", "1.5"):
+        monkeypatch.setenv("PLAYGROUND_GPU_COUNT", bad)
+        code, _, err = run(capsys, "blueprints")
+        assert_one_line_error(code, err, f"PLAYGROUND_GPU_COUNT: {bad!r} is not a GPU count", "integer >= 0")
 
 
 @pytest.mark.parametrize(
@@ -252,8 +267,7 @@ def test_shown_caps_any_echo():
 @pytest.mark.slow
 def test_train_a_blueprint_file_outside_the_catalog(capsys, home, tmp_path, monkeypatch):
     """`playground train FILE.yaml`: the backend trains that file, not a catalog id it was swapped for."""
-    text = (Path(__file__).parents[1] / "playground/blueprints/catalog/tiny-llama-cpu.yaml").read_text()
-    (tmp_path / "my-reverse.yaml").write_text(text.replace("id: tiny-llama-cpu", "id: my-reverse"))
+    catalog_variant(tmp_path, "tiny-llama-cpu", {"id": "my-reverse"})
     monkeypatch.chdir(tmp_path)
     argv = ["train", "my-reverse.yaml", "--set", "max_steps=3", "--set", "num_eval_examples=10", "--follow"]
     code, out, err = run(capsys, *argv)

@@ -314,11 +314,8 @@ def test_secret_looking_parameter_is_refused(tmp_path: Path) -> None:
     assert not out.exists(), "nothing started"
 
 
-def test_gpu_profile_needs_a_gpu(tmp_path: Path) -> None:
-    from playground.e2e.metrics import gpu_info
-
-    if gpu_info().present:
-        pytest.skip("this machine has a GPU: the refusal does not apply")
+def test_gpu_profile_needs_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAYGROUND_GPU_COUNT", "0")  # a GPU machine refuses as one without GPUs does
     proc = _run_cli(["--profile", "gpu", "--out", str(tmp_path / "o")])
     assert_one_line_exit_2(proc, "needs an NVIDIA GPU", "--profile smoke")
     assert not (tmp_path / "o").exists()

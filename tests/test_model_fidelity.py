@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from _fixtures import tiny_held_out
 
 from playground.models.fidelity import first_difference, identical_count
 from playground.models.portable import (
@@ -130,13 +131,11 @@ def test_the_comparer_fails_on_the_first_differing_token_naming_the_prompt() -> 
 
 def _prompts() -> list[str]:
     """Every blueprint's example prompts and a held-out sample of each synthetic task and of Alpaca rows."""
-    from playground.blueprints import get_blueprint
     from playground.models.fidelity import example_prompts
     from playground.train.data import alpaca_sample, synthetic_splits
     from playground.train.standins import task_rows
 
-    options = get_blueprint("tiny-llama-cpu").dataset.options
-    _, reverse = synthetic_splits("reverse", options, num_train=0, num_eval=3, seed=0)
+    reverse = tiny_held_out(3)
     _, kubectl = synthetic_splits("kubectl", {}, num_train=0, num_eval=2, seed=0)
     alpaca = [alpaca_sample(row) for row in task_rows(3, seed=7)]
     return example_prompts() + [s.prompt for s in (*reverse, *kubectl, *alpaca)]

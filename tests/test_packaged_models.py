@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from _fixtures import catalog_variant
 from _smollm2 import SOURCE, prepare
 
 from playground.models import packaged
@@ -150,17 +150,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-def _blueprint_file(directory: Path, source: str) -> Path:
-    """The default blueprint with another model source (a file named after its id)."""
-    data = yaml.safe_load((REPO / "playground" / "blueprints" / "catalog" / f"{DEFAULT}.yaml").read_text())
-    data["id"] = "bad-model-source"
-    data["model"]["source"] = source
-    path = directory / "bad-model-source.yaml"
-    directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 CASES = {
     "not-installed": (
         "pkg://llm-smollm9/SmolLM9.gguf",
@@ -195,7 +184,7 @@ def test_bad_packaged_model_is_one_line_exit_2_and_starts_nothing(case: str, sit
     if case == "unwritable-cache":
         (tmp_path / "a-file").write_text("not a directory")
         env["PLAYGROUND_MODEL_CACHE"] = str(tmp_path / "a-file" / "models")
-    _blueprint_file(tmp_path / "bp", source)
+    catalog_variant(tmp_path / "bp", DEFAULT, {"id": "bad-model-source", "model.source": source})
     trainer = [sys.executable, "-m", "playground.train", "--blueprint", "bad-model-source"]
     runs = {
         "playground train": [sys.executable, "-m", "playground.cli", "train", "bad-model-source"],
@@ -215,7 +204,9 @@ def test_bad_packaged_model_is_shown_inline_in_the_app(tmp_path: Path, monkeypat
     from playground.backends.local import LocalBackend
     from widgets.app import App
 
-    _blueprint_file(tmp_path / "catalog", "pkg://llm-smollm9/SmolLM9.gguf")
+    catalog_variant(
+        tmp_path / "catalog", DEFAULT, {"id": "bad-model-source", "model.source": "pkg://llm-smollm9/SmolLM9.gguf"}
+    )
     monkeypatch.setenv("PLAYGROUND_BLUEPRINTS", str(tmp_path / "catalog"))
     backend = LocalBackend(home=tmp_path / "home")
     app = App(backend=backend, blueprint_id="bad-model-source")

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _fixtures import catalog_variant
 
 from playground.blueprints import get_blueprint, load_catalog
 from playground.blueprints.plan import example_lengths, make_plan, measured_runs, resolve_architecture
@@ -103,9 +104,7 @@ def test_plan_against_the_measured_tiny_run(
 
 
 def test_does_not_fit_names_the_change_that_would(tmp_path: Path) -> None:
-    source = (Path(__file__).parents[1] / "playground/blueprints/catalog/tiny-llama-cpu.yaml").read_text()
-    small = tmp_path / "tiny-small-pod.yaml"
-    small.write_text(source.replace("id: tiny-llama-cpu", "id: tiny-small-pod").replace("memory: 4Gi", "memory: 560Mi"))
+    small = catalog_variant(tmp_path, "tiny-llama-cpu", {"id": "tiny-small-pod", "resources.memory": "560Mi"})
     proc = _plan_cli(str(small), "--backend", "kubernetes", "--set", "batch_size=512", "--json", home=tmp_path)
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)

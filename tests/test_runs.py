@@ -6,12 +6,12 @@ emulator built from the API's generated models (tests/_hub_emulator.py)."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from _fixtures import unused_port
 from _hub_emulator import HubEmulator
 from _waiting import wait_for
 from conftest import mlflow_tracking
@@ -96,9 +96,7 @@ def test_training_job_is_an_mlflow_run(trained_tiny_job, session_home: Path, cli
 
 
 def test_down_tracking_server_never_fails_training(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = unused_port()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://user:pw@127.0.0.1:{port}")
     backend = LocalBackend(home=home)
     started = time.monotonic()
@@ -208,9 +206,7 @@ def test_register_in_kubeflow_hub(
         out2 = capsys.readouterr()
         assert "already exists" in out2.err and len(out2.err.strip().splitlines()) == 1
         assert "hub-token-do-not-print" not in out.out + out.err + out2.out + out2.err
-    with socket.socket() as probe:  # a Hub that is not there: one line naming --registry-url, exit 2
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = unused_port()  # a Hub that is not there: one line naming --registry-url, exit 2
     started = time.monotonic()
     assert cli([*argv[:4], "--registry-url", f"http://u:pw@127.0.0.1:{port}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

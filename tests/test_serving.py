@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from _fixtures import tiny_held_out, unused_port
 from _waiting import wait_for
 
 from playground.errors import UserError
@@ -40,11 +41,9 @@ MAX_TOKENS = 12  # the blueprint's serving.max_new_tokens
 def held_out() -> list[tuple[str, str]]:
     """Held-out prompts exactly as the trainer draws them (never trained on) + the blueprint's examples."""
     from playground.blueprints.loader import get_blueprint
-    from playground.train.data import synthetic_splits
 
     bp = get_blueprint("tiny-llama-cpu")
-    _, samples = synthetic_splits("reverse", bp.dataset.options, num_train=0, num_eval=N_HELD_OUT, seed=0)
-    pairs = [(s.prompt, s.answer) for s in samples]
+    pairs = [(s.prompt, s.answer) for s in tiny_held_out(N_HELD_OUT)]
     return pairs + [(ex.prompt, ex.expected) for ex in bp.examples]
 
 
@@ -212,7 +211,7 @@ def test_client_raises_user_error_with_the_servers_message(served, context):
     with pytest.raises(UserError, match=r"answered 400: invalid request: messages\.0\.role"):
         chat(fine, [{"content": "no role"}])
     with pytest.raises(UserError, match="cannot reach"):
-        chat(f"http://127.0.0.1:{_free_port()}/v1", "hi", model="m")
+        chat(f"http://127.0.0.1:{unused_port()}/v1", "hi", model="m")
     with pytest.raises(UserError, match="must look like"):
         chat("localhost:8000", "hi")
     assert base_url("http://127.0.0.1:9") == "http://127.0.0.1:9/v1"
@@ -239,12 +238,6 @@ def test_eight_concurrent_clients_all_get_correct_answers(served, held_out, fine
 
 
 # -- lifecycle ------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cli(*args: str, home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PLAYGROUND_HOME": str(home)}
     return subprocess.run(

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _fixtures import tiny_held_out
 from _train_helpers import REPO_ROOT, describe, run_trainer, trainer_status_server
 
 from playground.events import EVENT_PREFIX, JobPhase, parse_line
@@ -147,14 +148,12 @@ def test_untrained_model_scores_near_zero(tiny_run) -> None:
     """base-model/ (the initial weights) fails the held-out task, as a visitor sees in side-by-side chat."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from playground.blueprints import get_blueprint
     from playground.train import data, evaluate
 
     _, out = tiny_run
     tokenizer = AutoTokenizer.from_pretrained(out / "base-model")
     model = AutoModelForCausalLM.from_pretrained(out / "base-model")
-    blueprint = get_blueprint("tiny-llama-cpu")
-    _, held = data.synthetic_splits("reverse", blueprint.dataset.options, num_train=1, num_eval=100, seed=0)
+    held = tiny_held_out(100)
     prompts = data.tokenize(held, tokenizer, 64).prompt_ids
     answers = evaluate.generate_answers(model, tokenizer, prompts, max_new_tokens=10, device="cpu")
     assert evaluate.exact_match(answers, [s.answer for s in held]) <= 0.02
@@ -210,13 +209,11 @@ def test_crash_leaves_no_model_and_reports(tmp_path: Path) -> None:
         (["--blueprint", "llama-3.2-1b-lora-alpaca"], ["needs 1 GPU and this machine has none", "tiny-llama-cpu"]),
     ],
 )
-def test_bad_input_one_line_exit_2_nothing_written(args, expected, tmp_path: Path, capsys) -> None:
+def test_bad_input_one_line_exit_2_nothing_written(
+    args, expected, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
-    if args[1] == "llama-3.2-1b-lora-alpaca":
-        import torch
-
-        if torch.cuda.is_available():
-            pytest.skip("this machine has a GPU")
+    monkeypatch.setenv("PLAYGROUND_GPU_COUNT", "0")  # the GPU blueprint is refused on a GPU machine too
     assert main([*args, "--output", str(out)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

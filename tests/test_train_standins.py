@@ -74,8 +74,8 @@ def test_standin_must_match_the_blueprints_architecture(tmp_path: Path) -> None:
     """Llama and Qwen2 hub models get stand-ins of their own architecture; any other family is a clear
     error, never a silent Llama stand-in."""
     from playground.blueprints import get_blueprint
+    from playground.e2e.headless import build_standins, standin_arch
     from playground.errors import UserError
-    from playground.headless import build_standins, standin_arch
 
     assert standin_arch(get_blueprint("llama-3.2-1b-lora-alpaca")) == "llama"
     assert standin_arch(get_blueprint("qwen2.5-1.5b-lora-alpaca")) == "qwen2"

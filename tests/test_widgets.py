@@ -120,12 +120,13 @@ def test_the_backend_choice_is_fixed_in_booth_mode() -> None:
     assert calls == ["local"]
 
 
-def test_launch_error_from_the_backend_is_inline_and_starts_nothing(isolated_home: Path) -> None:
-    from playground.backends.local import LocalBackend, detect_gpus
+def test_launch_error_from_the_backend_is_inline_and_starts_nothing(
+    isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from playground.backends.local import LocalBackend
     from widgets.app import App
 
-    if detect_gpus() > 0:
-        pytest.skip("this machine has a GPU: the GPU blueprint would really start")
+    monkeypatch.setenv("PLAYGROUND_GPU_COUNT", "0")  # a GPU machine refuses the GPU blueprint too
     backend = LocalBackend(home=isolated_home)
     app = App(backend=backend, blueprint_id="llama-3.2-1b-lora-alpaca", booth=False)
     assert any("needs 1 GPU" in n for n in app.gallery.notes["llama-3.2-1b-lora-alpaca"])
@@ -527,7 +528,7 @@ def test_ui_never_imports_torch_or_transformers() -> None:
     script = """
 import json, sys
 import widgets, widgets.app, widgets.chat, widgets.form, widgets.gallery, widgets.jobs, widgets.monitor, widgets.state
-import playground.headless, playground.commands.app, playground.cli
+import playground.e2e.headless, playground.headless, playground.commands.app, playground.cli
 from widgets import App
 App(backend_name="local")
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "peft"))))

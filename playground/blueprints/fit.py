@@ -3,15 +3,40 @@ local backend's refusal and the trainer's own check all ask :func:`local_fit`.
 
 The rule: a blueprint that needs no GPU runs anywhere; one that needs GPUs runs where at least
 that many are found, or on CPU when a local model directory replaces its hub model (the small
-stand-ins the tests and the smoke e2e profile use).
+stand-ins the tests and the smoke e2e profile use). ``PLAYGROUND_GPU_COUNT`` replaces the count found on
+this machine (:func:`gpu_count_override`): ``0`` makes a GPU machine refuse as one without GPUs does.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from playground.blueprints.schema import Blueprint
-from playground.errors import UserError
+from playground.blueprints.schema import Blueprint, parse_number
+from playground.errors import UserError, shown
+
+GPU_COUNT_SETTING = "PLAYGROUND_GPU_COUNT"
+
+
+def gpu_count_override(env: Mapping[str, str] | None = None) -> int | None:
+    """``PLAYGROUND_GPU_COUNT``: the GPUs to take this machine as having, instead of those detected (None: unset).
+
+    Every count of this machine's GPUs reads it first: the local backend's and the trainer's fit check, the
+    plan, the e2e ``gpu`` profile's check. A bad value is a one-line UserError naming the setting."""
+    raw = (os.environ if env is None else env).get(GPU_COUNT_SETTING)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        count = int(parse_number(raw, integer=True))
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise UserError(
+            f"{GPU_COUNT_SETTING}: {shown(raw)} is not a GPU count; allowed: an integer >= 0 (unset: detect them)",
+            field=GPU_COUNT_SETTING,
+        )
+    return count
 
 
 def _gpus(n: int) -> str:

@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 import psutil
 
-from playground.e2e.metrics import Sampler, gpu_info, job_timings
+from playground.e2e.metrics import GpuInfo, Sampler, gpu_info, job_timings
 from playground.e2e.scrub import Scrubber, check_parameter_names
 from playground.e2e.types import (
     FAILED,
@@ -55,6 +55,22 @@ NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 APP_NOTEBOOK = "playground.ipynb"
 # Parameters every per-blueprint notebook is expected to declare; the runner always passes them.
 CORE_PARAMETERS = ("headless", "out_dir")
+
+
+def _check_gpu_here(profile: str, gpu: GpuInfo) -> None:
+    """One line (exit 2) unless this machine has a GPU: NVML's word, unless ``PLAYGROUND_GPU_COUNT`` says."""
+    from playground.blueprints.fit import GPU_COUNT_SETTING, gpu_count_override
+
+    override = gpu_count_override()
+    has_gpu = gpu.present if override is None else override > 0
+    if has_gpu:
+        return
+    found = f"NVML found none ({gpu.error or 'no device'})" if override is None else f"{GPU_COUNT_SETTING} is 0"
+    raise UserError(
+        f"profile {profile!r} needs an NVIDIA GPU on this machine and {found}; use --profile smoke, "
+        "or --backend kubernetes to run on the cluster's GPUs",
+        field="--profile",
+    )
 
 
 def default_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
@@ -187,12 +203,8 @@ def run_e2e(notebooks: Sequence[Path | NotebookSpec], options: RunOptions) -> Ru
     plans = [plan_parameters(spec, options) for spec in specs]
     gpu = gpu_info()
     any_own = any(plan[3] for plan in plans)  # the profile's GPU is for the project's notebooks
-    if options.profile.needs_gpu and any_own and not gpu.present and options.backend == "local":
-        raise UserError(
-            f"profile {options.profile.name!r} needs an NVIDIA GPU on this machine and NVML found none "
-            f"({gpu.error or 'no device'}); use --profile smoke, or --backend kubernetes to run on the cluster's GPUs",
-            field="--profile",
-        )
+    if options.profile.needs_gpu and any_own and options.backend == "local":
+        _check_gpu_here(options.profile.name, gpu)
     out = ensure_writable_dir(options.out, what="--out", hint="choose another folder with --out")
     scrubber = Scrubber()
     log = options.log if options.log is not None else sys.stderr
@@ -672,15 +684,15 @@ def _cleanup_jobs(home: Path, backend: str, emit: Callable[[str], None], name: s
     if backend == "local" and not home.exists():
         return
     try:
-        from playground.facade import connect as get_backend  # deletes a job's servers with it
+        from playground.facade import connect  # deletes a job with its servers
 
         if backend == "local":
-            be = get_backend("local", home=home)
+            be = connect("local", home=home)
             jobs = be.list()
         else:
             from playground.backends.kubernetes.manifests import LABEL_E2E_RUN, LABEL_PREFIX
 
-            be = get_backend(backend)
+            be = connect(backend)
             run = _run_label(home)
             jobs = [job for job in be.list() if job.labels.get(LABEL_E2E_RUN.removeprefix(LABEL_PREFIX)) == run]
         ours = {job.id for job in jobs}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from playground.blueprints import blueprint_from_yaml, get_blueprint, parse_set_options
-from playground.blueprints.fit import local_fit
+from playground.blueprints.fit import gpu_count_override, local_fit
 from playground.errors import UserError, shown_path
 from playground.events import JobPhase
 from playground.paths import ensure_writable_dir
@@ -76,6 +76,10 @@ def check_dataset_source(source: str) -> None:
 
 
 def gpu_count() -> int:
+    """The GPUs torch sees; ``PLAYGROUND_GPU_COUNT`` replaces them (:func:`gpu_count_override`)."""
+    override = gpu_count_override()
+    if override is not None:
+        return override
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -48,9 +48,17 @@ def _procfs_count() -> int | None:
     return len(list(gpus.iterdir())) if gpus.is_dir() else None
 
 
-@lru_cache(maxsize=1)
 def detect_gpus() -> int:
-    """The number of GPUs a trainer started from this process could use (0 when none)."""
+    """The number of GPUs a trainer started from this process could use (0 when none); ``PLAYGROUND_GPU_COUNT``
+    replaces it (:func:`playground.blueprints.fit.gpu_count_override`)."""
+    from playground.blueprints.fit import gpu_count_override
+
+    override = gpu_count_override()
+    return _found_gpus() if override is None else override
+
+
+@lru_cache(maxsize=1)
+def _found_gpus() -> int:
     count = _nvml_count()
     if count is None:
         count = _nvidia_smi_count()

@@ -117,8 +117,9 @@ def booth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booth]:
             proc.wait()
         log.close()
         from playground.backends.local import LocalBackend
+        from playground.facade import Playground
 
-        backend = LocalBackend(home=home)
+        backend = Playground(LocalBackend(home=home))
         for job in backend.list():
             with contextlib.suppress(Exception):
                 backend.delete(job.id)  # cancels, stops its servers, removes its state

@@ -160,8 +160,9 @@ def executed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
                 proc.kill()
                 proc.wait()
         from playground.backends.local import LocalBackend
+        from playground.facade import Playground
 
-        backend = LocalBackend(home=root / "home")
+        backend = Playground(LocalBackend(home=root / "home"))
         for job in backend.list():
             if not job.done:
                 backend.cancel(job.id)
@@ -250,11 +251,11 @@ def test_hub_notebooks_headless_on_standins(executed: dict[str, Path], blueprint
 
 
 def test_servers_are_stopped_after_headless_runs(executed: dict[str, Path]) -> None:
-    from playground.backends.local import LocalBackend
+    from playground.serving.local import LocalServers
 
     home = next(iter(executed.values())).parent / "home"
     assert (home / "jobs").is_dir()
-    assert LocalBackend(home=home).endpoints() == []
+    assert LocalServers(home).endpoints() == []  # every server the runs started is stopped
 
 
 def test_app_and_interactive_notebooks_execute(tmp_path: Path) -> None:

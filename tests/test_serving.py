@@ -62,13 +62,13 @@ def served(trained_tiny_job, backend):
     try:
         with ThreadPoolExecutor(2) as pool:  # start both at once (each is mostly single-threaded imports)
             base = pool.submit(backend.serve, trained_tiny_job.id, base=True)
-            result = _cli("serve", trained_tiny_job.id, "--port", str(port), "--json", home=backend.home)
+            result = _cli("serve", trained_tiny_job.id, "--port", str(port), "--json", home=backend.backend.home)
             assert result.returncode == 0, result.stderr
             endpoints = {"fine-tuned": Endpoint(**json.loads(result.stdout)), "base": base.result()}
         assert endpoints["fine-tuned"].url == f"http://127.0.0.1:{port}/v1" and port_in_use(port)
         yield endpoints
     finally:
-        LocalServers(backend.home).stop(trained_tiny_job.id)
+        LocalServers(backend.backend.home).stop(trained_tiny_job.id)
 
 
 def _ask(endpoint, prompt: str, **kw) -> str:
@@ -246,21 +246,21 @@ def _cli(*args: str, home: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_new_process_lists_the_servers_and_serving_again_reuses_them(served, backend, trained_tiny_job):
-    result = _cli("servers", "--json", home=backend.home)
+    result = _cli("servers", "--json", home=backend.backend.home)
     assert result.returncode == 0, result.stderr
     listed = {(e["url"], e["model"], e["kind"], e["job_id"]) for e in json.loads(result.stdout)}
     for ep in served.values():
         assert (ep.url, ep.model, ep.kind, ep.job_id) in listed
-    record = json.loads((backend.home / "servers" / f"{served['base'].name}.json").read_text())
+    record = json.loads((backend.backend.home / "servers" / f"{served['base'].name}.json").read_text())
     assert {"pid", "port", "url", "model_dir", "job_id", "kind", "log"} <= set(record)
     assert record["model_dir"] == str(Path(trained_tiny_job.base_model).resolve())
     assert Path(record["log"]).is_file()
     # serving the same thing again returns the running server, it starts no second one
     assert backend.serve(trained_tiny_job.id) == served["fine-tuned"]
-    result = _cli("serve", trained_tiny_job.id, "--json", home=backend.home)
+    result = _cli("serve", trained_tiny_job.id, "--json", home=backend.backend.home)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["url"] == served["fine-tuned"].url
-    result = _cli("servers", home=backend.home)
+    result = _cli("servers", home=backend.backend.home)
     assert served["fine-tuned"].url in result.stdout and "base" in result.stdout
 
 
@@ -270,7 +270,7 @@ def test_serve_port_that_is_bad_or_taken_is_one_line_exit_2_and_starts_nothing(s
     from playground import api
 
     job = trained_tiny_job.id
-    before = sorted((r["name"], r["pid"]) for r in LocalServers(backend.home).records())
+    before = sorted((r["name"], r["pid"]) for r in LocalServers(backend.backend.home).records())
     running = int(served["fine-tuned"].url.rsplit(":", 1)[1].split("/")[0])
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -283,38 +283,38 @@ def test_serve_port_that_is_bad_or_taken_is_one_line_exit_2_and_starts_nothing(s
             str(busy): f"--port {busy} is taken on 127.0.0.1 (another process listens there)",
         }
         for port, message in cases.items():
-            result = _cli("serve", job, "--base", "--port", port, home=backend.home)
+            result = _cli("serve", job, "--base", "--port", port, home=backend.backend.home)
             assert result.returncode == 2 and result.stderr.count("\n") == 1, (port, result.stderr)
             assert result.stderr.startswith(f"playground: error: {message}"), result.stderr
         with pytest.raises(UserError, match=f"--port {busy} is taken") as refused:
             api.serve(job, port=busy)
         assert refused.value.field == "--port"
     other = free_port()
-    result = _cli("serve", job, "--port", str(other), home=backend.home)  # the job's server runs elsewhere
+    result = _cli("serve", job, "--port", str(other), home=backend.backend.home)  # the job's server runs elsewhere
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert f"--port {other}: server {served['fine-tuned'].name} already serves" in result.stderr
     assert f"on port {running}; stop it first" in result.stderr
     with pytest.raises(UserError, match="--port must be a whole number from 1 to 65535, got -1"):
         api.serve(job, port=-1)
     assert api.serve(job, port=running) == served["fine-tuned"]  # the running server, on the port asked for
-    result = _cli("serve", job, "--port", "8080", "--backend", "kubernetes", home=backend.home)
+    result = _cli("serve", job, "--port", "8080", "--backend", "kubernetes", home=backend.backend.home)
     assert result.returncode == 2 and "--port applies to the local backend's model servers" in result.stderr
-    assert sorted((r["name"], r["pid"]) for r in LocalServers(backend.home).records()) == before
+    assert sorted((r["name"], r["pid"]) for r in LocalServers(backend.backend.home).records()) == before
     assert not port_in_use(other)
 
 
 def test_cli_chat(served, backend, trained_tiny_job):
     fine = served["fine-tuned"]
-    result = _cli("chat", fine.url, "reverse: flow", "--max-tokens", "12", home=backend.home)
+    result = _cli("chat", fine.url, "reverse: flow", "--max-tokens", "12", home=backend.backend.home)
     assert (result.returncode, result.stdout.strip()) == (0, "wolf"), result.stderr
-    result = _cli("chat", fine.url, "reverse: serve", "--stream", "--model", fine.model, home=backend.home)
+    result = _cli("chat", fine.url, "reverse: serve", "--stream", "--model", fine.model, home=backend.backend.home)
     assert (result.returncode, result.stdout.strip()) == (0, "evres"), result.stderr
-    result = _cli("chat", trained_tiny_job.id, "reverse: kube", home=backend.home)  # a job id finds its server
+    result = _cli("chat", trained_tiny_job.id, "reverse: kube", home=backend.backend.home)  # a job id finds its server
     assert (result.returncode, result.stdout.strip()) == (0, "ebuk"), result.stderr
-    result = _cli("chat", fine.url, "reverse: kube", "--model", "other", home=backend.home)
+    result = _cli("chat", fine.url, "reverse: kube", "--model", "other", home=backend.backend.home)
     assert result.returncode == 2 and "'other' is not served here" in result.stderr
     assert result.stderr.count("\n") == 1  # one line
-    result = _cli("unserve", "http://127.0.0.1:1/v1", home=backend.home)
+    result = _cli("unserve", "http://127.0.0.1:1/v1", home=backend.backend.home)
     assert result.returncode == 2 and "no local model server matches" in result.stderr
 
 
@@ -419,7 +419,7 @@ def test_a_running_job_serves_its_base_model_but_not_a_fine_tuned_one_and_delete
 def test_unserve_by_job_id_stops_both_servers(served, backend, trained_tiny_job):
     urls = [ep.url for ep in served.values()]
     job = trained_tiny_job.id
-    result = _cli("unserve", job, home=backend.home)
+    result = _cli("unserve", job, home=backend.backend.home)
     assert result.returncode == 0, result.stderr
     said = sorted(result.stdout.splitlines())  # what stopped, one line per server
     expected = sorted(f"stopped {ep.kind} server {ep.name} of job {job} ({ep.url})" for ep in served.values())
@@ -429,6 +429,6 @@ def test_unserve_by_job_id_stops_both_servers(served, backend, trained_tiny_job)
         assert not port_in_use(int(url.rsplit(":", 1)[1].split("/")[0]))
         with pytest.raises(UserError, match="cannot reach"):
             chat(url, "hi", model="m")
-    result = _cli("chat", job, "reverse: kube", home=backend.home)  # the job is known; its servers are gone
+    result = _cli("chat", job, "reverse: kube", home=backend.backend.home)  # the job is known; its servers are gone
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert f"job {job} has no running model server; start one with `playground serve {job}`" in result.stderr

@@ -37,8 +37,9 @@ def _ask(endpoint, prompt: str) -> str:
 def trained(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path):
     """(backend, job, events): the default blueprint trained once through the local backend."""
     from playground.backends.local import LocalBackend
+    from playground.facade import Playground
 
-    backend = LocalBackend(home=tmp_path_factory.mktemp("smollm2-home"))
+    backend = Playground(LocalBackend(home=tmp_path_factory.mktemp("smollm2-home")))  # jobs with their servers
     job = backend.submit(make_request(DEFAULT_BLUEPRINT, QUICK))
     events = list(backend.events(job.id, follow=True))
     job = backend.get(job.id)

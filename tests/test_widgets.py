@@ -386,6 +386,29 @@ def test_chat_asks_one_bounded_question_at_a_time() -> None:
     blocker.join()
 
 
+def test_chat_prompt_sends_on_enter_once() -> None:
+    """Enter in the prompt box (its value synced from the browser) asks; the same question sent again while it is
+    answered (Enter, then Send) is not asked twice and says nothing; another question then says to wait."""
+    from widgets.chat import ChatPanel
+
+    panel = ChatPanel(get_blueprint("tiny-llama-cpu"), operator=False)
+    release = threading.Event()
+    asked: list[str] = []
+
+    def stream(side: str, endpoint: Endpoint, turn) -> None:
+        asked.append(turn.prompt)
+        release.wait(10)
+
+    panel._stream = stream  # no server: record what would be asked
+    panel.endpoints = {"fine-tuned": Endpoint(url="http://127.0.0.1:9/v1", model="m")}
+    panel.prompt.set_state({"value": "  reverse: kube "})  # what the browser sends on Enter
+    assert wait_for(lambda: asked == ["reverse: kube"], 5, "asked")
+    assert panel.ask("reverse: kube") == [] and "wait for" not in panel.status.value  # Send after Enter
+    assert panel.ask("reverse: flow") == [] and "wait for both answers" in panel.status.value
+    release.set()
+    assert panel.wait(5) and asked == ["reverse: kube"]
+
+
 # -- reattach -------------------------------------------------------------------------------------
 
 

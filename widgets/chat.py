@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import ipywidgets as ipw
 
@@ -84,15 +85,19 @@ class ChatPanel(ipw.VBox):
         self.transcripts = {side: Transcript() for side in SIDES}
         self.expected = {ex.prompt: ex.expected for ex in blueprint.examples}
         self._threads: list[threading.Thread] = []
+        self._asking = ""  # the question being answered
+        self._echo = False
         self.answers = {side: ipw.HTML(self.transcripts[side].html(side)) for side in SIDES}
         columns = []
         for side in SIDES:
             self.answers[side].add_class("pg-answers").add_class(f"pg-answer-{side}")
             title = ipw.HTML(f"<b>{SIDE_TITLES[side]}</b>").add_class(f"pg-title-{side}")
             columns.append(ipw.VBox([title, self.answers[side]], layout=ipw.Layout(width="50%", padding="4px")))
-        self.prompt = ipw.Text(placeholder="Ask both models…", layout=ipw.Layout(width="60%"))
+        # Enter (or leaving the box) sends the question: the value syncs then (ipywidgets' replacement for the
+        # deprecated on_submit); the same question while it is being answered is not asked twice.
+        self.prompt = ipw.Text(placeholder="Ask both models…", layout=ipw.Layout(width="60%"), continuous_update=False)
         self.prompt.add_class("pg-prompt")
-        self.prompt.on_submit(lambda _: self.ask(self.prompt.value))
+        self.prompt.observe(self._submitted, names="value")
         self.send = ipw.Button(description="Send", icon="paper-plane", button_style="primary")
         self.send.add_class("pg-send")
         self.send.on_click(lambda _: self.ask(self.prompt.value))
@@ -133,6 +138,11 @@ class ChatPanel(ipw.VBox):
     def busy(self) -> bool:
         return any(t.is_alive() for t in self._threads)
 
+    def _submitted(self, change: dict[str, Any]) -> None:
+        """The prompt box's value came from the browser (Enter, or leaving the box): ask it."""
+        if not self._echo:
+            self.ask(change["new"])
+
     def ask(self, prompt: str) -> list[threading.Thread]:
         """Send ``prompt`` to every served side; returns the streaming threads.
 
@@ -150,10 +160,16 @@ class ChatPanel(ipw.VBox):
             )
             return []
         if self.busy:
-            self.status.value = "<span class='pg-error-text'>wait for both answers before asking again</span>"
+            if prompt != self._asking:  # the question in flight, sent again (Enter, then Send): nothing to say
+                self.status.value = "<span class='pg-error-text'>wait for both answers before asking again</span>"
             return []
         self.set_endpoints(self.endpoints)  # clears an earlier message
-        self.prompt.value = prompt
+        self._asking = prompt
+        self._echo = True  # this value is ours, not a question typed
+        try:
+            self.prompt.value = prompt
+        finally:
+            self._echo = False
         threads = []
         for side in SIDES:
             endpoint = self.endpoints.get(side)

@@ -170,7 +170,7 @@ class KServeServers(ModelServers):
             kind=labels.get(m.LABEL_KIND, "fine-tuned"),
             backend="kubernetes",
             name=meta.get("name"),
-            owner=(meta.get("annotations") or {}).get(m.ANN_OWNER),
+            owner=_at(meta, "annotations", m.ANN_OWNER),
         )
 
     def storage_uri(self, job: Job, blueprint: Blueprint, *, base: bool) -> str:
@@ -207,9 +207,8 @@ class KServeServers(ModelServers):
             existing = custom.get_namespaced_custom_object(
                 KSERVE_GROUP, KSERVE_VERSION, self.namespace, ISVC_PLURAL, name
             )
-            labels = (existing.get("metadata") or {}).get("labels") or {}
-            model = ((existing.get("spec") or {}).get("predictor") or {}).get("model") or {}
-            if labels.get(m.LABEL_JOB) != job.id or model.get("storageUri") != uri:
+            owned = _at(existing, "metadata", "labels", m.LABEL_JOB) == job.id
+            if not owned or _at(existing, "spec", "predictor", "model", "storageUri") != uri:
                 raise self.connection.error(exc, "create", ISVCS, name) from None
         except Exception as exc:
             raise self.connection.error(exc, "create", ISVCS, name) from None
@@ -257,7 +256,7 @@ class KServeServers(ModelServers):
             watcher.stop()
         not_ready = [
             f"{c.get('type')}: {c.get('reason') or c.get('status')} {c.get('message') or ''}".strip()
-            for c in (last.get("status") or {}).get("conditions") or []
+            for c in _at(last, "status", "conditions") or []
             if c.get("status") != "True"
         ]
         why = "; ".join(not_ready) or "no status reported (is KServe installed?)"
@@ -270,9 +269,9 @@ class KServeServers(ModelServers):
             if target
             in (
                 isvc["metadata"]["name"],
-                (isvc["metadata"].get("labels") or {}).get(m.LABEL_JOB),
-                (isvc.get("status") or {}).get("url"),
-                ((isvc.get("status") or {}).get("url") or "").rstrip("/") + "/openai/v1",
+                _at(isvc, "metadata", "labels", m.LABEL_JOB),
+                _at(isvc, "status", "url"),
+                (_at(isvc, "status", "url") or "").rstrip("/") + "/openai/v1",
             )
         ]
         if not matched:
@@ -298,6 +297,15 @@ class KServeServers(ModelServers):
         kind = self.opts.trainer
         uri = m.base_model_uri(job_id, blueprint, kind=kind) if base else m.output_uri(job_id, blueprint, kind)
         return m.to_yaml(build_inferenceservice(job_id, blueprint, uri, self.opts, base=base))
+
+
+def _at(obj: Any, *path: str) -> Any:
+    """``obj[path[0]][path[1]]…`` of an InferenceService read as JSON, None where a level is missing."""
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
 
 
 def blueprint_of_name(job_id: str) -> Blueprint:

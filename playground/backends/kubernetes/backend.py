@@ -253,13 +253,8 @@ class KubernetesBackend(Backend):
     def expired(self, *, now: float | None = None) -> list[str]:
         """Finished TrainJobs past the TTL submit set on them (annotation); the facade deletes them."""
         now = time.time() if now is None else now
-        found = []
-        for obj in self._list_trainjobs().get("items") or []:
-            ttl = mapping.ttl_seconds(obj)
-            job = mapping.to_job(obj, None)
-            if ttl is not None and job.done and job.finished_at is not None and now >= job.finished_at + ttl:
-                found.append(job.id)
-        return found
+        items = self._list_trainjobs().get("items") or []
+        return [obj["metadata"]["name"] for obj in items if (end := mapping.expires_at(obj)) and now >= end]
 
     @property
     def cleanup_interval(self) -> float | None:

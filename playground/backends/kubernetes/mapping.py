@@ -53,11 +53,12 @@ def blueprint_id(labels: dict[str, str]) -> str:
     return value if value in catalog else next((b for b in catalog if m.label_value(b) == value), value)
 
 
-def ttl_seconds(obj: dict[str, Any]) -> int | None:
-    """The TTL after finish that submit set (annotation), if any."""
-    annotations = typed(obj).metadata.annotations or {}
-    value = annotations.get(m.ANN_TTL)
-    return int(value) if value is not None else None
+def expires_at(obj: dict[str, Any]) -> float | None:
+    """When a finished TrainJob's TTL (the annotation submit set) runs out; None while it runs or without one."""
+    trainjob = typed(obj)
+    ttl = (trainjob.metadata.annotations or {}).get(m.ANN_TTL)
+    done = finished_at(trainjob)
+    return done + int(ttl) if ttl is not None and done is not None else None
 
 
 def to_job(obj: dict[str, Any], pods: list[dict[str, Any]] | None, tail: list[str] | None = None) -> Job:

@@ -39,6 +39,7 @@ from playground.events import Event, JobPhase, Phase, Progress, event_from_dict,
 from playground.formatting import describe_event
 from playground.paths import ensure_writable_dir, playground_home
 from playground.processes import child_env, process_alive
+from playground.requests import check_request
 from playground.types import Job, TrainRequest
 
 _JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -293,6 +294,7 @@ class LocalBackend(Backend):
         """What ``submit`` would run for ``request``, as YAML (the local backend has no manifest)."""
         import yaml
 
+        check_request(request)  # submit checks it in Backend.submit; a dry run does not go through there
         blueprint, params, nproc, _ = self._plan(request, check_gpus=False)
         jobdir = self.jobs_dir / new_job_id(blueprint.id)
         spec = self._spec(jobdir.name, jobdir, request, blueprint, params, nproc)

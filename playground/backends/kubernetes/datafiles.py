@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from playground.backends.kubernetes.connection import IN_CLUSTER_NS
 from playground.errors import UserError, shown_path
 
 PVC_SETTING = "PLAYGROUND_DATA_PVC"
@@ -26,7 +27,6 @@ DATA_MOUNT = "/mnt/playground-data"  # where the trainer's pods see the claim (r
 PATCH_MANAGER = "blueprint-playground.dev/data"
 TRAINER_JOB = "node"  # the runtime's replicated job and container that run the trainer (deploy/runtimes)
 _CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 ALLOWED = (
     "a file under a PersistentVolumeClaim's mount (set PLAYGROUND_DATA_PVC=CLAIM:MOUNT_PATH, or run in a "
     "notebook pod whose volume holds it), hf://ORG/NAME, or s3://BUCKET/PATH"
@@ -92,7 +92,7 @@ def own_pod_claims(core: Callable[[], Any]) -> list[ClaimMount]:
     """The claims mounted in the pod this process runs in (``$HOSTNAME`` in ``$POD_NAMESPACE``, else the service
     account's namespace); empty when the pod cannot be read (then ``PLAYGROUND_DATA_PVC`` is the way)."""
     name = os.environ.get("HOSTNAME", "")
-    namespace = os.environ.get("POD_NAMESPACE") or _read(SERVICE_ACCOUNT_NAMESPACE)
+    namespace = os.environ.get("POD_NAMESPACE") or _pod_namespace()
     if not name or not namespace:
         return []
     try:
@@ -102,10 +102,10 @@ def own_pod_claims(core: Callable[[], Any]) -> list[ClaimMount]:
     return pod_claims(pod)
 
 
-def _read(path: str) -> str:
+def _pod_namespace() -> str:
+    """The service account's namespace file, as the connection reads it in a cluster."""
     try:
-        with open(path) as handle:
-            return handle.read().strip()
+        return IN_CLUSTER_NS.read_text().strip()
     except OSError:
         return ""
 

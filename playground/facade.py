@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from playground.backends import Backend, get_backend
+from playground.backends.base import is_expired
+from playground.booth import owns
 from playground.errors import JobNotFound, UserError
 from playground.events import Event
 from playground.serving.base import ModelServers
@@ -53,8 +55,12 @@ class Playground:
         return self.backend.get(job_id, owner=owner)
 
     def list(self, *, owner: str | None = None) -> list[Job]:
-        self._cleanup_now_and_then()
-        return self.backend.list(owner=owner)
+        """The jobs (``owner``'s, or all); when a cleanup is due, one listing of every job serves both."""
+        if not self._cleanup_due():
+            return self.backend.list(owner=owner)
+        everyone = self.backend.list()
+        removed = set(self._delete_expired(everyone))
+        return [job for job in everyone if job.id not in removed and owns(job.owner, owner)]
 
     def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
         return self.backend.events(job_id, follow, owner=owner)
@@ -70,9 +76,16 @@ class Playground:
 
     def cleanup(self, *, now: float | None = None) -> list[str]:
         """Delete the finished jobs past their TTL, with their servers; the ids deleted."""
+        return self._delete(self.backend.expired(now=now))
+
+    def _delete_expired(self, jobs: list[Job]) -> list[str]:
+        """The listed jobs whose ``expires_at`` has passed, deleted (one listing serves listing and cleanup)."""
+        return self._delete([job.id for job in jobs if is_expired(job)])
+
+    def _delete(self, job_ids: list[str]) -> list[str]:
         self._last_cleanup = time.monotonic()
         removed = []
-        for job_id in self.backend.expired(now=now):
+        for job_id in job_ids:
             try:
                 self.delete(job_id)
             except (JobNotFound, UserError):
@@ -80,9 +93,12 @@ class Playground:
             removed.append(job_id)
         return removed
 
-    def _cleanup_now_and_then(self) -> None:
+    def _cleanup_due(self) -> bool:
         interval = self.backend.cleanup_interval
-        if interval is not None and time.monotonic() - self._last_cleanup >= interval:
+        return interval is not None and time.monotonic() - self._last_cleanup >= interval
+
+    def _cleanup_now_and_then(self) -> None:
+        if self._cleanup_due():
             self.cleanup()
 
     # -- serving ----------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ class Job:
     owner: str | None = None  # the visitor who owns it; None for operator (CLI) jobs
     queue_position: int | None = None  # while it waits for a training slot: 1 = next; None otherwise
     estimated_wait_seconds: float | None = None  # until it starts, while queued (None: unknown)
+    expires_at: float | None = None  # a finished job's end of life (its TTL); the facade's cleanup deletes it then
 
     @property
     def done(self) -> bool:

@@ -147,6 +147,7 @@ def test_owners_quotas_queue_and_ttl(home: Path, hold_hook):
     with pytest.raises(UserError, match="no local model server matches"):
         backend.unserve(bob.id, owner="alice")
     pid = next(r["pid"] for r in backend.servers.records() if r["url"] == endpoint.url)
+    assert backend.get(bob.id, owner="bob").expires_at == done.finished_at + 600  # the policy's TTL, on the job
     assert bob.id not in backend.cleanup(now=done.finished_at + 599)
     assert bob.id in backend.cleanup(now=done.finished_at + 601)
     assert backend.endpoints() == [] and not process_alive(pid)

@@ -297,6 +297,8 @@ def test_cancel_then_ttl_cleanup(cluster, k8s):
     )
     short = ttl.submit(make_request("tiny-llama-cpu"))
     assert list(ttl.events(short.id, follow=True))[-1].phase == JobPhase.SUCCEEDED
+    finished = ttl.backend.get(short.id)
+    assert finished.expires_at == finished.finished_at is not None  # TTL 0: it expires as it ends
     assert short.id in [j.id for j in ttl.backend.list()]  # the backend's list has no side effects...
     assert ttl.backend.expired() == [short.id] and cluster.get("trainjobs", short.id) is not None
     assert short.id not in [j.id for j in ttl.list()]  # ...the facade's cleanup deletes it on the next listing

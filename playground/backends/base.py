@@ -7,6 +7,7 @@ event stream, so the CLI, widgets and notebooks never care where a job runs.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,9 +93,9 @@ class Backend(abc.ABC):
         """Stop the job if needed and remove its state (the facade stops its model servers first)."""
 
     def expired(self, *, now: float | None = None) -> list[str]:
-        """Finished jobs whose time-to-live has passed (nothing is deleted here: the facade's ``cleanup`` deletes
-        them, servers first; the operator runs it with ``playground jobs --cleanup``)."""
-        return []
+        """Finished jobs whose time-to-live (``Job.expires_at``) has passed. Nothing is deleted here: the facade's
+        ``cleanup`` deletes them, servers first; the operator runs it with ``playground jobs --cleanup``."""
+        return [job.id for job in self.list() if is_expired(job, now)]
 
     @property
     def cleanup_interval(self) -> float | None:
@@ -104,3 +105,8 @@ class Backend(abc.ABC):
     def render_train(self, request: TrainRequest) -> str:
         """The manifest ``submit`` would create, as YAML (``--dry-run``)."""
         raise UserError(f"--dry-run: the {self.name} backend creates no manifest; use --backend kubernetes")
+
+
+def is_expired(job: Job, now: float | None = None) -> bool:
+    """Whether ``job``'s time-to-live has run out (at ``now``, default: the current time)."""
+    return job.expires_at is not None and (time.time() if now is None else now) >= job.expires_at

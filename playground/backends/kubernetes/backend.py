@@ -250,12 +250,6 @@ class KubernetesBackend(Backend):
         jobs = [mapping.to_job(obj, None) for obj in data.get("items") or []]
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
-    def expired(self, *, now: float | None = None) -> list[str]:
-        """Finished TrainJobs past the TTL submit set on them (annotation); the facade deletes them."""
-        now = time.time() if now is None else now
-        items = self._list_trainjobs().get("items") or []
-        return [obj["metadata"]["name"] for obj in items if (end := mapping.expires_at(obj)) and now >= end]
-
     @property
     def cleanup_interval(self) -> float | None:
         """Every list: only jobs submitted with a TTL (booth mode, or the option) ever expire."""

@@ -53,14 +53,6 @@ def blueprint_id(labels: dict[str, str]) -> str:
     return value if value in catalog else next((b for b in catalog if m.label_value(b) == value), value)
 
 
-def expires_at(obj: dict[str, Any]) -> float | None:
-    """When a finished TrainJob's TTL (the annotation submit set) runs out; None while it runs or without one."""
-    trainjob = typed(obj)
-    ttl = (trainjob.metadata.annotations or {}).get(m.ANN_TTL)
-    done = finished_at(trainjob)
-    return done + int(ttl) if ttl is not None and done is not None else None
-
-
 def to_job(obj: dict[str, Any], pods: list[dict[str, Any]] | None, tail: list[str] | None = None) -> Job:
     """The Job a TrainJob is: phase (with its pods), progress and metrics (``status.trainerStatus``), the model
     directory once Succeeded, and the last log lines of a failed one (``tail``)."""
@@ -75,6 +67,8 @@ def to_job(obj: dict[str, Any], pods: list[dict[str, Any]] | None, tail: list[st
     plain = [line for line in log_tail if EVENT_PREFIX not in line]
     if phase == JobPhase.FAILED and plain:
         message = f"{reason}; last log line: {plain[-1]}"
+    ended = finished_at(trainjob)
+    ttl = annotations.get(m.ANN_TTL)  # set at submit (booth mode, or the option)
     try:
         params = json.loads(annotations.get(m.ANN_PARAMS, "{}"))
     except ValueError:
@@ -87,7 +81,7 @@ def to_job(obj: dict[str, Any], pods: list[dict[str, Any]] | None, tail: list[st
         params=params,
         created_at=seconds(meta.creation_timestamp) or time.time(),
         started_at=min((s for s in (_iso(t) for t in starts) if s), default=None),
-        finished_at=finished_at(trainjob),
+        finished_at=ended,
         message=message,
         progress=progress,
         metrics={k: v for k, v in metrics.items() if k.startswith("eval")},
@@ -96,6 +90,7 @@ def to_job(obj: dict[str, Any], pods: list[dict[str, Any]] | None, tail: list[st
         log_tail=log_tail,
         labels={k[len(m.LABEL_PREFIX) :]: v for k, v in labels.items() if k.startswith(m.LABEL_PREFIX)},
         owner=annotations.get(m.ANN_OWNER),
+        expires_at=ended + int(ttl) if ttl is not None and ended is not None else None,
     )
 
 

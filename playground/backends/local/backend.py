@@ -387,7 +387,14 @@ class LocalBackend(Backend):
             owner=spec.get("owner"),
             queue_position=status.get("queue_position") if phase == JobPhase.PENDING else None,
             estimated_wait_seconds=status.get("estimated_wait_seconds") if phase == JobPhase.PENDING else None,
+            expires_at=self._expires_at(phase, status.get("finished_at")),
         )
+
+    def _expires_at(self, phase: JobPhase, finished_at: float | None) -> float | None:
+        """Booth mode: a finished job's end, the policy's ``finished_ttl_seconds`` after it ended."""
+        if self.policy is None or not phase.terminal or finished_at is None:
+            return None
+        return float(finished_at) + self.policy.finished_ttl_seconds
 
     def get(self, job_id: str, *, owner: str | None = None) -> Job:
         return self._job(self._jobdir(job_id, owner))

@@ -63,7 +63,11 @@ def _check_sources(
 
         check_architecture(model_source, blueprint)
     source = dataset_source or blueprint.dataset.source
-    if is_local_file(source) and Path(source).expanduser().is_file():
+    if blueprint.method.objective != "sft":  # DPO/GRPO rows: their own columns (prompt/chosen/rejected, prompt/answer)
+        from playground.train.preferences import check_method_dataset
+
+        check_method_dataset(blueprint.method.objective, source, blueprint.dataset.split)
+    elif is_local_file(source) and Path(source).expanduser().is_file():
         check_data(blueprint, params, dataset_source=dataset_source, model_source=model_source)
 
 

@@ -48,6 +48,21 @@ class Phase:
     time: float = field(default_factory=_now)
 
 
+# The method-specific training figures a Progress may carry (``Progress.metrics``), with the short label the
+# CLI line and the page use. The chart draws the first of HEADLINE_METRICS a run reports beside its loss.
+METRIC_LABELS: dict[str, str] = {
+    "reward_margin": "margin",
+    "preference_accuracy": "pref. accuracy",
+    "chosen_reward": "chosen",
+    "rejected_reward": "rejected",
+    "mean_reward": "reward",
+    "reward_std": "reward spread",
+    "kl": "KL",
+    "completion_length": "length",
+}
+HEADLINE_METRICS = ("mean_reward", "reward_margin")
+
+
 @dataclass(frozen=True)
 class Progress:
     """One training progress point. Optional figures are None when unknown."""
@@ -61,6 +76,9 @@ class Progress:
     eta_seconds: float | None = None
     gpu_memory_bytes: int | None = None
     mfu: float | None = None
+    # The method's own training figures over the window (DPO: reward_margin, preference_accuracy…;
+    # GRPO: mean_reward, reward_std, kl, completion_length), the headline first (:data:`HEADLINE_METRICS`).
+    metrics: dict[str, float] = field(default_factory=dict)
     time: float = field(default_factory=_now)
 
     @property

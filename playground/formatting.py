@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from playground.events import ClusterEvent, Event, Log, Metric, Phase, Progress, Queued
+from playground.events import METRIC_LABELS, ClusterEvent, Event, Log, Metric, Phase, Progress, Queued
 
 
 def format_duration(seconds: float | None, *, unknown: str = "?", sub_minute: bool = False) -> str:
@@ -35,6 +35,8 @@ def progress_line(point: Progress, *, page: bool = False) -> str:
         parts.append(f"loss {point.loss:.4f}")
     if point.learning_rate is not None:
         parts.append(f"lr {point.learning_rate:.2e}")
+    for name, value in point.metrics.items():
+        parts.append(f"{METRIC_LABELS.get(name, name)} {value:.3g}")
     if point.tokens_per_second is not None:
         rate = f"{format_rate(point.tokens_per_second)} tokens/s" if page else f"{point.tokens_per_second:,.0f} tok/s"
         parts.append(rate)

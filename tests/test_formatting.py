@@ -21,6 +21,9 @@ def test_progress_line_for_the_cli_and_for_the_page():
     assert progress_line(point, page=True) == "step 5/80 · loss 0.1235 · lr 1.00e-03 · 1.2k tokens/s"
     assert describe_event(point) == "[progress] " + progress_line(point)
     assert progress_line(Progress(step=1, total_steps=2)) == "step 1/2"
+    # DPO/GRPO: the method's own figures, short, in the order the trainer gave them
+    grpo = Progress(step=3, total_steps=40, loss=0.01, metrics={"mean_reward": 0.4575, "kl": 0.0016})
+    assert progress_line(grpo) == "step 3/40  loss 0.0100  reward 0.458  KL 0.0016"
     assert describe_event(Queued(position=2, estimated_wait_seconds=90)) == (
         "[queue] waiting for a training slot: position 2, about 1:30"
     )

@@ -20,7 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 RUNTIMES = sorted((DEPLOY / "runtimes").glob("*.yaml"))
 BLUEPRINTS = sorted(load_catalog())
-HUB_BLUEPRINTS = [b for b in BLUEPRINTS if get_blueprint(b).model.source.startswith("hf://")]
+# hub blueprints whose model and dataset Kubeflow's initializers download (the Alpaca SFT ones)
+HUB_BLUEPRINTS = [b for b in BLUEPRINTS if get_blueprint(b).kubernetes.initializers]
+# hub models with the project's own data (DPO/GRPO on synthetic kubectl): the trainer downloads the model itself
+HUB_MODEL_ONLY = [
+    b for b in BLUEPRINTS if get_blueprint(b).model.source.startswith("hf://") and b not in HUB_BLUEPRINTS
+]
 DOCUMENTED_NAMESPACE = "blueprint-playground"  # deploy/kustomization.yaml
 
 
@@ -97,6 +102,31 @@ def test_hub_blueprints_run_the_project_trainer_fed_by_initializers(schemas, blu
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 4)
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "4"
     assert schemas["TrainJob"](trainjob) == []
+
+
+@pytest.mark.parametrize("blueprint_id", HUB_MODEL_ONLY)
+def test_dpo_and_grpo_gpu_blueprints_run_the_project_trainer_on_a_gpu(schemas, blueprint_id, monkeypatch):
+    """DPO/GRPO at GPU size: the same entrypoint (the blueprint's objective picks the TRL recipe), one GPU,
+    the hub token from the Secret (never inline), no initializer (the data is generated in the pod)."""
+    monkeypatch.setenv("HF_TOKEN", "hf_inline_would_leak")
+    blueprint = get_blueprint(blueprint_id)
+    assert blueprint.method.objective in ("dpo", "grpo") and blueprint.needs_gpu
+    trainjob, ft, base = rendered(blueprint_id)
+    assert schemas["TrainJob"](trainjob) == [] and schemas["InferenceService"](ft) == []
+    assert schemas["InferenceService"](base) == []
+    spec = trainjob["spec"]
+    assert "initializer" not in spec
+    trainer = spec["trainer"]
+    assert trainer["command"] == ["python", "-m", "playground.train"]
+    assert trainer["args"][:2] == ["--blueprint", blueprint_id]
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
+    token = next(e for e in trainer["env"] if e["name"] == "HF_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"]["optional"] is not blueprint.model.gated
+    assert "hf_inline_would_leak" not in yaml.safe_dump([trainjob, ft, base])
+    # the base model is served from the hub, with the same Secret
+    predictor = base["spec"]["predictor"]["model"]
+    assert predictor["storageUri"] == blueprint.model.source
+    assert predictor["env"][0]["valueFrom"]["secretKeyRef"]["name"] == token["valueFrom"]["secretKeyRef"]["name"]
 
 
 @pytest.mark.parametrize("blueprint_id", HUB_BLUEPRINTS)
@@ -297,7 +327,7 @@ def test_secrets_never_inline_and_kueue_label(blueprint_id, monkeypatch):
                 yield from envs(value)
 
     token_envs = [e for e in envs([trainjob, ft, base]) if "TOKEN" in e["name"]]
-    hub = blueprint_id in HUB_BLUEPRINTS
+    hub = blueprint_id in HUB_BLUEPRINTS + HUB_MODEL_ONLY
     assert bool(token_envs) == hub, "the HF token reaches the pods that download from the hub, and only those"
     assert all("value" not in e and e["valueFrom"]["secretKeyRef"]["name"] == "hf-token" for e in token_envs)
 

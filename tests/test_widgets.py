@@ -278,6 +278,27 @@ def test_monitor_at_1000_lines_per_second() -> None:
     assert monitor.error == ""
 
 
+def test_the_chart_shows_a_methods_headline_beside_the_loss() -> None:
+    """GRPO's mean reward (DPO's reward margin) takes the right axis where an SFT run shows tokens/s; the
+    next SFT job on the same chart gets tokens/s back."""
+    rewards = [0.2, 0.35, 0.5]
+    grpo: list[Event] = [Phase(JobPhase.TRAINING)]
+    grpo += [Progress(step=i + 1, total_steps=3, loss=0.1, metrics={"mean_reward": r, "kl": 0.01})
+             for i, r in enumerate(rewards)]  # fmt: skip
+    grpo.append(Phase(JobPhase.SUCCEEDED))
+    sft: list[Event] = [Phase(JobPhase.TRAINING), _progress(1, 1), Phase(JobPhase.SUCCEEDED)]
+    backend = ScriptedBackend(grpo, rate=200.0, scripts={"job-2": sft})
+    monitor = JobMonitor(backend, "job-1")
+    assert monitor.wait(30)
+    assert list(monitor.chart.data[1].y) == rewards and monitor.chart.data[1].name == "reward"
+    assert monitor.chart.layout.yaxis2.title.text == "reward"
+    assert monitor.progress_text.value.endswith("· loss 0.1000 · reward 0.5")
+    monitor.follow(backend.get("job-2"), backend=backend)
+    assert monitor.wait(30)
+    assert monitor.chart.data[1].name == "tokens/s" and monitor.chart.layout.yaxis2.title.text == "tokens/s"
+    assert len(monitor.chart.data[1].y) == 1
+
+
 def test_monitor_shows_a_second_job_on_the_same_chart() -> None:
     """Switching jobs keeps the widgets (and the one chart view) and draws only the new job's points;
     late events of the first job are ignored."""

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from playground.backends.base import Backend
 from playground.blueprints import Blueprint
-from playground.events import JobPhase
+from playground.events import HEADLINE_METRICS, METRIC_LABELS, JobPhase, Progress
 from playground.formatting import format_duration, format_rate
 from playground.runs.registry import register as register_model
 from playground.runs.store import loss_curves as previous_loss_curves
@@ -60,6 +60,15 @@ def metrics_table(metrics: dict[str, float], *, operator: bool = False) -> str:
         for label, value in metric_rows(metrics, operator=operator)
     )
     return f"<b>Results</b><table class='pg-metrics-table'>{rows}</table>" if rows else ""
+
+
+def right_axis_value(point: Progress) -> tuple[str, float] | None:
+    """What the chart's right axis shows for a point: the method's headline figure (GRPO's mean reward,
+    DPO's reward margin) when it has one, else tokens/s; None when the point has neither."""
+    headline = next((name for name in HEADLINE_METRICS if name in point.metrics), None)
+    if headline is not None:
+        return METRIC_LABELS[headline], point.metrics[headline]
+    return None if point.tokens_per_second is None else ("tokens/s", point.tokens_per_second)
 
 
 def loss_chart() -> go.FigureWidget:
@@ -420,12 +429,20 @@ class JobMonitor(ipw.VBox):
     # -- rendering (called ≤ max_rate times per second from the coalescer thread) ----------------
 
     def _reset_series(self) -> None:
+        self._right_label = "tokens/s"
+        if hasattr(self, "chart"):
+            self._label_right_axis()
         self._steps: list[int] = []
         self._losses: list[float | None] = []
         self._rate_steps: list[int] = []
         self._rates: list[float] = []
         self._previous_steps: list[int | None] = []
         self._previous_losses: list[float | None] = []
+
+    def _label_right_axis(self) -> None:
+        with self.chart.batch_update():
+            self.chart.data[1].name = self._right_label
+            self.chart.layout.yaxis2.title.text = self._right_label
 
     def _draw_chart(self, *, resend: bool = False) -> None:
         """Send the whole series to the chart. Views that exist get it as one restyle; the model's
@@ -460,9 +477,13 @@ class JobMonitor(ipw.VBox):
         for point in snap.new_points:
             self._steps.append(point.step)
             self._losses.append(point.loss)
-            if point.tokens_per_second is not None:
+            right = right_axis_value(point)
+            if right is not None:
+                if right[0] != self._right_label:  # DPO/GRPO: the method's headline replaces tokens/s
+                    self._right_label, self._rate_steps, self._rates = right[0], [], []
+                    self._label_right_axis()
                 self._rate_steps.append(point.step)
-                self._rates.append(point.tokens_per_second)
+                self._rates.append(right[1])
         if snap.new_points:
             self._draw_chart()
         self.points.value = f"{len(self._steps)} points"
@@ -470,10 +491,12 @@ class JobMonitor(ipw.VBox):
         latest = snap.latest
         if latest is not None:
             loss = f"{latest.loss:.4f}" if latest.loss is not None else "–"
+            right = right_axis_value(latest)
+            figure = f"{right[0]} {right[1]:.3g}" if right else f"{format_rate(latest.tokens_per_second)} tokens/s"
             self.progress_text.value = (
                 f"step {latest.step}/{latest.total_steps} · {snap.fraction:.0%} · ETA "
                 f"{format_duration(latest.eta_seconds if not snap.phase.terminal else 0, unknown='–')} · loss {loss} · "
-                f"{format_rate(latest.tokens_per_second)} tokens/s"
+                f"{figure}"
             )
         elif snap.queue_position:
             self.progress_text.value = "queued: training starts when a slot is free"

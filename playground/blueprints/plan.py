@@ -566,7 +566,10 @@ def make_plan(
     strategy = _strategy(str(setting("distributed") or "auto"), processes, replicated, capacity)
     shard = processes if strategy == "fsdp" else 1
     targets = tuple(blueprint.method.target_modules) if lora else ()
-    activations = activation_bytes(arch, micro_batch, tokens_per_example, 2 if device == "gpu" else 4, targets)
+    work, sequences, objective_note = objective_work(blueprint, setting)
+    activations = sequences * activation_bytes(
+        arch, micro_batch, tokens_per_example, 2 if device == "gpu" else 4, targets
+    )
     memory = Memory(
         framework=framework,
         weights=int(weights / shard),
@@ -607,7 +610,8 @@ def make_plan(
         attention_width=arch.q_width,
     )
     step_flops = flops.batch(int(global_batch * tokens_per_example), int(global_batch * tokens_per_example**2))
-    notes: list[str] = [backend_note] if backend_note else []
+    step_flops *= work
+    notes: list[str] = [note for note in (backend_note, objective_note) if note]
     timed = [r for r in same_model if r.world_size == processes]
     fit = _fit_step_time(timed, flops)
     if fit is not None:
@@ -665,6 +669,25 @@ def make_plan(
         memory_basis=memory_basis,
         notes=notes,
     )
+
+
+def objective_work(blueprint: Blueprint, setting: Any) -> tuple[float, float, str | None]:
+    """A DPO/GRPO step against an SFT step on the same batch: (FLOPs factor, sequences held for the backward
+    pass per example, a note). A forward pass is ~1/3 of a training step's FLOPs."""
+    objective = blueprint.method.objective
+    if objective == "dpo":  # chosen and rejected trained, both scored by the reference too
+        return 2 * (1 + 1 / 3), 2.0, "DPO: each pair trains two answers and scores both under the reference model"
+    if objective == "grpo":  # each request's samples: generated (~a forward), trained, scored by the reference
+        samples = int(setting("num_generations"))
+        return (
+            samples * (1 + 2 / 3),
+            float(samples),
+            (
+                f"GRPO: {samples} sampled answers per request; sampling token by token on a CPU is slower than its "
+                "FLOPs say, so a measured run of this blueprint is the better basis"
+            ),
+        )
+    return 1.0, 1.0, None
 
 
 def activation_bytes(

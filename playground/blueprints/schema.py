@@ -33,6 +33,12 @@ KNOWN_PARAMETERS: dict[str, str] = {
     "packing": "pack each micro-batch's examples into one row without padding (no cross-example attention)",
     "compile": "torch.compile the training forward/backward",
     "distributed": "several processes: auto (FSDP2 when DDP's replicated state would not fit), ddp or fsdp",
+    "beta": "DPO/GRPO: how far the policy may move from the reference model (the KL weight)",
+    "sft_weight": "DPO: weight of the SFT loss on the chosen answer beside the DPO loss (0: pure DPO)",
+    "num_generations": "GRPO: completions sampled per prompt (their rewards are compared)",
+    "max_completion_length": "GRPO: tokens per sampled completion",
+    "warm_start_steps": "GRPO: supervised steps on the task before the reward takes over (0: start from the base)",
+    "sample_every": "GRPO: print sampled completions with their rewards every N steps (0: never)",
 }
 
 # Every training setting's default, in one place (nanoGPT style). A run's setting is its parameter (a
@@ -56,6 +62,13 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "packing": False,  # speed levers (playground/train/perf.py): fixed settings, off unless a blueprint sets them
     "compile": False,
     "distributed": "auto",  # auto | ddp | fsdp (playground/train/parallel.py has the rule)
+    # Preference and reinforcement methods (method.objective dpo | grpo; playground/train/dpo.py, grpo.py)
+    "beta": 0.1,
+    "sft_weight": 0.0,
+    "num_generations": 4,
+    "max_completion_length": 32,
+    "warm_start_steps": 0,
+    "sample_every": 10,
 }
 
 
@@ -226,8 +239,15 @@ class DatasetSpec(_Strict):
         return self
 
 
+OBJECTIVES = ("sft", "dpo", "grpo")
+
+
 class MethodSpec(_Strict):
+    """How the weights train: ``kind`` (all of them, or LoRA adapters) and ``objective`` (the recipe:
+    supervised fine-tuning, DPO on preference pairs, or GRPO against a verifiable reward)."""
+
     kind: Literal["full", "lora"]
+    objective: Literal["sft", "dpo", "grpo"] = "sft"
     rank: int = 8
     alpha: int = 16
     dropout: float = 0.0

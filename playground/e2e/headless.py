@@ -76,6 +76,8 @@ def build_standins(
     ``model_source="config"`` by the hub model's architecture at full size with random weights
     (``config_overrides`` shrink it: the CPU tests); with it, the Alpaca stand-in is 1000 rows of
     learnable tasks with distinct prompts (:func:`playground.train.standins.task_rows`)."""
+    if dataset_source == STANDIN and blueprint.method.objective != "sft":
+        dataset_source = None  # DPO/GRPO rows are the project's own (synthetic): nothing to download or stand in for
     if not needs_local_build(model_source, dataset_source):
         return model_source, dataset_source
     from playground.train import standins  # heavy (transformers): only in the headless kernel

@@ -145,6 +145,7 @@ class RunTracker:
         self._step = progress.step
         stamp = int(progress.time * 1000)
         values = [(name, getattr(progress, name)) for name in PROGRESS_METRICS]
+        values += [(f"train_{name}", value) for name, value in progress.metrics.items()]
         self._add([(k, float(v), stamp, progress.step) for k, v in values if _finite(v)])
 
     def metric(self, name: str, value: float) -> None:

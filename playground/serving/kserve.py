@@ -88,7 +88,8 @@ def build_inferenceservice(
     if args:
         model["args"] = args
     if storage_uri.startswith("hf://"):
-        model["env"] = [m.secret_env("HF_TOKEN", opts, optional=not blueprint.model.gated)]
+        # a plain dict in the manifest (the Trainer API's model object would not serialize as one)
+        model["env"] = [m.secret_env("HF_TOKEN", opts, optional=not blueprint.model.gated).to_dict()]
     labels = {
         m.LABEL_JOB: job_name,
         m.LABEL_KIND: "base" if base else "fine-tuned",

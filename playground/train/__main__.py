@@ -97,10 +97,15 @@ def prepare(argv: list[str] | None):
     parse_source(model_source)
     dataset_source = args.dataset_source or blueprint.dataset.source
     check_dataset_source(dataset_source)
-    from playground.userdata import check_dataset
+    if blueprint.method.objective == "sft":
+        from playground.userdata import check_dataset
 
-    # A local file: the same one-line row/field errors as before launch, now in the job's log.
-    check_dataset(blueprint, params, dataset_source, model_source=model_source)
+        # A local file: the same one-line row/field errors as before launch, now in the job's log.
+        check_dataset(blueprint, params, dataset_source, model_source=model_source)
+    else:
+        from playground.train.preferences import check_method_dataset
+
+        check_method_dataset(blueprint.method.objective, dataset_source, blueprint.dataset.split)
     if blueprint.needs_gpu:
         local_fit(blueprint, gpu_count(), model_source=args.model_source).check()
     if not args.output.strip():
@@ -113,6 +118,17 @@ def prepare(argv: list[str] | None):
         check_resume(spec, settings)  # the seed, global batch and schedule match the checkpoint's
     ensure_writable_dir(output, what="output directory")
     return spec
+
+
+def recipe_for(objective: str):
+    """The recipe that runs a method's objective: our own SFT loop, or DPO/GRPO on TRL (one file each)."""
+    if objective == "dpo":
+        from playground.train.dpo import run
+    elif objective == "grpo":
+        from playground.train.grpo import run
+    else:
+        from playground.train.recipe import run
+    return run
 
 
 def _quiet_libraries() -> None:
@@ -174,9 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(stale, ignore_errors=True)
     try:
         _quiet_libraries()
-        from playground.train.recipe import run
-
-        reporter.summary(run(spec, reporter))
+        reporter.summary(recipe_for(spec.blueprint.method.objective)(spec, reporter))
     except BaseException as exc:  # every failure ends as Phase Failed + an exit code
         if isinstance(exc, SystemExit) and not exc.code:
             raise

@@ -25,6 +25,7 @@ from playground.errors import UserError
 
 STATE_FILE = "state.pt"
 INFO_FILE = "trainer_state.json"
+TRL_SETTINGS_FILE = "playground_settings.json"  # DPO/GRPO: beside TRL's files in each checkpoint-N
 FORMAT = 2  # 2: optimizer state keyed by parameter name (torch.distributed.checkpoint), "config" kept
 
 
@@ -117,13 +118,23 @@ def latest_checkpoint(root: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def check_resume(path: Path, config: dict[str, Any], allowed: str, hints: dict[str, str] | None = None) -> None:
+def latest_trl_checkpoint(output: Path) -> Path | None:
+    """The newest complete ``checkpoints/checkpoint-N`` of a TRL-run method (Hugging Face's layout; complete:
+    the run's settings are written beside TRL's files, :data:`TRL_SETTINGS_FILE`)."""
+    root = output / "checkpoints"
+    found = [p for p in root.glob("checkpoint-*") if p.name[11:].isdigit() and (p / TRL_SETTINGS_FILE).exists()]
+    return max(found, key=lambda p: int(p.name[11:]), default=None)
+
+
+def check_resume(
+    path: Path, config: dict[str, Any], allowed: str, hints: dict[str, str] | None = None, *, info_file: str = INFO_FILE
+) -> None:
     """A one-line UserError naming the first setting of ``config`` that differs from the one the
     checkpoint at ``path`` was trained with (read from its JSON; no torch needed). ``allowed``
     says in the message what may change on resume; ``hints`` how to set a derived value
     (``{saved}`` is replaced by the checkpoint's value; default ``NAME={saved}``)."""
     try:
-        saved = json.loads((path / INFO_FILE).read_text()).get("config")
+        saved = json.loads((path / info_file).read_text()).get("config")
     except (OSError, ValueError):
         return  # an unreadable checkpoint fails clearly when it is loaded
     if saved is None:

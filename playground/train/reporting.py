@@ -30,6 +30,7 @@ class Reporter:
         self.tracker = tracker  # the job's MLflow run (playground.runs.tracking.RunTracker), rank 0 only
         self.metrics: dict[str, float] = {}
         self._position: dict[str, int] = {}  # the last step/total_steps, carried into the final status
+        self._window: dict[str, float] = {}  # the last progress point's method figures (DPO/GRPO), ditto
         self._status = _TrainJobStatus() if enabled and os.environ.get(TRAINJOB_ENV) else None
 
     def _emit(self, event: Any) -> None:
@@ -42,7 +43,7 @@ class Reporter:
         if self.tracker and phase.terminal:
             self.tracker.finish(_RUN_STATUS[phase])
         if self._status and phase == JobPhase.SUCCEEDED:
-            self._status.push(100, 0, {**self.metrics, **self._position}, final=True)
+            self._status.push(100, 0, {**self._window, **self.metrics, **self._position}, final=True)
 
     def log(self, line: str) -> None:
         """A plain, human-readable line (becomes a Log event on the reading side)."""
@@ -70,6 +71,8 @@ class Reporter:
             metrics = {**self.metrics, **self._position}
             if progress.loss is not None and math.isfinite(progress.loss):
                 metrics["loss"] = round(progress.loss, 5)
+            self._window = {name: round(value, 5) for name, value in progress.metrics.items() if math.isfinite(value)}
+            metrics.update(self._window)
             if progress.tokens_per_second is not None:
                 metrics["tokens_per_second"] = round(progress.tokens_per_second, 1)
             eta = None if progress.eta_seconds is None else int(progress.eta_seconds)
@@ -98,11 +101,13 @@ def _finite(progress: Progress) -> Progress:
     """The line protocol forbids NaN/inf (``allow_nan=False``): unknown figures become None."""
     from dataclasses import replace
 
-    changes = {
+    changes: dict[str, Any] = {
         name: None
         for name in ("loss", "learning_rate", "tokens_per_second", "eta_seconds", "mfu")
         if isinstance(getattr(progress, name), float) and not math.isfinite(getattr(progress, name))
     }
+    if not all(math.isfinite(value) for value in progress.metrics.values()):
+        changes["metrics"] = {name: value for name, value in progress.metrics.items() if math.isfinite(value)}
     return replace(progress, **changes) if changes else progress
 
 

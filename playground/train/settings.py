@@ -82,6 +82,12 @@ class Settings:
     max_seq_length: int
     num_train_examples: int | None
     num_eval_examples: int | None
+    beta: float
+    sft_weight: float
+    num_generations: int
+    max_completion_length: int
+    warm_start_steps: int
+    sample_every: int
 
     # What a resumed run must keep (checked against the checkpoint): the data and its order (the seed;
     # the training rows, their tokenization and the held-out prompts kept out of them; the global
@@ -97,6 +103,11 @@ class Settings:
         "max_seq_length",
         "num_train_examples",
         "num_eval_examples",
+        "beta",
+        "sft_weight",
+        "num_generations",
+        "max_completion_length",
+        "warm_start_steps",
     )
     RESUME_MAY_CHANGE = (
         "the number of GPUs/processes, DDP/FSDP2, the batch_size × gradient_accumulation_steps split "
@@ -114,6 +125,12 @@ class Settings:
         warmup = spec.setting("warmup_steps")
         distributed = str(spec.setting("distributed"))
         num_train, num_eval = spec.setting("num_train_examples"), spec.setting("num_eval_examples")
+        if distributed == "fsdp" and spec.blueprint.method.objective != "sft":
+            raise UserError(
+                f"training setting 'distributed': 'fsdp' is not wired for {spec.blueprint.method.objective.upper()} "
+                "(TRL's trainer runs one process or DDP under torchrun); allowed: auto, ddp",
+                field="distributed",
+            )
         if distributed not in STRATEGIES:
             raise UserError(
                 f"training setting 'distributed': {distributed!r} is not allowed; allowed: {', '.join(STRATEGIES)}",
@@ -136,6 +153,12 @@ class Settings:
             max_seq_length=int(spec.setting("max_seq_length")),
             num_train_examples=None if num_train is None else int(num_train),
             num_eval_examples=None if num_eval is None else int(num_eval),
+            beta=float(spec.setting("beta")),
+            sft_weight=float(spec.setting("sft_weight")),
+            num_generations=int(spec.setting("num_generations")),
+            max_completion_length=int(spec.setting("max_completion_length")),
+            warm_start_steps=int(spec.setting("warm_start_steps")),
+            sample_every=int(spec.setting("sample_every")),
         )
 
     @property
@@ -168,7 +191,12 @@ def check_resume(spec: TrainSpec, settings: Settings) -> Path | None:
     first setting that changed). Reads JSON only: the entrypoint calls it before starting anything."""
     from playground.train import checkpoint
 
-    latest = checkpoint.latest_checkpoint(spec.output / "checkpoints")
+    if spec.blueprint.method.objective == "sft":
+        latest, info_file = checkpoint.latest_checkpoint(spec.output / "checkpoints"), checkpoint.INFO_FILE
+    else:  # DPO/GRPO: TRL's checkpoint-N, the settings in a file of ours beside them
+        latest, info_file = checkpoint.latest_trl_checkpoint(spec.output), checkpoint.TRL_SETTINGS_FILE
     if latest is not None:
-        checkpoint.check_resume(latest, settings.resume_config(), Settings.RESUME_MAY_CHANGE, Settings.RESUME_HINTS)
+        checkpoint.check_resume(
+            latest, settings.resume_config(), Settings.RESUME_MAY_CHANGE, Settings.RESUME_HINTS, info_file=info_file
+        )
     return latest

@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the trainer sets it: spinning threads inflate CPU-seconds
 BLUEPRINTS = {
     "sft": "smollm2-135m-lora-kubectl",
     "dpo": "smollm2-135m-dpo-kubectl",

@@ -17,7 +17,6 @@ from _train_helpers import trainer_status_server
 from playground.events import Log, Metric, Phase, Progress, parse_line
 from playground.train.kubectl_reward import (
     EQUIVALENT,
-    OTHER_READ_ONLY,
     RIGHT_VERB_AND_RESOURCE,
     changes_unasked,
     is_destructive,
@@ -53,8 +52,8 @@ def test_equivalent_commands_earn_the_full_reward(answer: str, expected: str) ->
     [
         ("kubectl get pods -n prod", "kubectl get pods -n staging", RIGHT_VERB_AND_RESOURCE),  # wrong namespace
         ("kubectl scale deployment web --replicas=4", "kubectl scale deployment web --replicas=3", 0.5),  # number
-        ("kubectl get services", "kubectl get pods", OTHER_READ_ONLY),  # another kind
-        ("kubectl describe pod web-1", "kubectl logs web-1", OTHER_READ_ONLY),  # reads, but the wrong verb
+        ("kubectl get services", "kubectl get pods", 0.0),  # another kind
+        ("kubectl describe pod web-1", "kubectl logs web-1", 0.0),  # reads, but the wrong verb: no safe harbour
         ("kubectl delete deployment api", "kubectl rollout restart deployment api", 0.0),  # destructive, unasked
         ("kubectl drain edge-3 --ignore-daemonsets", "kubectl cordon edge-3", 0.0),  # drains a node asked to cordon
         ("kubectl expose deployment api --port=80", "kubectl get pods", 0.0),  # changes the cluster, unasked

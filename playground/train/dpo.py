@@ -87,6 +87,7 @@ class DpoRecipe(TrlRecipe):
             train_dataset=Dataset.from_list(self.train_rows),
             eval_dataset=Dataset.from_list([pair_row(p) for p in self.eval_pairs]),
             processing_class=self.tokenizer,
+            peft_config=self.peft_config,
         )
 
     def extra_eval(self, model: Any, *, base: bool) -> dict[str, float]:

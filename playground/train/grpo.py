@@ -119,6 +119,7 @@ class GrpoRecipe(TrlRecipe):
             reward_funcs=[self.reward],
             train_dataset=Dataset.from_list(self.train_rows),
             processing_class=self.tokenizer,
+            peft_config=self.peft_config,
         )
 
     def reward(self, prompts: list[Any], completions: list[Any], answer: list[str], **_: Any) -> list[float]:

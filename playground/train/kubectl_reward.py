@@ -9,9 +9,10 @@ The scale (every figure a constant below):
   ``--namespace X`` / ``--namespace=X``, ``--flag V`` / ``--flag=V``, ``deployment/web`` / ``deployment web``
   and the kinds' short and plural names (``deploy``, ``po``, ``svc``…) do not matter.
 - ``0.5``: the right verb on the right kind of resource, but a wrong name, number, namespace or flag.
-- ``0.1``: another kubectl command that only reads the cluster (``get``, ``describe``, ``logs``…).
-- ``0.0``: prose with no command, something that is not a kubectl command, or a command that would change
-  the cluster (``delete``, ``drain``, ``scale``…) when the request did not ask for that verb.
+- ``0.0``: anything else: prose with no command, something that is not a kubectl command, another command
+  (above all one that would change the cluster, ``delete``, ``drain``, ``scale``…, when the request did not
+  ask for that verb). An earlier scale gave 0.1 to any other read-only command; GRPO learned to answer
+  ``kubectl get …`` to every request it was unsure of (benchmarks/README.md), so a wrong command earns nothing.
 - A command wrapped in prose (``To scale it, run `kubectl …`.``) scores half of what the bare command would:
   the answer is there, but it is not the answer.
 """
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 
 EQUIVALENT = 1.0
 RIGHT_VERB_AND_RESOURCE = 0.5
-OTHER_READ_ONLY = 0.1
 WRAPPED_IN_PROSE = 0.5  # the factor for a command found inside prose
 
 # Verbs of two words: the second word is part of the verb.
@@ -129,14 +129,12 @@ def score(answer: str, expected: str) -> float:
     got, wrapped = extract(answer)
     if want is None or got is None:
         return 0.0
-    if got.changes_cluster and got.verb != want.verb:
-        value = 0.0  # never reward an unasked change to the cluster
-    elif got == want:
+    if got == want:
         value = EQUIVALENT
     elif got.verb == want.verb and got.resource == want.resource:
         value = RIGHT_VERB_AND_RESOURCE
     else:
-        value = OTHER_READ_ONLY if not got.changes_cluster else 0.0
+        value = 0.0  # another command: never a reward for an unasked change, nor for a safe-looking read
     return value * WRAPPED_IN_PROSE if wrapped else value
 
 

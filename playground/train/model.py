@@ -108,28 +108,38 @@ def build_model(kind: str, ref: str, spec: Any, tokenizer: Any, *, dtype: Any, s
     return model
 
 
-def apply_lora(model: Any, method: Any, params: dict[str, Any]) -> Any:
-    """Wrap ``model`` with LoRA adapters (rank/alpha/dropout from params, else the blueprint's method)."""
-    from peft import LoraConfig, get_peft_model
+def lora_config(method: Any, params: dict[str, Any]) -> Any:
+    """peft's LoraConfig for the blueprint (rank/alpha/dropout from params, else the blueprint's method)."""
+    from peft import LoraConfig
 
-    config = LoraConfig(
+    return LoraConfig(
         r=int(params.get("lora_rank", method.rank)),
         lora_alpha=int(params.get("lora_alpha", method.alpha)),
         lora_dropout=float(params.get("lora_dropout", method.dropout)),
         target_modules=list(method.target_modules),
         task_type="CAUSAL_LM",
     )
-    try:
-        return get_peft_model(model, config)
-    except ValueError as exc:
-        if "not found in the base model" not in str(exc):
-            raise
+
+
+def check_lora_targets(model: Any, method: Any) -> None:
+    """A one-line UserError when none of ``method.target_modules`` is a module of ``model`` (peft's own check,
+    before a trainer that applies the adapters itself, as TRL's do, fails with a traceback)."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    if not names & set(method.target_modules):
         linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if type(m).__name__ == "Linear"})
         raise UserError(
             f"method.target_modules {', '.join(method.target_modules)}: not in this {model.config.model_type} model; "
             f"allowed: {', '.join(linear)}",
             field="method.target_modules",
-        ) from None
+        )
+
+
+def apply_lora(model: Any, method: Any, params: dict[str, Any]) -> Any:
+    """Wrap ``model`` with LoRA adapters (:func:`lora_config`)."""
+    from peft import get_peft_model
+
+    check_lora_targets(model, method)
+    return get_peft_model(model, lora_config(method, params))
 
 
 def configure_generation(model: Any, tokenizer: Any, max_new_tokens: int) -> None:

@@ -83,6 +83,10 @@ class TrlRecipe:
         self.train_rows, self.eval_samples = self.build_data()
         self.source = self.start_source()
         self.model = self.build_model(self.source)
+        method = self.spec.blueprint.method
+        # LoRA: TRL wraps the model itself from this config, and then takes the reference by switching the adapter
+        # off. A model wrapped beforehand makes TRL copy the adapter as a second, "ref" one: 0.55× the step rate.
+        self.peft_config = models.lora_config(method, self.spec.params) if method.kind == "lora" else None
         import datasets
         from transformers import PrinterCallback
 
@@ -90,8 +94,8 @@ class TrlRecipe:
         self.trainer = self.build_trainer()
         self.trainer.remove_callback(PrinterCallback)  # TRL's raw log dicts: our Progress events say it
         self.trainer.add_callback(_Events(self))
-        n_params = sum(p.numel() for p in self.model.parameters())
-        n_trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        n_params = sum(p.numel() for p in self.trainer.model.parameters())
+        n_trainable = sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)
         self.reporter.log(
             f"{self.objective}: {len(self.train_rows)} training rows, {len(self.eval_samples)} held-out requests; "
             f"model {self.source} ({n_params / 1e6:.2f}M parameters, {n_trainable / 1e6:.2f}M trainable); "
@@ -103,7 +107,8 @@ class TrlRecipe:
         return self.spec.model_source
 
     def build_model(self, source: str) -> Any:
-        """The causal LM from ``source`` (+ LoRA for ``method.kind: lora``), with the serving generation settings."""
+        """The causal LM from ``source`` with the serving generation settings (LoRA: targets checked; the trainer
+        adds the adapters from ``peft_config``)."""
         import torch
 
         kind, ref = models.parse_source(source)
@@ -114,7 +119,7 @@ class TrlRecipe:
         )
         models.configure_generation(model, self.tokenizer, self.spec.blueprint.serving.max_new_tokens)
         if self.spec.blueprint.method.kind == "lora":
-            model = models.apply_lora(model, self.spec.blueprint.method, self.spec.params)
+            models.check_lora_targets(model, self.spec.blueprint.method)
         return model
 
     def training_arguments(self) -> dict[str, Any]:

@@ -111,8 +111,11 @@ def test_can_it_run_here_has_one_wording_everywhere(capsys, isolated_home, tmp_p
     llama = get_blueprint("llama-3.2-1b-lora-alpaca")
     fit = local_fit(llama, 0)
     assert not fit.runnable and fit.note == "needs 1 GPU and this machine has none"
-    cpu_ids = [bp.id for bp in load_catalog().values() if not bp.needs_gpu][:2]  # what the catalog offers instead
-    assert "tiny-llama-cpu" in cpu_ids
+    # what the catalog offers instead: CPU blueprints of the same method first
+    cpu_ids = [bp.id for bp in load_catalog().values() if not bp.needs_gpu and bp.method.objective == "sft"][:2]
+    assert cpu_ids == ["smollm2-135m-lora-kubectl", "tiny-llama-cpu"]
+    grpo_fit = local_fit(get_blueprint("llama-3.2-1b-grpo-kubectl"), 0)
+    assert grpo_fit.advice().startswith(f"{grpo_fit.note}; try 'smollm2-135m-grpo-kubectl' or ")
     instead = " or ".join(repr(i) for i in cpu_ids)
     assert fit.advice() == f"{fit.note}; try {instead} (runs on CPU) or the kubernetes backend"
 

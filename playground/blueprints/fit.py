@@ -80,7 +80,14 @@ class LocalFit:
             return self.note
         from playground.blueprints.loader import load_catalog
 
-        cpu = [bp.id for bp in load_catalog().values() if not bp.needs_gpu][:2]
+        catalog = load_catalog()
+        refused = catalog.get(self.blueprint_id)
+        objective = refused.method.objective if refused else "sft"
+        # CPU blueprints of the same method (SFT, DPO, GRPO) first, in catalog order
+        runnable = sorted(
+            (bp for bp in catalog.values() if not bp.needs_gpu), key=lambda bp: bp.method.objective != objective
+        )
+        cpu = [bp.id for bp in runnable][:2]
         instead = " or ".join(f"{i!r}" for i in cpu)
         return self.note + (f"; try {instead} (runs on CPU) or" if cpu else "; use") + " the kubernetes backend"
 

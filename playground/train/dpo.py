@@ -19,7 +19,6 @@ from playground.train.data import Sample, load_rows
 from playground.train.preferences import (
     METHOD_SYNTHETIC,
     PreferencePair,
-    check_method_dataset,
     check_rows,
     preference_splits,
 )
@@ -53,7 +52,6 @@ class DpoRecipe(TrlRecipe):
     def build_data(self) -> tuple[list[dict[str, Any]], list[Sample]]:
         spec, settings = self.spec, self.settings
         num_eval = int(settings.num_eval_examples or 50)
-        check_method_dataset("dpo", spec.dataset_source)  # checked before launch too; here for a direct call
         if spec.dataset_source == METHOD_SYNTHETIC:
             train, held = preference_splits(
                 spec.blueprint.dataset.options, num_train=self.synthetic_rows(), num_eval=num_eval, seed=settings.seed
@@ -95,19 +93,12 @@ class DpoRecipe(TrlRecipe):
         per token than the rejected one (mean log-probability, no reference, so the base model has a figure
         too; per token, so a long prose answer is not rejected for its length alone); after training also
         TRL's reward margin on the held-out pairs."""
-        chosen = answer_logprobs(
-            model,
-            self.tokenizer,
-            [Sample(p.prompt, p.chosen) for p in self.eval_pairs],
-            self.settings.max_seq_length,
-            self.device,
-        )
-        rejected = answer_logprobs(
-            model,
-            self.tokenizer,
-            [Sample(p.prompt, p.rejected) for p in self.eval_pairs],
-            self.settings.max_seq_length,
-            self.device,
+        chosen, rejected = (
+            answer_logprobs(model, self.tokenizer, samples, self.settings.max_seq_length, self.runtime.device)
+            for samples in (
+                [Sample(p.prompt, p.chosen) for p in self.eval_pairs],
+                [Sample(p.prompt, p.rejected) for p in self.eval_pairs],
+            )
         )
         wins = sum(c > r for c, r in zip(chosen, rejected, strict=True))
         figures = {"eval_preference_accuracy": wins / max(1, len(chosen))}
@@ -139,9 +130,4 @@ def answer_logprobs(model: Any, tokenizer: Any, samples: list[Sample], max_len: 
     return totals
 
 
-def run(spec: Any, reporter: Any) -> dict[str, Any]:
-    recipe = DpoRecipe(spec, reporter)
-    recipe.setup()
-    metrics = recipe.train()
-    recipe.cleanup()
-    return metrics
+run = DpoRecipe.run  # the entrypoint's hook (playground/train/__main__.py)

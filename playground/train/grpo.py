@@ -19,12 +19,13 @@ from typing import Any, ClassVar
 
 from playground.events import Progress
 from playground.train import kubectl_reward
+from playground.train.checkpoint import latest_trl_checkpoint
 from playground.train.data import Sample, load_rows
 from playground.train.preferences import METHOD_SYNTHETIC, check_rows, kubectl_requests
 from playground.train.recipe import Recipe, save, train_loop
 from playground.train.reporting import Reporter
 from playground.train.settings import TrainSpec
-from playground.train.trl_recipe import TrlRecipe, latest_checkpoint
+from playground.train.trl_recipe import TrlRecipe
 
 # the warm start trains as the SFT blueprint (smollm2-135m-lora-kubectl) does: its peak learning rate and batch
 WARM_START_LEARNING_RATE = 2e-3
@@ -89,7 +90,7 @@ class GrpoRecipe(TrlRecipe):
         return str(warm / "model")
 
     def train(self) -> dict[str, Any]:
-        if self.settings.warm_start_steps and not latest_checkpoint(self.spec.output):
+        if self.settings.warm_start_steps and not latest_trl_checkpoint(self.spec.output):
             self.evaluate_model(self.trainer.model, step=0, prefix="warm_start_")
         return super().train()
 
@@ -126,7 +127,7 @@ class GrpoRecipe(TrlRecipe):
         """The verifiable reward of each sampled answer; every ``sample_every`` steps a few are logged."""
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
         rewards = [kubectl_reward.score(text, want) for text, want in zip(texts, answer, strict=True)]
-        step = self.trainer.state.global_step + 1 if hasattr(self, "trainer") else 1
+        step = self.trainer.state.global_step + 1  # the step these samples train
         every = self.settings.sample_every
         if every and (step == 1 or step % every == 0) and step != self._shown_step:
             self._shown_step = step
@@ -137,8 +138,8 @@ class GrpoRecipe(TrlRecipe):
 
 
 class _WarmStartReporter(Reporter):
-    """The warm start's events as plain log lines of the GRPO run (its own steps would confuse the chart),
-    its held-out figures as ``warm_start_sft_…`` metrics."""
+    """The warm start's events as plain log lines of the GRPO run: its own steps and phases would confuse the
+    chart (its held-out figures come from the GRPO recipe's evaluation, as ``warm_start_…`` metrics)."""
 
     def __init__(self, outer: Reporter) -> None:
         super().__init__(enabled=outer.enabled, stream=outer.stream)
@@ -155,9 +156,4 @@ class _WarmStartReporter(Reporter):
         self.outer.log(f"warm start: {name} {value:.4g}")
 
 
-def run(spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
-    recipe = GrpoRecipe(spec, reporter)
-    recipe.setup()
-    metrics = recipe.train()
-    recipe.cleanup()
-    return metrics
+run = GrpoRecipe.run  # the entrypoint's hook (playground/train/__main__.py)

@@ -622,18 +622,36 @@ def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
             "history": state.history,
             **measured_footprint(recipe),
         }
-        tmp = spec.output / ".metrics.json.tmp"
-        tmp.write_text(json.dumps(_finite_json(metrics), indent=2, allow_nan=False, default=str) + "\n")
-        tmp.replace(spec.output / "metrics.json")
+        write_metrics(spec.output, metrics)
     return metrics
+
+
+def write_metrics(output: Path, metrics: dict[str, Any]) -> None:
+    """``metrics.json`` in ``output``, written atomically (strict JSON: NaN/inf become null)."""
+    tmp = output / ".metrics.json.tmp"
+    tmp.write_text(json.dumps(_finite_json(metrics), indent=2, allow_nan=False, default=str) + "\n")
+    tmp.replace(output / "metrics.json")
+
+
+def peak_memory(runtime: Runtime) -> dict[str, Any]:
+    """This process's peak memory: the allocator's reserved peak on a GPU, RSS on a CPU."""
+    import resource
+
+    import torch
+
+    if runtime.cuda:
+        return {
+            "peak_memory_bytes": int(torch.cuda.max_memory_reserved(runtime.device)),
+            "peak_memory_kind": "gpu_reserved",
+        }
+    rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+    return {"peak_memory_bytes": rss, "peak_memory_kind": "rss"}
 
 
 def measured_footprint(recipe: Recipe) -> dict[str, Any]:
     """What ``playground plan`` learns from a finished run: peak memory of this process (RSS on CPU, the
     allocator's reserved peak on a GPU), trainable parameters, and the tokens and model FLOPs of all
     steps (rank 0's micro-batches × world size: the ranks' shares are the same size)."""
-    import resource
-
     import torch
 
     runtime, data, model = recipe.runtime, recipe.data, recipe.model
@@ -645,14 +663,9 @@ def measured_footprint(recipe: Recipe) -> dict[str, Any]:
         squares += int((lengths * lengths).sum())
         widths += int(lengths.max())
     world = runtime.dist.world_size
-    if runtime.cuda:
-        peak = int(torch.cuda.max_memory_reserved(runtime.device))
-    else:
-        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
     return {
         "trainable_parameters": sum(p.numel() for p in model.trainable),  # FSDP2 DTensors: the global size
-        "peak_memory_bytes": peak,
-        "peak_memory_kind": "gpu_reserved" if runtime.cuda else "rss",
+        **peak_memory(runtime),
         "train_tokens": tokens * world,
         "train_flops": model.flops.batch(tokens, squares) * world,
         "mean_padded_width": round(widths / max(1, micro_steps), 2),

@@ -27,13 +27,19 @@ from playground.events import JobPhase, Progress
 from playground.train import checkpoint, evaluate, kubectl_reward
 from playground.train import model as models
 from playground.train.data import Sample
-from playground.train.recipe import MAX_SYNTHETIC_ROWS, MIN_LR_RATIO, Clock, _finite_json, cpu_threads, init_distributed
+from playground.train.recipe import (
+    MAX_SYNTHETIC_ROWS,
+    MIN_LR_RATIO,
+    Clock,
+    _finite_json,
+    peak_memory,
+    setup_distributed,
+    teardown,
+    write_metrics,
+)
 from playground.train.reporting import Reporter
 from playground.train.save import save_model_dir, unwrap
 from playground.train.settings import Settings, TrainSpec
-
-SETTINGS_FILE = checkpoint.TRL_SETTINGS_FILE
-latest_checkpoint = checkpoint.latest_trl_checkpoint
 
 
 def _checkpointing_argument() -> str:
@@ -65,17 +71,8 @@ class TrlRecipe:
     # --- setup ---------------------------------------------------------------------------------
 
     def setup(self) -> None:
-        import torch
-
-        self.dist = init_distributed()
-        self.reporter.enabled = self.reporter.enabled and self.dist.main
-        self.cuda = torch.cuda.is_available()
-        if not self.cuda:
-            torch.set_num_threads(cpu_threads())
-        self.bf16 = self.cuda and torch.cuda.is_bf16_supported()
-        self.device = torch.device(f"cuda:{self.dist.local_rank}" if self.cuda else "cpu")
-        torch.manual_seed(self.settings.seed)
-        self.plan = self.settings.plan(self.dist.world_size)
+        self.runtime = setup_distributed(self)  # ranks, threads, device, bf16, seed: as the SFT recipe
+        self.plan = self.settings.plan(self.runtime.dist.world_size)
         kind, ref = models.parse_source(self.spec.model_source)
         self.tokenizer = models.load_tokenizer(kind, ref, self.spec.blueprint.model)
         if self.tokenizer.pad_token is None:
@@ -99,7 +96,7 @@ class TrlRecipe:
         self.reporter.log(
             f"{self.objective}: {len(self.train_rows)} training rows, {len(self.eval_samples)} held-out requests; "
             f"model {self.source} ({n_params / 1e6:.2f}M parameters, {n_trainable / 1e6:.2f}M trainable); "
-            f"global batch {self.plan.global_batch} on {self.device} (TRL)"
+            f"global batch {self.plan.global_batch} on {self.runtime.device} (TRL)"
         )
 
     def start_source(self) -> str:
@@ -112,7 +109,7 @@ class TrlRecipe:
         import torch
 
         kind, ref = models.parse_source(source)
-        dtype = torch.bfloat16 if (self.bf16 and kind != "scratch") else torch.float32
+        dtype = torch.bfloat16 if (self.runtime.bf16 and kind != "scratch") else torch.float32
         self.weights_dtype = dtype
         model = models.build_model(
             kind, ref, self.spec.blueprint.model, self.tokenizer, dtype=dtype, seed=self.settings.seed
@@ -145,25 +142,25 @@ class TrlRecipe:
             "save_total_limit": 2,
             "seed": settings.seed,
             "data_seed": settings.seed,
-            "bf16": self.bf16,
-            "use_cpu": not self.cuda,
+            "bf16": self.runtime.bf16,
+            "use_cpu": not self.runtime.cuda,
             "report_to": [],
             "disable_tqdm": True,
             "log_level": "error",
             "eval_strategy": "no",
             "dataloader_num_workers": 0,
             # TRL turns it on by default; on a CPU it only costs time (about a third more per step)
-            _checkpointing_argument(): self.cuda,
+            _checkpointing_argument(): self.runtime.cuda,
         }
 
     # --- train ---------------------------------------------------------------------------------
 
     def train(self) -> dict[str, Any]:
-        resume = latest_checkpoint(self.spec.output) if self.spec.resume else None
+        resume = checkpoint.latest_trl_checkpoint(self.spec.output) if self.spec.resume else None
         if resume is None and self.evaluate_base:
             self.evaluate_model(self.trainer.model, step=0, prefix="base_")  # the headline's "before"
         elif resume is not None:
-            saved = json.loads((resume / SETTINGS_FILE).read_text())
+            saved = json.loads((resume / checkpoint.TRL_SETTINGS_FILE).read_text())
             self.history = list(saved.get("history", []))
             self.clock.wall, self.clock.cpu = float(saved.get("train_seconds", 0)), float(saved.get("train_cpu", 0))
             self.reporter.log(f"resume: continuing from checkpoints/{resume.name}")
@@ -196,9 +193,9 @@ class TrlRecipe:
             ]
             longest = max((len(self.tokenizer(s.answer)["input_ids"]) for s in samples), default=1)
             max_new = min(self.spec.blueprint.serving.max_new_tokens, longest + 8)
-            with self._autocast():
+            with self.runtime.autocast():
                 answers = evaluate.generate_answers(
-                    model, self.tokenizer, prompt_ids, max_new_tokens=max_new, device=self.device
+                    model, self.tokenizer, prompt_ids, max_new_tokens=max_new, device=self.runtime.device
                 )
             results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in samples])
             if self.spec.blueprint.task == "english-to-kubectl":
@@ -213,13 +210,6 @@ class TrlRecipe:
         self.history.append({"step": step, "train_seconds": round(self.clock.wall_total(), 3), **results})
         return results
 
-    def _autocast(self) -> Any:
-        import contextlib
-
-        import torch
-
-        return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
-
     def extra_eval(self, model: Any, *, base: bool) -> dict[str, float]:
         """Held-out figures only this method has (DPO: preference accuracy and margin)."""
         return {}
@@ -230,11 +220,11 @@ class TrlRecipe:
 
         self.reporter.phase(JobPhase.SAVING)
         metrics: dict[str, Any] = {}
-        if not self.dist.main:
+        runtime = self.runtime
+        if not runtime.dist.main:
             return metrics
         save_dtype = torch.bfloat16 if self.weights_dtype == torch.bfloat16 else None
         save_model_dir(self.trainer.model, self.tokenizer, self.spec.output / "model", dtype=save_dtype)
-        import resource
 
         metrics = {
             **final,
@@ -254,27 +244,27 @@ class TrlRecipe:
             "num_train_examples": len(self.train_rows),
             "num_eval_examples": len(self.eval_samples),
             "parameters": sum(p.numel() for p in unwrap(self.trainer.model).parameters()),
-            "device": str(self.device),
-            "world_size": self.dist.world_size,
-            "strategy": "ddp" if self.dist.world_size > 1 else "single",
+            "device": str(runtime.device),
+            "world_size": runtime.dist.world_size,
+            "strategy": "ddp" if runtime.dist.world_size > 1 else "single",
             "global_batch_size": self.plan.global_batch,
             "history": self.history,
-            "peak_memory_bytes": int(torch.cuda.max_memory_reserved(self.device))
-            if self.cuda
-            else int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,
-            "peak_memory_kind": "gpu_reserved" if self.cuda else "rss",
+            **peak_memory(runtime),
         }
-        tmp = self.spec.output / ".metrics.json.tmp"
-        tmp.write_text(json.dumps(_finite_json(metrics), indent=2, allow_nan=False, default=str) + "\n")
-        tmp.replace(self.spec.output / "metrics.json")
+        write_metrics(self.spec.output, metrics)
         return metrics
 
     def cleanup(self) -> None:
-        if self.dist.world_size > 1:
-            import torch.distributed
+        teardown(self)
 
-            torch.distributed.barrier()
-            torch.distributed.destroy_process_group()
+    @classmethod
+    def run(cls, spec: TrainSpec, reporter: Reporter) -> dict[str, Any]:
+        """Train, evaluate and save; returns the final metrics (also written to metrics.json)."""
+        recipe = cls(spec, reporter)
+        recipe.setup()
+        metrics = recipe.train()
+        recipe.cleanup()
+        return metrics
 
     def synthetic_rows(self) -> int:
         """Generated training rows: ``num_train_examples``, else one per example of every step (capped)."""
@@ -350,7 +340,7 @@ class _Events:
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         recipe = self.recipe
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if recipe.dist.main and folder.is_dir():
+        if recipe.runtime.dist.main and folder.is_dir():
             info = {
                 "config": recipe.settings.resume_config(),
                 "objective": recipe.objective,
@@ -358,4 +348,4 @@ class _Events:
                 "train_seconds": recipe.clock.wall_total(),
                 "train_cpu": recipe.clock.cpu_total(),
             }
-            (folder / SETTINGS_FILE).write_text(json.dumps(_finite_json(info), default=str))
+            (folder / checkpoint.TRL_SETTINGS_FILE).write_text(json.dumps(_finite_json(info), default=str))

@@ -86,7 +86,7 @@ def blueprint_notebook(blueprint: Blueprint) -> nbformat.NotebookNode:
     lines = [
         "# Parameters: papermill overrides these (`playground e2e`). Secrets (HF_TOKEN) come from the",
         "# environment only, never from parameters.",
-        'backend = "local"  # local | kubernetes',
+        'backend = "local"  # local | kubernetes | ray | kuberay',
     ]
     for name, value in params.items():
         spec = blueprint.parameters[name]

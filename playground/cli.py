@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "playground.commands.blueprints",  # blueprints, blueprints show
     "playground.commands.jobs",  # train, jobs, logs, cancel, delete
     "playground.commands.plan",  # plan
+    "playground.commands.ray",  # ray status, ray stop
     "playground.commands.data",  # data check, custom
     "playground.serving.commands",  # serve, servers, chat, unserve
     "playground.e2e.commands",  # e2e
@@ -33,41 +34,66 @@ COMMAND_MODULES = (
 
 
 def add_backend_options(parser: argparse.ArgumentParser, *, dry_run: bool = False) -> None:
-    """``--backend`` and the Kubernetes connection flags, shared by every job command."""
+    """``--backend``, the Kubernetes connection flags and the Ray scaling flags, shared by every job command."""
     group = parser.add_argument_group("backend")
-    group.add_argument("--backend", default=None, help="local (default) or kubernetes; env PLAYGROUND_BACKEND")
-    group.add_argument("--namespace", default=None, help="kubernetes: namespace (default: the context's)")
-    group.add_argument("--context", default=None, help="kubernetes: kubeconfig context")
-    group.add_argument("--kubeconfig", default=None, help="kubernetes: kubeconfig file")
+    group.add_argument(
+        "--backend", default=None, help="local (default), kubernetes, ray or kuberay; env PLAYGROUND_BACKEND"
+    )
+    group.add_argument("--namespace", default=None, help="kubernetes, kuberay: namespace (default: the context's)")
+    group.add_argument("--context", default=None, help="kubernetes, kuberay: kubeconfig context")
+    group.add_argument("--kubeconfig", default=None, help="kubernetes, kuberay: kubeconfig file")
     group.add_argument(
         "--trainer",
         default=None,
         help="kubernetes: playground (default: the project's trainer) or builtin-torchtune (opt-in upstream "
         "variant, no live progress); env PLAYGROUND_K8S_TRAINER",
     )
+    group.add_argument(
+        "--workers", type=int, default=None, help="ray: Ray Train workers (default: the blueprint's GPUs, else 1)"
+    )
+    group.add_argument(
+        "--cpus-per-worker", type=float, default=None, help="ray: CPUs per worker (default: the blueprint's, split)"
+    )
     if dry_run:
         group.add_argument(
-            "--dry-run", action="store_true", help="kubernetes: print the manifest as YAML, contact nothing"
+            "--dry-run",
+            action="store_true",
+            help="kubernetes, kuberay, ray: print what would be created as YAML, start nothing",
         )
 
 
+KUBERNETES_OPTIONS = ("namespace", "context", "kubeconfig")
+BACKEND_OPTIONS = {
+    "kubernetes": (*KUBERNETES_OPTIONS, "trainer"),
+    "kuberay": KUBERNETES_OPTIONS,
+    "ray": ("workers", "cpus_per_worker"),
+}
+
+
 def backend_from_args(args: argparse.Namespace):  # -> Backend (imported lazily)
-    """The backend named by ``--backend``/``$PLAYGROUND_BACKEND`` with its options."""
+    """The backend named by ``--backend``/``$PLAYGROUND_BACKEND`` with its options; an option of another backend
+    is a one-line error naming it."""
     import os
 
     from playground.facade import connect
 
     name = args.backend or os.environ.get("PLAYGROUND_BACKEND", "local")
-    options: dict[str, Any] = {}
-    kubernetes_only = ("namespace", "context", "kubeconfig", "trainer")
-    if name == "kubernetes":
-        options = {k: getattr(args, k, None) for k in kubernetes_only}
-        options = {k: v for k, v in options.items() if v is not None}
-    else:
-        used = [f"--{k}" for k in kubernetes_only if getattr(args, k, None)]
-        if used:
-            raise UserError(f"{used[0]} only applies to --backend kubernetes", field=used[0])
-    return connect(name, **options)
+    mine = BACKEND_OPTIONS.get(name, ())
+    for option in dict.fromkeys(o for names in BACKEND_OPTIONS.values() for o in names):
+        if getattr(args, option, None) is not None and option not in mine:
+            flag = f"--{option.replace('_', '-')}"
+            users = " or ".join(f"--backend {b}" for b, names in BACKEND_OPTIONS.items() if option in names)
+            raise UserError(f"{flag} only applies to {users}", field=flag)
+    if name == "ray":
+        workers, cpus = getattr(args, "workers", None), getattr(args, "cpus_per_worker", None)
+        if workers is not None and not 1 <= workers <= 512:
+            raise UserError(f"--workers {workers}: allowed: 1 to 512", field="--workers")
+        if cpus is not None and not 0 < cpus <= 1024:
+            raise UserError(
+                f"--cpus-per-worker {cpus:g}: allowed: more than 0, at most 1024", field="--cpus-per-worker"
+            )
+    options = {k: getattr(args, k, None) for k in mine}
+    return connect(name, **{k: v for k, v in options.items() if v is not None})
 
 
 def print_json(data: Any) -> None:

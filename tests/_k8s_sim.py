@@ -6,7 +6,9 @@ watches that resume from a resourceVersion (410 Gone once compacted), label/fiel
 merge patches, the ``status`` subresource, pod logs (follow, timestamps, sinceSeconds), injected
 faults (401/403/409/422...) and dropped connections. The simulator plays Kubeflow Trainer, JobSet,
 Kueue and KServe: TrainJob → step pods → logs (replayed from a real trainer log) → trainerStatus →
-Complete/Failed; InferenceService → Ready with a URL proxied to a local model server.
+Complete/Failed; InferenceService → Ready with a URL proxied to a local model server. ``KubeRaySimulator`` plays
+KubeRay (and Kueue's RayJob integration): RayJob → RayCluster → head/worker pods → submitter Job replaying a Ray
+driver log → jobDeploymentStatus/jobStatus → Complete/Failed, suspend and deletion.
 """
 
 from __future__ import annotations
@@ -49,12 +51,20 @@ KINDS = {
     "configmaps": "ConfigMap",
     "secrets": "Secret",
     "persistentvolumeclaims": "PersistentVolumeClaim",
+    "rayjobs": "RayJob",
+    "rayclusters": "RayCluster",
+    "jobs": "Job",
+    "workloads": "Workload",
 }
 API_VERSIONS = {
     "trainjobs": "trainer.kubeflow.org/v1alpha1",
     "clustertrainingruntimes": "trainer.kubeflow.org/v1alpha1",
     "trainingruntimes": "trainer.kubeflow.org/v1alpha1",
     "inferenceservices": "serving.kserve.io/v1beta1",
+    "rayjobs": "ray.io/v1",
+    "rayclusters": "ray.io/v1",
+    "jobs": "batch/v1",
+    "workloads": "kueue.x-k8s.io/v1beta2",
 }
 
 
@@ -860,6 +870,7 @@ class Cluster:
         self.thread = threading.Thread(target=self._main, name="k8s-emulator", daemon=True)
         self.emu: ClusterEmulator
         self.sim: TrainerSimulator
+        self.ray: KubeRaySimulator
         self.url = ""
 
     def _main(self) -> None:
@@ -872,6 +883,7 @@ class Cluster:
             self.url = str(server.url).rstrip("/")
             self.sim = TrainerSimulator(emu, self.loop)
             self.sim.emu_url = self.url
+            self.ray = KubeRaySimulator(self.sim)
             self._stop = self.loop.create_future()
             self._ready.set()
             await self._stop
@@ -1106,3 +1118,553 @@ def crd_validator(crd_file: Path, version: str) -> Callable[[dict[str, Any]], li
         return problems + _unknown_fields(schema, obj, "") + cel_violations(schema, obj)
 
     return check
+
+
+# -- KubeRay: RayJob → RayCluster → head/worker pods → submitter Job → Ray job status ----------------------------
+RAY_WORKER_PREFIX = "\x1b[36m(RayTrainWorker pid=123, ip=10.0.0.5)\x1b[0m "
+
+
+def ray_driver_log(trainer_lines: list[str], *, fail: bool = False) -> list[str]:
+    """A Ray Train driver's log around the trainer's output, as ``ray job logs`` streams it: Ray's own lines, every
+    line of rank 0 behind Ray's coloured ``(RayTrainWorker pid=N, ip=A)`` prefix, then the driver's verdict."""
+    lines = [
+        "2026-08-20 10:00:00,000\tINFO worker.py:1660 -- Connecting to existing Ray cluster at address: 10.0.0.4:6379",
+        "2026-08-20 10:00:01,000\tINFO worker.py:1843 -- Connected to Ray cluster. View the dashboard at 10.0.0.4:8265",
+    ]
+    lines += [RAY_WORKER_PREFIX + line for line in trainer_lines]
+    if fail:
+        reason = "RuntimeError: the trainer exited with code 1 (its last lines are above)"
+        lines += [format_event_line(Phase(JobPhase.FAILED, reason)), f"playground.train.on_ray: error: {reason}"]
+    return lines
+
+
+def kuberay_problems(job: dict[str, Any]) -> list[str]:
+    """What KubeRay's own validation (utils/validation.go: ValidateRayJobMetadata/Spec) rejects; the RayJob then
+    ends ValidationFailed. The subset the playground's RayJobs could break."""
+    meta, spec = job.get("metadata") or {}, job.get("spec") or {}
+    name = meta.get("name", "")
+    problems = []
+    if len(name) > 47 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        problems.append("The RayJob metadata is invalid: RayJob name should be a valid DNS1035 label of at most 47")
+    if spec.get("suspend") and not spec.get("shutdownAfterJobFinishes"):
+        problems.append("a RayJob with shutdownAfterJobFinishes set to false is not allowed to be suspended")
+    if (spec.get("ttlSecondsAfterFinished") or 0) < 0:
+        problems.append("TTLSecondsAfterFinished must be a non-negative integer")
+    cluster = spec.get("rayClusterSpec")
+    if not cluster:
+        problems.append("one of RayClusterSpec or ClusterSelector must be set")
+        return problems
+    if not ((cluster.get("headGroupSpec") or {}).get("template") or {}).get("spec", {}).get("containers"):
+        problems.append("headGroupSpec should have at least one container")
+    for group in cluster.get("workerGroupSpecs") or []:
+        low, high = group.get("minReplicas"), group.get("maxReplicas")
+        if not (group.get("template") or {}).get("spec", {}).get("containers"):
+            problems.append("workerGroupSpec should have at least one container")
+        if not cluster.get("enableInTreeAutoscaling") and (low is None or high is None):
+            problems.append(f"worker group {group.get('groupName')} must set both minReplicas and maxReplicas")
+        elif low is not None and high is not None and low > high:
+            problems.append(f"worker group {group.get('groupName')} has minReplicas greater than maxReplicas")
+    if spec.get("activeDeadlineSeconds") is not None and spec["activeDeadlineSeconds"] <= 0:
+        problems.append("activeDeadlineSeconds must be a positive integer")
+    return problems
+
+
+def _rand(k: int = 5) -> str:
+    return "".join(random.choices(string.ascii_lowercase + string.digits, k=k))
+
+
+class KubeRaySimulator:
+    """Plays KubeRay's RayJob and RayCluster controllers, the Job controller, the kubelet and Kueue's RayJob
+    integration against the emulator's store, in the order the real ones act:
+
+    RayJob ADDED → (KubeRay's validation) → New → Initializing (jobId, rayClusterName, startTime) → a suspended one
+    goes Suspending → Suspended (Kueue: a Workload, admission, then ``spec.suspend: false`` → New again) → RayCluster
+    with head and worker pods (Scheduled, Running; a worker Unschedulable first when the scenario says) → cluster
+    ready → the submitter Job named like the RayJob and its pod (``ray job submit``, then ``ray job logs --follow``
+    replaying the scenario's driver log; ``submitter_failures`` first pods that die half way, the next replays the log
+    from its start) → jobStatus PENDING → RUNNING → SUCCEEDED/FAILED and jobDeploymentStatus Complete/Failed →
+    after the TTL the RayCluster is deleted. ``spec.suspend: true`` while Initializing/Running deletes the cluster
+    and the submitter and ends Suspended; Kueue unsuspends an admitted RayJob again unless its Workload was
+    deactivated (``spec.active: false``), which evicts it. Deleting the RayJob deletes what it owns.
+    """
+
+    def __init__(self, trainer: TrainerSimulator) -> None:
+        self.sim = trainer
+        self.emu = trainer.emu
+        self.loop = trainer.loop
+        self.scenario = Scenario()  # node_log: the driver's log lines (see ray_driver_log)
+        self.scenarios: dict[str, Scenario] = {}  # by RayJob name or blueprint label
+        self.submitter_failures = 0  # submitter pods that die half way before one streams the whole log
+        self.cluster_ttl: float | None = 0.05  # stands for spec.ttlSecondsAfterFinished (None: the spec's)
+        self.kueue_delay = 0.01  # how soon Kueue reacts (admission, unsuspending an admitted job)
+        self.emu.hooks.append(self._on_change)
+
+    @property
+    def errors(self) -> list[BaseException]:
+        return self.sim.errors
+
+    # -- reacting to changes (hooks run in the emulator's loop, synchronously) -------------------------------
+    def _on_change(self, etype: str, plural: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        ns, name = meta.get("namespace"), meta.get("name")
+        if plural == "rayjobs":
+            key = f"rayjobs/{ns}/{name}"
+            deployment = (obj.get("status") or {}).get("jobDeploymentStatus", "")
+            suspend = bool((obj.get("spec") or {}).get("suspend"))
+            if etype == "ADDED":
+                self.sim._spawn(key, self._run(ns, name))
+            elif etype == "DELETED":
+                for suffix in ("", "/suspend", "/kueue"):
+                    task = self.sim.tasks.pop(key + suffix, None)
+                    if task:
+                        task.cancel()
+                self._collect(ns, meta.get("uid"), name)
+            elif suspend and deployment in ("Initializing", "Running") and not self._busy(f"{key}/suspend"):
+                task = self.sim.tasks.pop(key, None)
+                if task:
+                    task.cancel()
+                self.sim._spawn(f"{key}/suspend", self._suspend(ns, name))
+            elif not suspend and deployment == "Suspended" and not self._busy(key):
+                self.sim._spawn(key, self._run(ns, name))  # resumed (Kueue admitted it): a new cluster
+        elif plural == "workloads" and etype == "MODIFIED" and self._deactivated(obj):
+            self.sim._spawn(f"workloads/{ns}/{name}/evict", self._evict(ns, name))
+
+    def _deactivated(self, workload: dict[str, Any]) -> bool:
+        """``spec.active: false`` on a Workload not evicted yet (nor being evicted)."""
+        meta = workload.get("metadata") or {}
+        key = f"workloads/{meta.get('namespace')}/{meta.get('name')}/evict"
+        inactive = (workload.get("spec") or {}).get("active") is False
+        return inactive and not self._condition_true(workload, "Evicted") and not self._busy(key)
+
+    def _busy(self, key: str) -> bool:
+        task = self.sim.tasks.get(key)
+        return task is not None and not task.done()
+
+    @staticmethod
+    def _condition_true(obj: dict[str, Any], ctype: str) -> bool:
+        conds = (obj.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == ctype and c.get("status") == "True" for c in conds)
+
+    def _owned(self, plural: str, ns: str, uid: str | None) -> list[dict[str, Any]]:
+        return [
+            o
+            for o in self.emu.items(plural, ns)
+            if any(r.get("uid") == uid for r in (o.get("metadata") or {}).get("ownerReferences") or [])
+        ]
+
+    def _collect(self, ns: str, uid: str | None, name: str) -> None:
+        """Kubernetes' garbage collector: what the deleted RayJob owned (cluster, submitter, pods, Workload, PVC)."""
+        for cluster in self._owned("rayclusters", ns, uid):
+            self._delete_cluster(ns, cluster)
+        for job in self._owned("jobs", ns, uid):
+            self._delete_submitter(ns, job)
+        for plural in ("workloads", "persistentvolumeclaims"):
+            for obj in self._owned(plural, ns, uid):
+                self.emu.delete(plural, ns, obj["metadata"]["name"])
+
+    def _delete_cluster(self, ns: str, cluster: dict[str, Any]) -> None:
+        cname = cluster["metadata"]["name"]
+        for pod in self.emu.items("pods", ns):
+            if (pod["metadata"].get("labels") or {}).get("ray.io/cluster") == cname:
+                self.emu.end_log(ns, pod["metadata"]["name"])
+                self.emu.delete("pods", ns, pod["metadata"]["name"])
+        if ("rayclusters", ns, cname) in self.emu.store:
+            self.emu.delete("rayclusters", ns, cname)
+
+    def _delete_submitter(self, ns: str, job: dict[str, Any]) -> None:
+        jname = job["metadata"]["name"]
+        for pod in self.emu.items("pods", ns):
+            if (pod["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name") == jname:
+                self.emu.end_log(ns, pod["metadata"]["name"])
+                self.emu.delete("pods", ns, pod["metadata"]["name"])
+        if ("jobs", ns, jname) in self.emu.store:
+            self.emu.delete("jobs", ns, jname)
+
+    # -- the RayJob controller -------------------------------------------------------------------------------
+    def _status(self, ns: str, name: str, **status: Any) -> Any:
+        return self.sim._patch("rayjobs", ns, name, {"status": status})
+
+    def _scenario(self, job: dict[str, Any]) -> Scenario:
+        name = job["metadata"]["name"]
+        blueprint = (job["metadata"].get("labels") or {}).get("blueprint-playground.dev/blueprint", "")
+        return self.scenarios.get(name) or self.scenarios.get(blueprint, self.scenario)
+
+    async def _run(self, ns: str, name: str) -> None:
+        job = self.emu.store.get(("rayjobs", ns, name))
+        if job is None:
+            return
+        problems = kuberay_problems(job)
+        if problems:
+            await self.sim._event(ns, "RayJob", name, "InvalidRayJobSpec", f"{ns}/{name}: {problems[0]}", "Warning")
+            await self._status(
+                ns, name, jobDeploymentStatus="ValidationFailed", reason="ValidationFailed", message=problems[0]
+            )
+            return
+        sc = self._scenario(job)
+        await asyncio.sleep(sc.start_delay)
+        queue = (job["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+        if queue and not self._busy(f"rayjobs/{ns}/{name}/kueue") and not self._workload(ns, name):
+            self.sim._spawn(f"rayjobs/{ns}/{name}/kueue", self._admit(ns, name, queue, sc))
+        job_id, cluster_name = f"{name}-{_rand()}", f"{name}-{_rand()}"
+        await self._status(
+            ns,
+            name,
+            jobDeploymentStatus="Initializing",
+            jobStatus="",
+            jobId=job_id,
+            rayClusterName=cluster_name,
+            startTime=now_iso(),
+        )
+        if (self.emu.store[("rayjobs", ns, name)].get("spec") or {}).get("suspend"):
+            return  # the hook moves it on: Suspending → Suspended, until Kueue admits it
+        job = self.emu.store[("rayjobs", ns, name)]
+        cluster = await self._create_cluster(ns, job, cluster_name, sc)
+        if cluster is None:
+            return
+        url = f"{name}-head-svc.{ns}.svc.cluster.local:8265"
+        await self.sim._event(ns, "RayJob", name, "CreatedService", f"Created the service {ns}/{name}-head-svc")
+        await self._status(ns, name, dashboardURL=url, rayClusterStatus=cluster["status"])
+        code = await self._submit(ns, name, job_id, url, sc)
+        current = self.emu.store.get(("rayjobs", ns, name))
+        if current is None or current["status"].get("jobDeploymentStatus") != "Running":
+            return
+        ray_lines = [line for line in sc.node_log][-20:]
+        if code == 0:
+            await self._status(
+                ns,
+                name,
+                jobStatus="SUCCEEDED",
+                jobDeploymentStatus="Complete",
+                endTime=now_iso(),
+                message="Job finished successfully.",
+                succeeded=1,
+            )
+        else:
+            message = (
+                f"Job entrypoint command failed with exit code {code}, last available logs (truncated to "
+                "20,000 chars):\n" + "\n".join(ray_lines)
+            )
+            await self._status(
+                ns,
+                name,
+                jobStatus="FAILED",
+                jobDeploymentStatus="Failed",
+                reason="AppFailed",
+                message=message,
+                endTime=now_iso(),
+                failed=1,
+            )
+        spec = self.emu.store[("rayjobs", ns, name)]["spec"]
+        if spec.get("shutdownAfterJobFinishes"):  # KubeRay deletes the cluster after the TTL
+            ttl = self.cluster_ttl if self.cluster_ttl is not None else spec.get("ttlSecondsAfterFinished", 0)
+            await asyncio.sleep(ttl)
+            current = self.emu.store.get(("rayclusters", ns, cluster_name))
+            if current is not None:
+                self._delete_cluster(ns, current)
+                await self.sim._event(ns, "RayJob", name, "DeletedRayCluster", f"Deleted cluster {ns}/{cluster_name}")
+        await self.emu.notify()
+        await self.emu.notify_logs()
+
+    async def _create_cluster(
+        self, ns: str, job: dict[str, Any], cluster_name: str, sc: Scenario
+    ) -> dict[str, Any] | None:
+        name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+        owner = {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": name, "uid": uid, "controller": True}
+        labels = dict(job["metadata"].get("labels") or {})
+        labels |= {
+            "ray.io/originated-from-cr-name": name,
+            "ray.io/originated-from-crd": "RayJob",
+            "ray.io/job-submission-mode": job["spec"].get("submissionMode", "K8sJobMode"),
+        }
+        cluster = {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayCluster",
+            "metadata": {"name": cluster_name, "namespace": ns, "labels": labels, "ownerReferences": [owner]},
+            "spec": copy.deepcopy(job["spec"]["rayClusterSpec"]),
+        }
+        check = self.emu.validators.get("rayclusters")  # the API server validates what KubeRay creates
+        problems = check(cluster) if check else []
+        if problems:
+            self.errors.append(AssertionError(f"RayCluster {cluster_name} is invalid: {problems}"))
+            return None
+        self.emu.create("rayclusters", ns, cluster)
+        await self.sim._event(ns, "RayJob", name, "CreatedRayCluster", f"Created RayCluster {ns}/{cluster_name}")
+        spec = cluster["spec"]
+        head = await self._ray_pod(ns, cluster_name, "head", "headgroup", spec["headGroupSpec"]["template"])
+        workers = []
+        for group in spec.get("workerGroupSpecs") or []:
+            for _ in range(group.get("replicas", 1)):
+                workers.append(await self._ray_pod(ns, cluster_name, "worker", group["groupName"], group["template"]))
+        if sc.unschedulable_for and workers:
+            cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+            cond["message"] = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+            await self.sim._patch("pods", ns, workers[0], {"status": {"phase": "Pending", "conditions": [cond]}})
+            await self.sim._event(ns, "Pod", workers[0], "FailedScheduling", cond["message"], "Warning")
+            await asyncio.sleep(sc.unschedulable_for)
+        for pod in [head, *workers]:
+            if ("pods", ns, pod) not in self.emu.store:
+                return None
+            await self.sim._event(ns, "Pod", pod, "Scheduled", f"Successfully assigned {ns}/{pod} to sim-node-1")
+            await self.sim._pod_state(ns, pod, "Pending", {"waiting": {"reason": "ContainerCreating"}})
+            await self.sim._pod_state(ns, pod, "Running", {"running": {"startedAt": now_iso()}})
+        replicas = len(workers)
+        status = {
+            "state": "ready",
+            "desiredWorkerReplicas": replicas,
+            "readyWorkerReplicas": replicas,
+            "availableWorkerReplicas": replicas,
+            "lastUpdateTime": now_iso(),
+        }
+        return await self.sim._patch("rayclusters", ns, cluster_name, {"status": status})
+
+    async def _ray_pod(self, ns: str, cluster: str, node_type: str, group: str, template: dict[str, Any]) -> str:
+        labels = dict((template.get("metadata") or {}).get("labels") or {})
+        labels |= {
+            "ray.io/is-ray-node": "yes",
+            "ray.io/cluster": cluster,
+            "ray.io/node-type": node_type,
+            "ray.io/group": group,
+            "ray.io/identifier": f"{cluster}-{node_type}",
+            "app.kubernetes.io/name": "kuberay",
+            "app.kubernetes.io/created-by": "kuberay-operator",
+        }
+        stem = f"{cluster}-head" if node_type == "head" else f"{cluster}-{group}-worker"
+        pod = self.emu.create(
+            "pods",
+            ns,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{stem}-{_rand()}", "labels": labels},
+                "spec": copy.deepcopy(template["spec"]),
+                "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]},
+            },
+        )
+        name = pod["metadata"]["name"]
+        reason = "CreatedHeadPod" if node_type == "head" else "CreatedWorkerPod"
+        await self.sim._event(ns, "RayCluster", cluster, reason, f"Created {node_type} Pod {ns}/{name}")
+        return name
+
+    async def _submit(self, ns: str, name: str, job_id: str, url: str, sc: Scenario) -> int:
+        """The submitter Job and its pods; returns the Ray job's exit code."""
+        rayjob = self.emu.store[("rayjobs", ns, name)]
+        uid = rayjob["metadata"]["uid"]
+        origin = {
+            "ray.io/originated-from-cr-name": name,
+            "ray.io/originated-from-crd": "RayJob",
+            "app.kubernetes.io/created-by": "kuberay-operator",
+        }
+        template = copy.deepcopy(
+            rayjob["spec"].get("submitterPodTemplate")
+            or {"spec": {"containers": [{"name": "ray-job-submitter", "image": "sim"}], "restartPolicy": "Never"}}
+        )
+        template.setdefault("metadata", {}).setdefault("labels", {}).update(origin)
+        container = template["spec"]["containers"][0]
+        entrypoint = rayjob["spec"].get("entrypoint", "")
+        container.setdefault("command", ["/bin/bash", "-ce", "--"])
+        container.setdefault(
+            "args",
+            [
+                f"ray job submit --address http://{url} --no-wait --submission-id {job_id} -- "
+                f"{entrypoint} ; ray job logs --address http://{url} --follow {job_id}"
+            ],
+        )
+        owner = {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": name, "uid": uid, "controller": True}
+        batch = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "labels": dict(origin), "ownerReferences": [owner]},
+            "spec": {"backoffLimit": 2, "template": template},
+        }
+        self.emu.create("jobs", ns, batch)
+        await self.sim._event(ns, "RayJob", name, "CreatedRayJobSubmitter", f"Created Kubernetes Job {ns}/{name}")
+        await self._status(
+            ns, name, jobDeploymentStatus="Running", jobStatus="PENDING", message="Job has not started yet."
+        )
+        driver = list(sc.node_log)
+        for attempt in range(self.submitter_failures + 1):
+            last = attempt == self.submitter_failures
+            labels = {**template["metadata"]["labels"], "batch.kubernetes.io/job-name": name, "job-name": name}
+            pod = self.emu.create(
+                "pods",
+                ns,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"{name}-{_rand()}",
+                        "labels": labels,
+                        "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name}],
+                    },
+                    "spec": copy.deepcopy(template["spec"]),
+                    "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]},
+                },
+            )
+            pname = pod["metadata"]["name"]
+            await self.sim._event(ns, "Job", name, "SuccessfulCreate", f"Created pod: {pname}")
+            await self.sim._pod_state(ns, pname, "Pending", {"waiting": {"reason": "ContainerCreating"}})
+            await self.sim._pod_state(ns, pname, "Running", {"running": {"startedAt": now_iso()}})
+            if attempt == 0:
+                self._log(
+                    ns,
+                    pname,
+                    [
+                        f"Job submission server address: http://{url}",
+                        "",
+                        "-" * 50,
+                        f"Job '{job_id}' submitted successfully",
+                        "-" * 50,
+                        "",
+                        "Next steps",
+                        "  Query the logs of the job:",
+                        f"    ray job logs {job_id}",
+                        "  Query the status of the job:",
+                        f"    ray job status {job_id}",
+                        "  Request the job to be stopped:",
+                        f"    ray job stop {job_id}",
+                        "",
+                    ],
+                )
+                await self._status(ns, name, jobStatus="RUNNING", message="Job is currently running.")
+            lines = driver if last else driver[: len(driver) // 2]
+            for i, line in enumerate(lines):
+                if ("pods", ns, pname) not in self.emu.store:
+                    return 1  # suspended or deleted under it
+                self.emu.append_log(ns, pname, line)
+                if i % 20 == 0 or sc.line_delay:
+                    await self.emu.notify_logs()
+                if sc.line_delay:
+                    await asyncio.sleep(sc.line_delay)
+            if last:
+                verdict = "succeeded" if sc.exit_code == 0 else "failed"
+                tail = ["", "-" * 30, f"Job '{job_id}' {verdict}", "-" * 30, ""]
+                if sc.exit_code:  # `ray job logs` prints the status message: the log's tail once more
+                    tail += [
+                        f"Status message: Job entrypoint command failed with exit code {sc.exit_code}, last "
+                        "available logs (truncated to 20,000 chars):",
+                        *driver[-20:],
+                    ]
+                self._log(ns, pname, tail)
+            self.emu.end_log(ns, pname)
+            await self.emu.notify_logs()
+            code = 0 if last else 1  # `ray job logs --follow` exits 0 whatever the Ray job's verdict
+            term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "finishedAt": now_iso()}
+            await self.sim._pod_state(ns, pname, "Succeeded" if code == 0 else "Failed", {"terminated": term})
+        conds = [{"type": "Complete", "status": "True", "lastTransitionTime": now_iso()}]
+        await self.sim._patch("jobs", ns, name, {"status": {"succeeded": 1, "conditions": conds}})
+        return sc.exit_code
+
+    def _log(self, ns: str, pod: str, lines: list[str]) -> None:
+        for line in lines:
+            self.emu.append_log(ns, pod, line)
+
+    async def _suspend(self, ns: str, name: str) -> None:
+        """KubeRay's Suspending: the cluster and the submitter go, the Ray job's status is reset, then Suspended;
+        Kueue unsuspends a RayJob whose Workload is still admitted and active."""
+        await self._status(ns, name, jobDeploymentStatus="Suspending")
+        job = self.emu.store.get(("rayjobs", ns, name))
+        if job is None:
+            return
+        uid = job["metadata"]["uid"]
+        for cluster in self._owned("rayclusters", ns, uid):
+            self._delete_cluster(ns, cluster)
+            await self.sim._event(
+                ns, "RayJob", name, "DeletedRayCluster", f"Deleted cluster {ns}/{cluster['metadata']['name']}"
+            )
+        for batch in self._owned("jobs", ns, uid):
+            self._delete_submitter(ns, batch)
+            await self.sim._event(
+                ns, "RayJob", name, "DeletedRayJobSubmitter", f"Deleted submitter K8s Job {ns}/{name}"
+            )
+        await self.emu.notify_logs()
+        await self._status(
+            ns,
+            name,
+            jobDeploymentStatus="Suspended",
+            jobStatus="",
+            rayClusterName="",
+            jobId="",
+            dashboardURL="",
+            message="",
+            reason="",
+            rayClusterStatus=None,
+        )
+        self.sim.tasks.pop(f"rayjobs/{ns}/{name}/suspend", None)
+        workload = self._workload(ns, name)
+        if workload is not None and self._condition_true(workload, "Admitted") and workload["spec"].get("active", True):
+            await asyncio.sleep(self.kueue_delay)  # Kueue: "Job admitted, unsuspending"
+            await self.sim._patch("rayjobs", ns, name, {"spec": {"suspend": False}})
+
+    # -- Kueue ----------------------------------------------------------------------------------------------
+    def _workload(self, ns: str, name: str) -> dict[str, Any] | None:
+        job = self.emu.store.get(("rayjobs", ns, name))
+        uid = job["metadata"]["uid"] if job else None
+        found = self._owned("workloads", ns, uid) if uid else []
+        return found[0] if found else None
+
+    async def _admit(self, ns: str, name: str, queue: str, sc: Scenario) -> None:
+        job = self.emu.store[("rayjobs", ns, name)]
+        uid = job["metadata"]["uid"]
+        owner = {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": name, "uid": uid, "controller": True}
+        wname = f"rayjob-{name}-{uuid.uuid4().hex[:5]}"
+        workload = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {"name": wname, "labels": {"kueue.x-k8s.io/job-uid": uid}, "ownerReferences": [owner]},
+            "spec": {"active": True, "queueName": queue, "podSets": []},
+        }
+        self.emu.create("workloads", ns, workload)
+        if sc.hold_queue:
+            msg = "couldn't assign flavors to pod set head: insufficient unused quota for cpu in flavor default"
+            await self.sim._event(ns, "Workload", wname, "Pending", msg)
+            entry = {"metadata": {"name": wname, "namespace": ns, "ownerReferences": [owner]}, "priority": 0}
+            waiting = self.emu.pending_workloads.setdefault((ns, queue), [])
+            waiting.append({**entry, "localQueueName": queue})
+            try:
+                await self.sim.admitted.setdefault(queue, asyncio.Event()).wait()
+            finally:
+                waiting[:] = [w for w in waiting if w["metadata"]["name"] != wname]
+        await asyncio.sleep(self.kueue_delay)
+        current = self.emu.store.get(("workloads", ns, wname))
+        if current is None or current["spec"].get("active") is False:
+            return
+        await self.sim._event(ns, "Workload", wname, "QuotaReserved", f"Quota reserved in ClusterQueue cluster-{queue}")
+        await self.sim._event(ns, "Workload", wname, "Admitted", f"Admitted by ClusterQueue cluster-{queue}")
+        conds = [
+            {"type": t, "status": "True", "reason": t, "message": "", "lastTransitionTime": now_iso()}
+            for t in ("QuotaReserved", "Admitted")
+        ]
+        await self.sim._patch("workloads", ns, wname, {"status": {"conditions": conds}})
+        while True:  # Kueue unsuspends the admitted job once KubeRay reports it suspended (or not yet started)
+            rayjob = self.emu.store.get(("rayjobs", ns, name))
+            if rayjob is None:
+                return
+            deployment = (rayjob.get("status") or {}).get("jobDeploymentStatus", "")
+            if deployment in ("Suspended", "") or not rayjob["spec"].get("suspend"):
+                break
+            pulse = self.emu.pulse()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pulse.wait(), timeout=0.5)
+        await self.sim._patch("rayjobs", ns, name, {"spec": {"suspend": False}})
+        self.sim.tasks.pop(f"rayjobs/{ns}/{name}/kueue", None)
+
+    async def _evict(self, ns: str, wname: str) -> None:
+        """A deactivated Workload: Kueue evicts it and keeps its job suspended (it is never requeued)."""
+        workload = self.emu.store.get(("workloads", ns, wname))
+        if workload is None:
+            return
+        conds = [c for c in (workload.get("status") or {}).get("conditions") or [] if c["type"] != "Admitted"]
+        conds.append(
+            {
+                "type": "Evicted",
+                "status": "True",
+                "reason": "Deactivated",
+                "message": "The workload is deactivated",
+                "lastTransitionTime": now_iso(),
+            }
+        )
+        await self.sim._patch("workloads", ns, wname, {"status": {"conditions": conds}})
+        await self.sim._event(ns, "Workload", wname, "EvictedDueToDeactivated", "The workload is deactivated")
+        for ref in workload["metadata"].get("ownerReferences") or []:
+            if ref.get("kind") == "RayJob" and ("rayjobs", ns, ref["name"]) in self.emu.store:
+                await self.sim._patch("rayjobs", ns, ref["name"], {"spec": {"suspend": True}})

@@ -67,6 +67,32 @@ def trained_tiny_job(session_home: Path):
     return job
 
 
+RAY_CPUS = 4
+
+
+@pytest.fixture(scope="session")
+def ray_home(tmp_path_factory: pytest.TempPathFactory):
+    """A playground home whose local Ray is started once for the session and stopped at its end. It has 4
+    logical CPUs whatever the machine has (Ray only counts them): the two ray notebooks of test_notebooks.py
+    (2 workers × 1 CPU each) run side by side, as the local ones do, and test_ray_backend.py's jobs of 2 workers
+    × 2 CPUs hold all of them."""
+    from playground.backends.ray.backend import RayBackend
+
+    home = tmp_path_factory.mktemp("ray-home")
+    backend = RayBackend(home)
+    saved = os.environ.get("PLAYGROUND_RAY_CPUS")
+    os.environ["PLAYGROUND_RAY_CPUS"] = str(RAY_CPUS)
+    try:
+        backend.local_ray.ensure()
+    finally:
+        if saved is None:
+            os.environ.pop("PLAYGROUND_RAY_CPUS")
+        else:
+            os.environ["PLAYGROUND_RAY_CPUS"] = saved
+    yield home
+    assert backend.stop_local_ray(), "the local Ray died during the session"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One model cache for the session (PLAYGROUND_MODEL_CACHE, inherited by every child process), so

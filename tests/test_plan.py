@@ -137,7 +137,7 @@ def test_a_custom_model_directory_is_planned_from_its_config(tmp_path: Path) -> 
     [
         (["no-such-blueprint"], "no-such-blueprint"),
         (["tiny-llama-cpu", "--set", "batch_size=0"], "batch_size"),
-        (["tiny-llama-cpu", "--backend", "ray"], "--backend"),
+        (["tiny-llama-cpu", "--backend", "slurm"], "--backend"),
         (["tiny-llama-cpu", "--model-source", "/nonexistent/dir"], "/nonexistent/dir"),
     ],
 )

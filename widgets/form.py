@@ -191,7 +191,7 @@ class LaunchForm(ipw.VBox):
         from playground.api import plan_run
 
         try:
-            plan = plan_run(self.blueprint.id, params, backend="kubernetes" if backend != "local" else "local")
+            plan = plan_run(self.blueprint.id, params, backend=backend)
             view = _plan_html(plan, "")
         except UserError as exc:
             view = _plan_html(None, f"plan unavailable: {exc}")

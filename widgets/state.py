@@ -444,8 +444,10 @@ def local_gpu_count() -> int:
 
 def blueprint_notes(blueprint: Blueprint, backend: str = "local", gpus: int | None = None) -> list[str]:
     """Why ``blueprint`` cannot run as it is on ``backend`` here (empty: it can)."""
+    from playground.blueprints.plan import on_machine
+
     notes: list[str] = []
-    if backend == "local":
+    if on_machine(backend) == "local":
         fit = local_fit(blueprint, local_gpu_count() if gpus is None else gpus)
         if not fit.runnable:
             notes.append(fit.advice())

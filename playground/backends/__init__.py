@@ -1,4 +1,5 @@
-"""Backends behind one interface: ``local`` (the embedded default) and ``kubernetes``."""
+"""Backends behind one interface: ``local`` (the embedded default), ``kubernetes`` (Kubeflow Trainer), ``ray``
+(Ray Train through Ray's Job API) and ``kuberay`` (a KubeRay RayJob)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from playground.backends.base import Backend
 from playground.errors import UserError, shown
 
-BACKENDS = ("local", "kubernetes")
+BACKENDS = ("local", "kubernetes", "ray", "kuberay")
 
 
 def get_backend(name: str = "local", **options: Any) -> Backend:
@@ -20,6 +21,14 @@ def get_backend(name: str = "local", **options: Any) -> Backend:
         from playground.backends.kubernetes import KubernetesBackend
 
         return KubernetesBackend(**options)
+    if name == "ray":
+        from playground.backends.ray.backend import RayBackend
+
+        return RayBackend(**options)
+    if name == "kuberay":
+        from playground.backends.ray.kuberay import KubeRayBackend
+
+        return KubeRayBackend(**options)
     raise UserError(f"unknown backend {shown(name)}; allowed: {', '.join(BACKENDS)}", field="backend")
 
 

@@ -497,6 +497,13 @@ def _strategy(setting: str, processes: int, replicated_bytes: int, capacity: int
     return "fsdp" if replicated_bytes > 0.5 * capacity else "ddp"
 
 
+def on_machine(backend: str) -> str:
+    """The machine a backend trains on: ``local`` for local and for ray with its local Ray, else the name."""
+    import os
+
+    return "local" if backend == "ray" and not os.environ.get("RAY_ADDRESS") else backend
+
+
 def make_plan(
     blueprint: Blueprint,
     params: dict[str, Any],
@@ -516,6 +523,7 @@ def make_plan(
 
     source = model_source or blueprint.model.source
     arch = resolve_architecture(blueprint, model_source)
+    backend = on_machine(backend)
     backend_note = None
     gpu_count = blueprint.resources.gpus_per_node * blueprint.resources.nodes
     if backend == "local":

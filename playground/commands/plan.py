@@ -9,7 +9,7 @@ import sys
 from playground.cli import print_json
 from playground.errors import UserError, shown
 
-PLAN_BACKENDS = ("local", "kubernetes")
+PLAN_BACKENDS = ("local", "kubernetes", "ray", "kuberay")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--model-source", default=None, metavar="SRC", help="override the model (local dir or hf://)")
     plan.add_argument("--dataset-source", default=None, metavar="SRC", help="override the dataset (file or hf://)")
     plan.add_argument(
-        "--backend", default=None, help="local (this machine; default) or kubernetes (the blueprint's resources)"
+        "--backend",
+        default=None,
+        help="local or ray (this machine; default: local) or kubernetes, kuberay (the blueprint's resources)",
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=cmd_plan)

@@ -48,10 +48,10 @@ def _job_id(run: NotebookRun) -> str | None:
 def _backend(name: str, home: Path, result: dict[str, Any]):
     from playground.backends import get_backend
 
-    if name == "local":
+    if name in ("local", "ray"):  # the notebook's private home: its jobs (ray: its local Ray, unless RAY_ADDRESS)
         if not home.exists():
             return None
-        return get_backend("local", home=home)
+        return get_backend(name, home=home)
     options = {k: result[k] for k in ("namespace", "context", "kubeconfig") if result.get(k)}
     return get_backend(name, **options)
 

@@ -680,8 +680,9 @@ def _run_label(home: Path) -> str:
 
 def _cleanup_jobs(home: Path, backend: str, emit: Callable[[str], None], name: str, *, quiet: bool = False) -> None:
     """Cancel jobs and stop servers a notebook left behind: in its private local state dir, or on the
-    cluster the TrainJobs labelled with this run (and their InferenceServices)."""
-    if backend == "local" and not home.exists():
+    cluster the jobs labelled with this run (and their InferenceServices); the notebook's local Ray, if it
+    started one, is stopped."""
+    if backend in ("local", "ray") and not home.exists():
         return
     try:
         from playground.facade import connect  # deletes a job with its servers
@@ -692,7 +693,7 @@ def _cleanup_jobs(home: Path, backend: str, emit: Callable[[str], None], name: s
         else:
             from playground.backends.kubernetes.manifests import LABEL_E2E_RUN, LABEL_PREFIX
 
-            be = connect(backend)
+            be = connect(backend, home=home) if backend == "ray" else connect(backend)
             run = _run_label(home)
             jobs = [job for job in be.list() if job.labels.get(LABEL_E2E_RUN.removeprefix(LABEL_PREFIX)) == run]
         ours = {job.id for job in jobs}
@@ -701,9 +702,11 @@ def _cleanup_jobs(home: Path, backend: str, emit: Callable[[str], None], name: s
                 be.cancel(job.id)
                 emit(f"[{name}] cancelled job {job.id} left running by the notebook")
         for endpoint in be.endpoints():
-            if backend == "local" or endpoint.job_id in ours:
+            if backend in ("local", "ray") or endpoint.job_id in ours:
                 be.unserve(endpoint.url)
                 emit(f"[{name}] stopped server {endpoint.url} left running by the notebook")
+        if backend == "ray" and be.backend.is_local and be.backend.stop_local_ray():
+            emit(f"[{name}] stopped the notebook's local Ray")
     except Exception as exc:
         if not quiet:
             emit(f"[{name}] cleanup of {backend} jobs failed: {exc}")

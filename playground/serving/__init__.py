@@ -15,7 +15,11 @@ def servers_for(backend: Any) -> Any:  # -> ModelServers
         from playground.serving.local import LocalServers
 
         return LocalServers(backend.home)
-    if backend.name == "kubernetes":
+    if backend.name == "ray":  # the trained model lands on this machine's disk (or a path every node sees)
+        from playground.serving.local import LocalServers
+
+        return LocalServers(backend.home)
+    if backend.name in ("kubernetes", "kuberay"):
         from playground.serving.kserve import KServeServers
 
         return KServeServers(backend.connection, backend.opts, serve_timeout=backend.serve_timeout, stats=backend.stats)

@@ -158,7 +158,10 @@ def _start_run(spec):
     except Exception as exc:  # tracking never fails training
         print(f"warning: MLflow run tracking is off ({type(exc).__name__}: {scrub(str(exc))})", flush=True)
         return None
-    if tracker is not None:
+    import threading
+
+    # Ray Train runs the trainer in a worker thread, where no signal handler can be set (Ray ends the run).
+    if tracker is not None and threading.current_thread() is threading.main_thread():
         import signal
 
         def cancelled(signum: int, frame: object) -> None:  # a cancel (SIGTERM): the run ends KILLED, then we die

@@ -57,7 +57,8 @@ class Dist:
 
 
 def init_distributed() -> Dist:
-    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; a plain ``python -m`` run is rank 0 of 1."""
+    """torchrun (or Ray Train) sets RANK/WORLD_SIZE/LOCAL_RANK; a plain ``python -m`` run is rank 0 of 1.
+    Ray Train has already joined the process group; torchrun leaves that to us."""
     dist = Dist(
         int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     )
@@ -67,7 +68,8 @@ def init_distributed() -> Dist:
 
         if torch.cuda.is_available():
             torch.cuda.set_device(dist.local_rank)
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return dist
 
 

@@ -294,7 +294,7 @@ def shipped(blueprint: Blueprint) -> bool:
     return path.is_file() and load_blueprint_file(path) == blueprint
 
 
-def _blueprint_args(blueprint: Blueprint, placement: DataPlacement | None) -> list[str]:
+def blueprint_args(blueprint: Blueprint, placement: DataPlacement | None) -> list[str]:
     """``--blueprint ID`` for a shipped blueprint; else its YAML (a blueprint of your own, a few KB of settings,
     never data), with its local data files renamed to where the trainer's pods see them."""
     if shipped(blueprint):
@@ -314,7 +314,7 @@ def _blueprint_args(blueprint: Blueprint, placement: DataPlacement | None) -> li
     return ["--blueprint-yaml", blueprint_yaml(blueprint)]
 
 
-def _playground_trainer(
+def playground_trainer(
     name: str,
     blueprint: Blueprint,
     request: TrainRequest,
@@ -326,7 +326,7 @@ def _playground_trainer(
     from kubeflow_trainer_api import models
 
     res = blueprint.resources
-    args = _blueprint_args(blueprint, placement)
+    args = blueprint_args(blueprint, placement)
     for key in sorted(request.params):
         value = request.params[key]
         args += ["--set", f"{key}={json.dumps(value) if isinstance(value, bool) else value}"]
@@ -464,7 +464,7 @@ def plan_trainjob(blueprint: Blueprint, request: TrainRequest, opts: ClusterOpti
             ),
         )
     if kind == PLAYGROUND:
-        trainer = _playground_trainer(name, blueprint, request, opts, initializers, placement)
+        trainer = playground_trainer(name, blueprint, request, opts, initializers, placement)
     else:
         trainer = _torchtune_trainer(blueprint, request, initializer)
     return TrainJobPlan(

@@ -1,0 +1,221 @@
+"""Which Ray cluster the ``ray`` backend talks to: ``RAY_ADDRESS`` (a cluster's dashboard, e.g.
+``http://head:8265``, Ray's own convention for its Job API), or else a local Ray the playground starts for
+itself — the embedded default — and stops cleanly.
+
+The local Ray is ``ray start --head --block`` in a session of its own, started by the first submit and shared
+by every later process through ``<home>/ray/cluster.json`` (its dashboard URL, the pid of ``ray start`` and the
+resources it was given), so a new process (a reloaded notebook, another CLI call) reattaches to the same jobs.
+Stopping it (``playground ray stop``) ends that session's processes only, never another Ray on the machine
+(``ray stop`` would). Its logs and sockets live in a short temp dir of its own (Unix socket paths are limited
+to 107 bytes). It gets the allow-listed environment (:func:`playground.processes.child_env`), like every job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from playground.errors import BackendError, UserError, shown
+from playground.paths import ensure_writable_dir
+from playground.processes import child_env, process_alive
+
+ADDRESS_ENV = "RAY_ADDRESS"
+CPUS_ENV = "PLAYGROUND_RAY_CPUS"  # the local Ray's CPUs (default: this machine's cores)
+START_TIMEOUT = 120.0  # seconds for a local Ray to answer (imports on a loaded 2-core machine are slow)
+OBJECT_STORE_BYTES = 256 * 1024 * 1024  # the trainer passes nothing through Ray's object store
+STATE_FILE = "cluster.json"
+
+
+@dataclass(frozen=True)
+class LocalRay:
+    """A local Ray head this playground started (what ``cluster.json`` holds)."""
+
+    dashboard_url: str
+    pid: int  # ``ray start --block``: its session holds every Ray process it started
+    cpus: float
+    gpus: float
+    temp_dir: str
+    started_at: float
+
+    def resources(self) -> dict[str, float]:
+        return {"CPU": self.cpus, "GPU": self.gpus}
+
+
+def dashboard_answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether a Ray dashboard (its Job API) answers at ``url``."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/api/version", timeout=timeout) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def remote_address() -> str | None:
+    """``RAY_ADDRESS`` as a Job API URL (``host:port`` → ``http://host:port``); None when unset."""
+    address = os.environ.get(ADDRESS_ENV, "").strip()
+    if not address or address == "auto":
+        return None
+    if address.startswith("ray://"):
+        raise UserError(
+            f"{ADDRESS_ENV} {shown(address)}: the ray backend submits through Ray's Job API; "
+            "allowed: the cluster's dashboard address, e.g. http://head:8265",
+            field=ADDRESS_ENV,
+        )
+    return address if "://" in address else f"http://{address}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _temp_dir(home: Path) -> Path:
+    """A short per-home temp dir for Ray's sessions (sockets live under it)."""
+    digest = hashlib.sha1(str(home).encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"pg-ray-{digest}"
+
+
+def local_cpus() -> float:
+    value = os.environ.get(CPUS_ENV)
+    if value:
+        try:
+            cpus = float(value)
+        except ValueError:
+            cpus = 0.0
+        if not 0 < cpus <= 4096:
+            raise UserError(f"{CPUS_ENV} {shown(value)}: allowed: a number of CPUs above 0", field=CPUS_ENV)
+        return cpus
+    return float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def local_gpus() -> float:
+    from playground.backends.local.gpus import detect_gpus
+
+    return float(detect_gpus())
+
+
+class LocalRayHome:
+    """The local Ray of one playground home: find it, start it, stop it."""
+
+    def __init__(self, home: Path) -> None:
+        self.dir = home / "ray"
+        self.state_file = self.dir / STATE_FILE
+
+    def read(self) -> LocalRay | None:
+        """The recorded local Ray if it still runs, else None (a stale record is removed)."""
+        try:
+            data = json.loads(self.state_file.read_text())
+            cluster = LocalRay(**data)
+        except (OSError, ValueError, TypeError):
+            return None
+        if process_alive(cluster.pid, "ray") and dashboard_answers(cluster.dashboard_url):
+            return cluster
+        return None
+
+    def ensure(self) -> LocalRay:
+        """The running local Ray, started now if there is none (one process starts it; others wait for it)."""
+        import fcntl
+
+        ensure_writable_dir(self.dir, what="Ray state dir")
+        with open(self.dir / "start.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self.read() or self._start()
+
+    def _start(self) -> LocalRay:
+        temp_dir = _temp_dir(self.dir.parent)
+        temp_dir.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        cpus, gpus = local_cpus(), local_gpus()
+        command = [
+            sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--disable-usage-stats",
+            "--port=0", f"--dashboard-port={port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+            f"--num-cpus={cpus:g}", f"--num-gpus={gpus:g}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+            f"--temp-dir={temp_dir}",
+        ]  # fmt: skip
+        log_path = self.dir / "ray-start.log"
+        env = child_env(
+            {
+                "RAY_DEDUP_LOGS": "0",
+                "RAY_USAGE_STATS_ENABLED": "0",
+                # the dashboard's modules (its Job API among them) may take longer than Ray's 30 s on a loaded
+                # 2-core machine: a slow start, not a failed one
+                "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": f"{START_TIMEOUT:g}",
+            }
+        )
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+                raise BackendError(f"the local Ray did not start (exit {proc.returncode}): {' / '.join(tail)}")
+            if dashboard_answers(url, timeout=1.0):
+                cluster = LocalRay(url, proc.pid, cpus, gpus, str(temp_dir), time.time())
+                tmp = self.state_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps(asdict(cluster)))
+                tmp.replace(self.state_file)
+                return cluster
+            time.sleep(0.5)
+        _stop_session(proc.pid, grace=5.0)
+        raise BackendError(f"the local Ray did not answer within {START_TIMEOUT:g}s; see {log_path}")
+
+    def stop(self, grace: float = 15.0) -> bool:
+        """Stop the local Ray (its jobs end with it); whether one was running."""
+        try:
+            data = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return False
+        pid = int(data.get("pid") or 0)
+        running = process_alive(pid, "ray")
+        if running:
+            _stop_session(pid, grace=grace)
+        with contextlib.suppress(OSError):
+            self.state_file.unlink()
+        return running
+
+
+def _session_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (zombies left to an init that does not reap them do not count)."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+    return members
+
+
+def _stop_session(pid: int, *, grace: float) -> None:
+    """SIGTERM to the whole session of ``ray start --block`` (raylet, GCS, dashboard, workers: start_new_session
+    made its pid the group id), then SIGKILL to whatever is left after ``grace`` seconds."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)  # our own child (this process started it): reaped, not a zombie
+        if not _session_members(pid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, 0)

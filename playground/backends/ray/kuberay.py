@@ -1,0 +1,692 @@
+"""The ``kuberay`` backend: blueprint jobs as KubeRay ``RayJob``s (Ray Train on Kubernetes), served by KServe.
+
+It is the Kubernetes backend with a RayJob in place of the TrainJob: the same connection, options (namespace,
+context, kubeconfig, Kueue queue, HF token Secret, image, TTL, booth policy), labels and owner filtering, the same
+watches (one per resource kind, resumed from the last resourceVersion) and log followers, and the same workspace
+PVC that KServe serves from. What differs, by concern:
+
+- manifests (:mod:`.rayjob`): ``spec.entrypoint`` runs ``python -m playground.train.on_ray`` (Ray Train's
+  ``TorchTrainer`` around the project's trainer) with the TrainJob's trainer arguments; ``spec.rayClusterSpec`` is a
+  head and one worker group sized from the blueprint; the workspace PVC is created beside the RayJob (and owned by it).
+- phases: ``status.jobDeploymentStatus`` (New, Initializing, Running, Complete, Failed, Suspended…) and
+  ``status.jobStatus`` (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), the pods' problems while the cluster comes up,
+  then the trainer's own events for Initializing/Training/Saving.
+- logs: the submitter pod's (KubeRay's K8sJobMode runs ``ray job submit`` then ``ray job logs --follow`` in a batch
+  Job named like the RayJob): the driver's log, with Ray's ``(RayTrainWorker pid=N, ip=A)`` prefixes and colours
+  removed (:mod:`.logs`). A retried submitter replays the log from the start: each line is emitted once.
+- cancel: ``spec.suspend: true`` (KubeRay deletes the RayCluster and the submitter, the RayJob stays, marked
+  cancelled); a Kueue-managed RayJob's Workload is deactivated first (``spec.active: false``), or Kueue would
+  unsuspend it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+from playground.backends.kubernetes import manifests as m
+from playground.backends.kubernetes import queue as kueue
+from playground.backends.kubernetes.backend import KubernetesBackend
+from playground.backends.kubernetes.datafiles import in_pod, own_pod_claims
+from playground.backends.kubernetes.status import RANK, event_matches, finished, pod_problem, started
+from playground.backends.kubernetes.watch import (
+    LogEnded,
+    LogFollower,
+    LogLine,
+    ObjectChanged,
+    ResourceWatcher,
+    Synced,
+    WatchFailed,
+    WatchItem,
+)
+from playground.backends.ray import rayjob as rj
+from playground.backends.ray.logs import clean_line, ray_event
+from playground.blueprints import get_blueprint
+from playground.booth import BoothPolicy, owner_key
+from playground.errors import BackendError, JobNotFound, UserError, shown
+from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress, Queued
+from playground.types import Job, TrainRequest
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+WORKLOADS = "workloads.kueue.x-k8s.io"
+PVCS = "persistentvolumeclaims"
+TAIL_LINES = 200  # of the driver's log read by ``get`` (progress, metrics, a failure's last lines)
+
+
+def check_trainer(trainer: str | None) -> None:
+    """The kuberay backend runs only the project's trainer (under Ray Train): a one-line error otherwise."""
+    for value, setting in ((trainer, "trainer"), (os.environ.get("PLAYGROUND_K8S_TRAINER"), "PLAYGROUND_K8S_TRAINER")):
+        if value and value != m.PLAYGROUND:
+            raise UserError(
+                f"{setting} {shown(value)}: the kuberay backend runs the playground trainer under Ray Train "
+                f"(builtin-torchtune runs on Kubeflow Trainer: --backend kubernetes); allowed: {m.PLAYGROUND}",
+                field=setting,
+            )
+        if value:  # an explicit choice wins over the env
+            return
+
+
+class KubeRayBackend(KubernetesBackend):
+    """Blueprint jobs as KubeRay RayJobs, served by KServe. Options fall back to env (PLAYGROUND_*)."""
+
+    name = "kuberay"
+
+    def __init__(
+        self,
+        namespace: str | None = None,
+        context: str | None = None,
+        kubeconfig: str | None = None,
+        *,
+        queue: str | None = None,
+        hf_token_secret: str | None = None,
+        image: str | None = None,
+        trainer: str | None = None,
+        ttl_seconds_after_finished: int | None = None,
+        watch_timeout: int = 600,
+        serve_timeout: float = 600.0,
+        drain_timeout: float = 15.0,
+        labels: dict[str, str] | None = None,
+        policy: BoothPolicy | None = None,
+    ) -> None:
+        check_trainer(trainer)
+        super().__init__(
+            namespace,
+            context,
+            kubeconfig,
+            queue=queue,
+            hf_token_secret=hf_token_secret,
+            image=image,
+            trainer=m.PLAYGROUND,
+            ttl_seconds_after_finished=ttl_seconds_after_finished,
+            watch_timeout=watch_timeout,
+            serve_timeout=serve_timeout,
+            drain_timeout=drain_timeout,
+            labels=labels,
+            policy=policy,
+        )
+
+    # -- manifests (no cluster) ------------------------------------------------------------------
+    def _plan(self, request: TrainRequest, name: str | None = None) -> rj.RayJobPlan:  # type: ignore[override]
+        blueprint = get_blueprint(request.blueprint_id)
+        name = name or m.new_job_name(blueprint.id)
+        opts = self.opts
+        if not opts.data_claims and m.local_data_files(blueprint, request) and in_pod():
+            # Your file on this notebook pod's volume: the same claim is mounted in the Ray pods.
+            opts = dataclasses.replace(opts, data_claims=tuple(own_pod_claims(lambda: self.core)))
+        return rj.plan_rayjob(blueprint, request, opts, name)
+
+    def render_train(self, request: TrainRequest) -> str:
+        return rj.to_yaml(self._plan(request))
+
+    # -- jobs -----------------------------------------------------------------------------------
+    def prepare(self, request: TrainRequest) -> rj.RayJobPlan:  # type: ignore[override]
+        return self._plan(request)  # bad input fails here, before the cluster is contacted
+
+    def _rayjobs(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.custom, method)(rj.GROUP, rj.VERSION, *args, **kwargs)
+
+    def create(self, request: TrainRequest, prepared: rj.RayJobPlan) -> Job:  # type: ignore[override]
+        """The workspace PVC, then the RayJob (the PVC is removed again if the RayJob cannot be created), then the
+        PVC's owner reference to the RayJob so that deleting the RayJob by any means deletes its workspace."""
+        from kubernetes.client.exceptions import ApiException
+
+        plan = prepared
+        claim = rj.build_workspace_pvc(plan)
+        try:
+            self.core.create_namespaced_persistent_volume_claim(self.namespace, claim)
+        except Exception as exc:
+            raise self._error(exc, "create", PVCS, plan.workspace_claim) from None
+        try:
+            created = self._rayjobs(
+                "create_namespaced_custom_object", self.namespace, rj.RAYJOB_PLURAL, rj.build_rayjob(plan)
+            )
+        except Exception as exc:
+            self._delete_claim(plan.name)
+            if isinstance(exc, ApiException) and exc.status == 404:
+                raise BackendError(
+                    f"the cluster has no RayJob API ({rj.GROUP}/{rj.VERSION}): install the KubeRay operator "
+                    "(helm install kuberay-operator kuberay/kuberay-operator), or use --backend kubernetes",
+                    field="backend",
+                ) from None
+            raise self._error(exc, "create", rj.RAYJOBS, plan.name) from None
+        owned = {"metadata": {"ownerReferences": [rj.owner_reference(created)]}}
+        with contextlib.suppress(Exception):  # best effort: ``delete`` deletes the claim with the job anyway
+            self.core.patch_namespaced_persistent_volume_claim(plan.workspace_claim, self.namespace, owned)
+        return self.get(plan.name)
+
+    def _get_rayjob(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
+        """The RayJob; JobNotFound when it does not exist or (with ``owner``) is someone else's."""
+        from kubernetes.client.exceptions import ApiException
+
+        not_found = JobNotFound(f"no RayJob {job_id!r} in namespace {self.namespace!r}", field="job")
+        try:
+            obj = self._rayjobs("get_namespaced_custom_object", self.namespace, rj.RAYJOB_PLURAL, job_id)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise not_found from None
+            raise self._error(exc, "get", rj.RAYJOBS, job_id) from None
+        except Exception as exc:
+            raise self._error(exc, "get", rj.RAYJOBS, job_id) from None
+        labels = rj.RayJobView.from_dict(obj).metadata.labels
+        if labels.get(m.LABEL_MANAGED) != m.MANAGED_BY:
+            raise not_found  # a RayJob the playground did not make
+        if owner is not None and labels.get(m.LABEL_OWNER) != owner_key(owner):
+            raise not_found  # someone else's job: reported like an unknown one
+        return obj
+
+    def _pod_selector(self, job_id: str) -> str:
+        return f"{m.LABEL_JOB}={job_id},{rj.LABEL_RAY_ROLE}"
+
+    def _pods(self, job_id: str) -> list[dict[str, Any]]:
+        try:
+            resp = self.core.list_namespaced_pod(
+                self.namespace, label_selector=self._pod_selector(job_id), _preload_content=False
+            )
+        except Exception as exc:
+            raise self._error(exc, "list", "pods") from None
+        return json.loads(resp.data).get("items") or []
+
+    def _driver_tail(self, pods: list[dict[str, Any]]) -> list[str] | None:
+        """The last lines of the driver's log (the newest submitter pod that ran); None when there is none."""
+        ran = [p for p in rj.submitters(pods) if started(p)]
+        if not ran:
+            return None
+        try:
+            text = self.core.read_namespaced_pod_log(
+                rj.pod_name(ran[-1]), self.namespace, container=rj.SUBMITTER_CONTAINER, tail_lines=TAIL_LINES
+            )
+        except Exception:  # the log is a courtesy; the phase is what matters
+            return None
+        return str(text).splitlines()
+
+    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+        obj = self._get_rayjob(job_id, owner)
+        pods = self._pods(job_id)
+        lines = self._driver_tail(pods)
+        job = rj.to_job(obj, pods, rj.LogSummary.read(lines) if lines is not None else None)
+        view = rj.RayJobView.from_dict(obj)
+        queue_name = view.metadata.labels.get(m.QUEUE_LABEL)
+        if queue_name and job.phase == JobPhase.PENDING and view.spec.suspend:
+            job.queue_position = pending_position(self.custom.api_client, self.namespace, queue_name, job_id)
+            if job.queue_position is not None:  # else the message stays "... waiting for admission"
+                job.message = f"queued in Kueue queue {queue_name!r}: position {job.queue_position}"
+        return job
+
+    def list(self, *, owner: str | None = None) -> list[Job]:
+        try:
+            data = self._rayjobs(
+                "list_namespaced_custom_object",
+                self.namespace,
+                rj.RAYJOB_PLURAL,
+                label_selector=f"{m.LABEL_MANAGED}={m.MANAGED_BY}{m.owner_selector(owner)}",
+            )
+        except Exception as exc:
+            raise self._error(exc, "list", rj.RAYJOBS) from None
+        jobs = [rj.to_job(obj, None) for obj in data.get("items") or []]
+        return sorted(jobs, key=lambda j: j.created_at, reverse=True)
+
+    # -- events ---------------------------------------------------------------------------------
+    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+        obj = self._get_rayjob(job_id, owner)  # JobNotFound before anything starts
+        view = rj.RayJobView.from_dict(obj)
+        yield Phase(
+            JobPhase.PENDING, "RayJob created", time=rj.seconds(view.metadata.creation_timestamp) or time.time()
+        )
+        state = RayJobState(job_id, rank=0, phase=JobPhase.PENDING, reason="RayJob created")
+        if not follow:
+            yield from self._history(state, job_id)
+            return
+        inbox: queue.Queue = queue.Queue()
+        watchers: list[Any] = self.watchers(job_id, inbox.put, threading.Event())
+        queue_name = view.metadata.labels.get(m.QUEUE_LABEL)
+        if queue_name:  # Kueue's pending position, where its visibility API answers
+            watchers.append(
+                kueue.QueuePoller(
+                    partial(pending_position, self.custom.api_client, self.namespace, queue_name, job_id),
+                    lambda: state.phase in (None, JobPhase.PENDING),
+                    inbox.put,
+                    threading.Event(),
+                    interval=self.queue_poll_seconds,
+                )
+            )
+        session = RayJobFollow(
+            state=state,
+            watchers=watchers,
+            follower=partial(self._log_follower, stats=self.stats),
+            inbox=inbox,
+            drain_timeout=self.drain_timeout,
+            fail=lambda kind, exc: self._error(exc, "watch", rj.RAYJOBS if kind == "rayjob" else "pods"),
+        )
+        yield from session.events()
+
+    def _log_follower(self, pod: dict[str, Any], sink: Callable[[WatchItem], None], stop: threading.Event, **kw: Any):
+        name = rj.pod_name(pod)
+        return LogFollower(self.core, self.namespace, name, rj.SUBMITTER_CONTAINER, name, sink, stop, **kw)
+
+    def _history(self, state: RayJobState, job_id: str) -> Iterator[Event]:
+        """The whole story as it stands (no follow): pods, Events, the driver's log, then the RayJob."""
+        obj, pods = self._get_rayjob(job_id), self._pods(job_id)
+        state.job = obj
+        for pod in pods:
+            yield from state.on_pod("ADDED", pod)
+        for ev in self._namespace_events():
+            yield from state.on_event(ev)
+        for pod in rj.submitters(pods):
+            if not started(pod):
+                continue
+            items: list[WatchItem] = []
+            self._log_follower(pod, items.append, threading.Event(), follow=False, stats=self.stats).run()
+            for item in items:
+                if isinstance(item, LogLine):
+                    yield from state.on_log(item.source, item.line)
+                elif isinstance(item, LogEnded) and item.error is not None:
+                    yield from state.on_log_lost(item.source)
+        yield from state.on_job("MODIFIED", obj)  # after the log: it is the finer source
+        end = state.final_phase()
+        if end is not None:
+            yield end
+
+    def watchers(self, job_id: str, sink: Any, stop: threading.Event) -> list[ResourceWatcher]:
+        """One watch per resource kind for a job: its RayJob, its Ray pods (head, workers, submitter), Events."""
+        ns, t = self.namespace, self.watch_timeout
+        rayjob = partial(
+            self.custom.list_namespaced_custom_object,
+            rj.GROUP,
+            rj.VERSION,
+            ns,
+            rj.RAYJOB_PLURAL,
+            field_selector=f"metadata.name={job_id}",
+        )
+        pods = partial(self.core.list_namespaced_pod, ns, label_selector=self._pod_selector(job_id))
+        events = partial(self.core.list_namespaced_event, ns)
+        return [
+            ResourceWatcher(kind, call, sink, stop, timeout_seconds=t, stats=self.stats)
+            for kind, call in (("rayjob", rayjob), ("pod", pods), ("event", events))
+        ]
+
+    # -- control --------------------------------------------------------------------------------
+    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+        """Suspend the RayJob (KubeRay deletes its RayCluster and submitter; the RayJob stays) and mark it cancelled;
+        under Kueue, deactivate its Workload first so that Kueue does not admit and unsuspend it again."""
+        job = self.get(job_id, owner=owner)
+        if job.done:
+            return job
+        obj = self._get_rayjob(job_id)
+        problem: BackendError | None = None
+        if m.QUEUE_LABEL in rj.RayJobView.from_dict(obj).metadata.labels:
+            try:
+                self._deactivate_workloads(obj)
+            except BackendError as exc:
+                problem = exc
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"annotations": {m.ANN_CANCELLED: "true", rj.ANN_CANCELLED_AT: now}},
+            "spec": {"suspend": True},
+        }
+        try:
+            self._rayjobs("patch_namespaced_custom_object", self.namespace, rj.RAYJOB_PLURAL, job_id, body)
+        except Exception as exc:
+            raise self._error(exc, "patch", rj.RAYJOBS, job_id) from None
+        if problem is not None:
+            raise BackendError(
+                f"RayJob {job_id!r} is suspended, but its Kueue Workload could not be deactivated, so Kueue may "
+                f"admit it again: {problem}",
+                field="job",
+            )
+        return self.get(job_id)
+
+    def _deactivate_workloads(self, rayjob: dict[str, Any]) -> None:
+        """``spec.active: false`` on the Kueue Workloads the RayJob owns (Kueue's documented way to stop a workload
+        for good); nothing when the cluster has no Kueue."""
+        from kubernetes.client.exceptions import ApiException
+
+        meta = rj.RayJobView.from_dict(rayjob).metadata
+        for version in KUEUE_VERSIONS:
+            try:
+                data = self.custom.list_namespaced_custom_object(KUEUE_GROUP, version, self.namespace, "workloads")
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue  # this version is not served (or no Kueue at all)
+                raise self._error(exc, "list", WORKLOADS) from None
+            except Exception as exc:
+                raise self._error(exc, "list", WORKLOADS) from None
+            for workload in data.get("items") or []:
+                wmeta = workload.get("metadata") or {}
+                refs = wmeta.get("ownerReferences") or []
+                if any(
+                    r.get("kind") == "RayJob" and r.get("uid") in (meta.uid, None) and r.get("name") == meta.name
+                    for r in refs
+                ):
+                    try:
+                        self.custom.patch_namespaced_custom_object(
+                            KUEUE_GROUP,
+                            version,
+                            self.namespace,
+                            "workloads",
+                            wmeta["name"],
+                            {"spec": {"active": False}},
+                        )
+                    except Exception as exc:
+                        raise self._error(exc, "patch", WORKLOADS, wmeta["name"]) from None
+            return
+
+    def _delete_claim(self, job_id: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        name = m.workspace_pvc(job_id, m.PLAYGROUND)
+        try:
+            self.core.delete_namespaced_persistent_volume_claim(name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise self._error(exc, "delete", PVCS, name) from None
+        except Exception as exc:
+            raise self._error(exc, "delete", PVCS, name) from None
+
+    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+        """Delete the RayJob (KubeRay stops the Ray job; its RayCluster and submitter go with it) and its workspace."""
+        from kubernetes.client.exceptions import ApiException
+
+        self._get_rayjob(job_id, owner)
+        try:
+            self._rayjobs("delete_namespaced_custom_object", self.namespace, rj.RAYJOB_PLURAL, job_id)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise self._error(exc, "delete", rj.RAYJOBS, job_id) from None
+        except Exception as exc:
+            raise self._error(exc, "delete", rj.RAYJOBS, job_id) from None
+        self._delete_claim(job_id)
+
+
+def is_workload_of(item: dict[str, Any], job_name: str) -> bool:
+    """Whether a pending Kueue Workload belongs to the RayJob ``job_name`` (Kueue names it ``rayjob-<name>-<hash>``)."""
+    meta = item.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "RayJob" and ref.get("name") == job_name:
+            return True
+    return str(meta.get("name", "")).startswith(f"rayjob-{job_name}-")
+
+
+def pending_position(api_client: Any, namespace: str, queue_name: str, job_name: str) -> int | None:
+    """The RayJob's place in its LocalQueue from Kueue's visibility API (1 = next); None when it does not answer."""
+    for version in kueue.VISIBILITY_VERSIONS:
+        path = (
+            f"/apis/{kueue.VISIBILITY_GROUP}/{version}/namespaces/{namespace}/localqueues/{queue_name}/pendingworkloads"
+        )
+        try:
+            data = api_client.call_api(
+                path, "GET", response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True,
+                _request_timeout=10,
+            )  # fmt: skip
+        except Exception as exc:
+            if getattr(exc, "status", None) == 404:
+                continue
+            return None  # forbidden, unavailable, unreachable: advisory only
+        for item in (data or {}).get("items") or []:
+            if is_workload_of(item, job_name):
+                return int(item.get("positionInLocalQueue") or 0) + 1
+        return None
+    return None
+
+
+# -- following one RayJob -------------------------------------------------------------------------------------
+@dataclass
+class RayJobState:
+    """Turns raw cluster changes (the RayJob, its pods, Events, the driver's log) into typed events, each once.
+
+    Phases only move forward, except that a still Pending job says so again when the reason changes (queued in
+    Kueue → creating the Ray cluster → a pod Unschedulable…). The trainer's ``@@playground`` lines drive
+    Initializing/Training/Saving and progress while the driver's log can be read; KubeRay's status says when it
+    ends. A retried submitter pod prints the log again from the start: a line is emitted only the first time.
+    """
+
+    job_name: str
+    job: dict[str, Any] | None = None
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rank: int = -1
+    phase: JobPhase | None = None
+    reason: str = ""
+    seen: set[tuple[Any, ...]] = field(default_factory=set)
+    metrics: dict[str, float] = field(default_factory=dict)
+    latest: Progress | None = None
+    logs_lost: bool = False  # the driver's log could not be read to its end: KubeRay's status drives the phases
+    trainer_failure: str = ""
+    lines: list[str] = field(default_factory=list)  # the driver's lines so far (a failure's tail)
+    counts: dict[str, Counter] = field(default_factory=dict)  # per submitter pod: how often each line came
+    most: Counter = field(default_factory=Counter)  # the most times a line came from one pod
+    closed: set[str] = field(default_factory=set)  # submitter pods past their log's end (its repeated tail)
+
+    def _phase(self, phase: JobPhase, reason: str) -> list[Event]:
+        rank = RANK[phase]
+        if phase.terminal or rank < self.rank:
+            return []
+        if rank == self.rank and (phase != JobPhase.PENDING or reason == self.reason):
+            return []
+        self.rank, self.phase, self.reason = rank, phase, reason
+        return [Phase(phase, reason)]
+
+    def _progress(self, point: Progress) -> list[Event]:
+        if self.latest is not None and point.fraction <= self.latest.fraction:
+            return []
+        self.latest = point
+        return [*self._phase(JobPhase.TRAINING, "training"), point]
+
+    def _once(self, key: tuple[Any, ...], event: Event) -> list[Event]:
+        if key in self.seen:
+            return []
+        self.seen.add(key)
+        return [event]
+
+    def _cluster(self) -> list[Event]:
+        if self.job is None:
+            return []
+        phase, reason = rj.cluster_phase(self.job, list(self.pods.values()), refine=not self.logs_lost)
+        return self._phase(phase, reason)
+
+    def on_job(self, etype: str, obj: dict[str, Any]) -> list[Event]:
+        if etype == "DELETED":
+            self.job = None
+            return []
+        self.job = obj
+        status = rj.RayJobView.from_dict(obj).status
+        out: list[Event] = []
+        if status.job_deployment_status:  # KubeRay's state machine, one line per step
+            ray = status.job_status or "not submitted"
+            cluster = f", cluster {status.ray_cluster_name}" if status.ray_cluster_name else ""
+            key = ("rayjob", status.job_deployment_status, status.job_status)
+            out += self._once(key, ClusterEvent("RayJob", status.job_deployment_status, f"Ray job {ray}{cluster}"))
+        return out + self._cluster()
+
+    def on_pod(self, etype: str, pod: dict[str, Any]) -> list[Event]:
+        name = rj.pod_name(pod)
+        if rj.pod_role(pod) is None:
+            return []
+        if etype == "DELETED":
+            self.pods.pop(name, None)
+            return []
+        self.pods[name] = pod
+        out: list[Event] = []
+        problem = pod_problem(pod)
+        if problem:
+            out += self._once(("pod", name, *problem), ClusterEvent("Pod", problem[0], f"{name}: {problem[1]}"))
+        return out + self._cluster()
+
+    def on_event(self, ev: dict[str, Any]) -> list[Event]:
+        if not event_matches(ev, self.job_name):
+            return []
+        meta = ev.get("metadata") or {}
+        inv = ev.get("involvedObject") or ev.get("regarding") or {}
+        kind = "Queue" if inv.get("kind") == "Workload" else inv.get("kind") or "Event"
+        message = ev.get("message") or ev.get("note") or ""
+        key = ("event", meta.get("uid") or meta.get("name"))
+        return self._once(key, ClusterEvent(kind, ev.get("reason") or "", f"{inv.get('name', '')}: {message}"))
+
+    def on_log(self, pod: str, line: str) -> list[Event]:
+        text = clean_line(line)
+        if pod in self.closed:
+            return []
+        if text.startswith(rj.EPILOGUE):  # `ray job logs` repeats the log's tail after a failure: the end
+            self.closed.add(pod)
+            return []
+        if not text.strip():
+            return []
+        counts = self.counts.setdefault(pod, Counter())
+        counts[text] += 1
+        if counts[text] <= self.most[text]:
+            return []  # a retried submitter replaying what an earlier one printed
+        self.most[text] = counts[text]
+        if rj.is_submitter_line(text):  # the submitter's own chatter: only the news, once
+            return self._once(("submitter", text), Log("submitter", text)) if rj.is_submitter_news(text) else []
+        self.lines.append(line)
+        del self.lines[:-200]
+        event = ray_event(line)
+        if isinstance(event, Phase):
+            if event.phase == JobPhase.FAILED:  # the first one is the cause; the driver's wraps it
+                self.trainer_failure = self.trainer_failure or event.reason
+            if event.phase.terminal:
+                return []  # KubeRay's status is the verdict
+            if event.phase == JobPhase.PENDING and self.rank > 0:  # the driver waits for the workers' resources
+                return self._once(("waiting", event.reason), ClusterEvent("Ray", "WaitingForResources", event.reason))
+            return self._phase(event.phase, event.reason)
+        if isinstance(event, Progress):
+            return self._progress(event)
+        if isinstance(event, Metric):
+            if self.metrics.get(event.name) == event.value:
+                return []
+            self.metrics[event.name] = event.value
+        return [event]
+
+    def on_log_lost(self, pod: str) -> list[Event]:
+        """The driver's log cannot be read (any more): KubeRay's status alone moves the phase on."""
+        if self.logs_lost:
+            return []
+        self.logs_lost = True
+        return self._cluster()
+
+    def terminal(self) -> tuple[JobPhase, str] | None:
+        if self.job is None:
+            return None
+        phase, reason = rj.cluster_phase(self.job, list(self.pods.values()))
+        if not phase.terminal:
+            return None
+        if phase == JobPhase.FAILED and self.trainer_failure and self.trainer_failure not in reason:
+            reason = f"{reason}; trainer: {self.trainer_failure}"
+        return phase, reason
+
+    def final_phase(self) -> Phase | None:
+        """The terminal Phase event, with the driver's last plain log lines when it failed."""
+        end = self.terminal()
+        if end is None:
+            return None
+        phase, reason = end
+        if phase == JobPhase.FAILED:
+            tail = rj.LogSummary.read(self.lines).plain[-3:]
+            if tail:
+                reason = f"{reason}; last log lines: {' | '.join(tail)}"
+        return Phase(phase, reason)
+
+
+@dataclass
+class RayJobFollow:
+    """A live follow of one RayJob: watchers (RayJob, pods, Events), one log follower per submitter pod that ran.
+
+    It ends when the RayJob is terminal, every watcher has delivered its first list, and the followed logs are
+    drained (or ``drain_timeout`` passed since the job ended).
+    """
+
+    state: RayJobState
+    watchers: list[Any]  # ResourceWatcher | QueuePoller
+    follower: Callable[..., LogFollower]  # (pod, sink, stop, **kw) -> a LogFollower of its submitter container
+    inbox: queue.Queue
+    drain_timeout: float
+    fail: Callable[[str, BaseException], BaseException]
+    stop_logs: threading.Event = field(default_factory=threading.Event)
+    followers: dict[str, LogFollower] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)
+    synced: set[str] = field(default_factory=set)
+    terminal_at: float | None = None
+
+    def events(self) -> Iterator[Event]:
+        try:
+            for watcher in self.watchers:
+                watcher.start()
+            while True:
+                try:
+                    item = self.inbox.get(timeout=0.5)
+                except queue.Empty:
+                    item = None
+                if isinstance(item, ObjectChanged) and item.kind == "rayjob" and item.change == "DELETED":
+                    yield Phase(JobPhase.CANCELLED, "the RayJob was deleted")
+                    return
+                yield from self.dispatch(item)
+                end = self.finished()
+                if end is not None:
+                    yield end
+                    return
+        finally:
+            for watcher in self.watchers:
+                watcher.stop()
+            for follower in self.followers.values():
+                follower.stop()
+
+    def dispatch(self, item: Any) -> list[Event]:
+        """One inbox item -> the events it means."""
+        state = self.state
+        match item:
+            case ObjectChanged(kind="rayjob", change=change, obj=obj):
+                return state.on_job(change, obj)
+            case ObjectChanged(kind="pod", change=change, obj=obj):
+                out = state.on_pod(change, obj)
+                self.follow_logs(obj)
+                return out
+            case ObjectChanged(obj=obj):
+                return state.on_event(obj)
+            case Synced(kind=kind):
+                self.synced.add(kind)
+            case LogLine(source=source, line=line):
+                return state.on_log(source, line)
+            case LogEnded(source=source, error=None):
+                self.ended.add(source)
+            case LogEnded(source=source):
+                self.ended.add(source)
+                return state.on_log_lost(source)
+            case kueue.QueuePosition(position=position):  # Kueue's visibility API, while the job waits
+                return [Queued(position)] if state.phase in (None, JobPhase.PENDING) else []
+            case WatchFailed(kind="event"):
+                pass  # Events are advisory: a missing permission must not stop the job view
+            case WatchFailed(kind=kind, error=error):
+                raise self.fail(kind, error)
+        return []
+
+    def follow_logs(self, pod: dict[str, Any]) -> None:
+        name = rj.pod_name(pod)
+        if rj.pod_role(pod) != "submitter" or name in self.followers or not started(pod):
+            return
+        follower = self.follower(
+            pod, self.inbox.put, self.stop_logs, is_finished=lambda: finished(self.state.pods.get(name) or pod)
+        )
+        self.followers[name] = follower
+        follower.start()
+
+    def finished(self) -> Phase | None:
+        if self.terminal_at is None:
+            if self.state.terminal() is None or not {"rayjob", "pod"} <= self.synced:
+                return None
+            self.terminal_at = time.monotonic()
+            for pod in self.state.pods.values():  # a submitter that ran but was never followed (short-lived)
+                self.follow_logs(pod)
+        drained = all(name in self.ended for name in self.followers)
+        if drained or time.monotonic() - self.terminal_at > self.drain_timeout:
+            return self.state.final_phase()
+        return None

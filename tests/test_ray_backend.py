@@ -1,0 +1,213 @@
+"""The ``ray`` backend on a real local Ray (the session's: 4 logical CPUs): the trainer under Ray Train with
+2 workers against one process on the same global batch, a job waiting for resources (Pending, with Ray's
+reason) and cancelled, a killed worker (Failed, with its last log lines), reattaching from new backend
+instances, and the CLI.
+
+One sequence on one Ray (the session's), so the runs need no second start-up (~15 s each):
+a long run holds all CPUs → a second job waits (Pending) → it is cancelled → a worker of the long run is
+killed → the comparison run trains on the freed CPUs. Tolerance as tests/test_train_distributed.py (``REL``):
+Ray Train's 2 workers are the same DDP over gloo as torchrun's 2 processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from _train_helpers import TrainRun, describe, run_trainer
+from _waiting import wait_for
+
+from playground.api import make_request
+from playground.backends.ray.backend import RayBackend
+from playground.cli import main as cli_main
+from playground.events import Event, JobPhase, Log, Phase, Progress
+from playground.facade import Playground
+from playground.types import Job
+
+pytestmark = pytest.mark.slow
+STEPS = 16
+PARAMS = {"max_steps": STEPS, "log_every": 1, "batch_size": 8, "checkpoint_every": 4, "num_eval_examples": 10}
+LONG = {"max_steps": 5000, "log_every": 20, "num_eval_examples": 10}  # runs until its worker is killed
+REL = 1e-5  # tests/test_train_distributed.py: the same global batch on 2 ranks vs 1, within the warm-up
+
+
+@dataclass
+class RaySequence:
+    home: Path
+    reference: TrainRun  # one process, no Ray
+    compared: Job  # 2 Ray Train workers, the reference's settings
+    compared_events: list[Event]  # followed from a backend instance that did not submit it
+    waiting: Job  # the second job while the first held the CPUs
+    cancelled: Job
+    killed: Job  # the long run after one of its workers was SIGKILLed
+    killed_progress_seen: int
+    listed: list[str]
+
+
+def _ray_workers() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if cmdline.startswith("ray::RayTrainWorker"):
+            found.append(proc)
+    return found
+
+
+def _first_progress(backend: RayBackend, job_id: str) -> int:
+    for event in backend.events(job_id, follow=True):
+        if isinstance(event, Progress):
+            return event.step
+    raise AssertionError(f"{job_id} ended before any progress: {backend.get(job_id).message}")
+
+
+@pytest.fixture(scope="module")
+def sequence(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> RaySequence:
+    root = tmp_path_factory.mktemp("ray-reference")
+    args = [arg for key, value in PARAMS.items() for arg in ("--set", f"{key}={value}")]
+    backend = RayBackend(ray_home, workers=2, cpus_per_worker=2)  # all 4 CPUs of the session's Ray
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(run_trainer, "--blueprint", "tiny-llama-cpu", *args, "--output", str(root / "single"))
+        long_job = backend.submit(make_request("tiny-llama-cpu", LONG))
+        seen = _first_progress(backend, long_job.id)
+        second = backend.submit(make_request("tiny-llama-cpu", PARAMS))
+        waiting = wait_for(
+            lambda: (
+                (job := backend.get(second.id)).phase == JobPhase.PENDING
+                and "waiting for resources" in job.message
+                and job
+            ),
+            timeout=120,
+            what="the second job to wait for the CPUs the first holds",
+            interval=0.5,
+        )
+        cancelled = backend.cancel(second.id)
+        workers = wait_for(lambda: _ray_workers(), timeout=30, what="the long run's Ray Train workers")
+        workers[-1].send_signal(signal.SIGKILL)
+        killed = wait_for(
+            lambda: (job := RayBackend(ray_home).get(long_job.id)).done and job, timeout=120, what="the killed run"
+        )
+        compared = backend.submit(make_request("tiny-llama-cpu", PARAMS))
+        events = list(RayBackend(ray_home).events(compared.id, follow=True))  # reattached: another instance
+        reference_run = reference.result()
+    assert reference_run.returncode == 0, describe(reference_run)
+    listed = [job.id for job in RayBackend(ray_home).list()]
+    return RaySequence(
+        ray_home, reference_run, RayBackend(ray_home).get(compared.id), events, waiting, cancelled, killed, seen, listed
+    )
+
+
+def test_two_ray_train_workers_match_one_process(sequence: RaySequence) -> None:
+    job, events = sequence.compared, sequence.compared_events
+    assert job.phase == JobPhase.SUCCEEDED, f"{job.message}\n" + "\n".join(job.log_tail)
+    phases = [str(e.phase) for e in events if isinstance(e, Phase)]
+    assert phases[0] == "Pending" and phases[-1] == "Succeeded"
+    assert [p for p in phases if p in ("Initializing", "Training", "Saving")] == ["Initializing", "Training", "Saving"]
+    logs = "\n".join(e.line for e in events if isinstance(e, Log))
+    assert "2 process(es) × 1 threads, DDP" in logs and "global batch 8 = 2 process(es)" in logs
+    assert "(RayTrainWorker" not in logs and "\x1b[" not in logs  # Ray's decorations are gone
+    losses = {e.step: e.loss for e in events if isinstance(e, Progress)}
+    reference = {p.step: p.loss for p in sequence.reference.progress}
+    assert list(losses) == list(range(1, STEPS + 1))
+    assert losses == pytest.approx(reference, rel=REL)
+    assert job.metrics["eval_loss"] == pytest.approx(sequence.reference.metrics["eval_loss"], rel=REL)
+    output = Path(job.model_dir).parent
+    metrics = json.loads((output / "metrics.json").read_text())
+    assert (metrics["world_size"], metrics["strategy"], metrics["global_batch_size"]) == (2, "ddp", 8)
+    assert (output / "model" / "config.json").is_file() and list((output / "checkpoints").glob("step-*"))
+    assert job.base_model and Path(job.base_model).is_dir()  # scratch weights for the side-by-side chat
+
+
+def test_a_job_waits_for_resources_with_rays_reason_and_is_cancelled(sequence: RaySequence) -> None:
+    waiting = sequence.waiting
+    assert waiting.phase == JobPhase.PENDING
+    assert "2 worker(s) need CPU 4; free now CPU 0" in waiting.message
+    assert "NO_RESOURCES" in waiting.message or "INFEASIBLE" in waiting.message  # Ray's own scheduling state
+    assert sequence.cancelled.phase == JobPhase.CANCELLED and sequence.cancelled.message == "cancelled by user"
+    assert sequence.cancelled.progress is None  # it never trained
+
+
+def test_a_killed_worker_ends_the_job_failed_with_its_last_lines(sequence: RaySequence) -> None:
+    job = sequence.killed
+    assert sequence.killed_progress_seen >= 20
+    assert job.phase == JobPhase.FAILED, job.phase
+    assert "died" in job.message or "exited" in job.message, job.message
+    assert job.progress is not None and job.progress.step >= sequence.killed_progress_seen
+    assert job.log_tail and any("step" in line for line in job.log_tail), job.log_tail
+    assert job.model_dir is None
+
+
+def test_jobs_are_listed_and_followed_from_any_process(sequence: RaySequence) -> None:
+    assert {sequence.compared.id, sequence.cancelled.id, sequence.killed.id} <= set(sequence.listed)
+    assert sequence.listed == sorted(  # newest first
+        sequence.listed, key=lambda i: RayBackend(sequence.home).get(i).created_at, reverse=True
+    )
+    replay = list(RayBackend(sequence.home).events(sequence.compared.id))  # no follow: the history, then the end
+    assert [e.step for e in replay if isinstance(e, Progress)] == list(range(1, STEPS + 1))
+    assert isinstance(replay[-1], Phase) and replay[-1].phase == JobPhase.SUCCEEDED
+
+
+def test_someone_elses_job_is_unknown_and_delete_removes_it(sequence: RaySequence) -> None:
+    from playground.errors import JobNotFound
+
+    backend = RayBackend(sequence.home)
+    with pytest.raises(JobNotFound, match="unknown job"):
+        backend.get(sequence.cancelled.id, owner="visitor-b")
+    output = sequence.home / "ray" / "jobs" / sequence.cancelled.id
+    assert output.is_dir()
+    Playground(backend).delete(sequence.cancelled.id)
+    assert not output.exists()
+    with pytest.raises(JobNotFound):
+        RayBackend(sequence.home).get(sequence.cancelled.id)
+
+
+def test_cli_trains_on_ray_with_workers_and_refuses_bad_values(
+    sequence: RaySequence, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAYGROUND_HOME", str(sequence.home))
+    code = cli_main(["train", "tiny-llama-cpu", "--backend", "ray", "--workers", "5", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "needs 5 CPU; the local Ray has 4" in err and "--workers" in err, err
+    code = cli_main(
+        ["train", "tiny-llama-cpu", "--backend", "ray", "--workers", "2", "--set", "max_steps=3", "--dry-run"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "python -m playground.train.on_ray --workers=2 --cpus-per-worker=1" in out and "max_steps=3" in out
+    code = cli_main(["train", "tiny-llama-cpu", "--backend", "ray", "--workers", "0"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "--workers" in err and "allowed" in err
+    code = cli_main(["train", "tiny-llama-cpu", "--workers", "2"])  # a Ray option on the local backend
+    _, err = capsys.readouterr()
+    assert code == 2 and "--workers only applies to --backend ray" in err
+
+
+def test_the_local_ray_is_found_again_and_stops_cleanly(
+    tmp_path: Path, sequence: RaySequence, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's Ray is reused by every backend instance (one cluster.json) and shown by `playground ray
+    status`; stopping one that never started says so; a stale record (a dead pid) counts as no Ray."""
+    running = RayBackend(sequence.home).local_ray.read()
+    assert running is not None and running.cpus == 4
+    assert RayBackend(sequence.home).local_ray.read() == running
+    monkeypatch.setenv("PLAYGROUND_HOME", str(sequence.home))
+    assert cli_main(["ray", "status"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"local Ray at {running.dashboard_url}, 4 CPU, 0 GPU: {len(RayBackend(sequence.home).list())} job(s), 0 running"
+    )
+    monkeypatch.setenv("PLAYGROUND_HOME", str(tmp_path))
+    assert cli_main(["ray", "stop"]) == 0
+    assert capsys.readouterr().out.startswith("no local Ray runs")
+    idle = RayBackend(tmp_path)
+    assert idle.list() == [] and idle.stop_local_ray() is False
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "cluster.json").write_text(json.dumps({**running.__dict__, "pid": 2**22 + os.getpid()}))
+    assert idle.local_ray.read() is None
+    started = time.monotonic()
+    assert idle.list() == [] and time.monotonic() - started < 5  # no Ray is started to list nothing

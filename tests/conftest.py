@@ -90,7 +90,12 @@ def ray_home(tmp_path_factory: pytest.TempPathFactory):
         else:
             os.environ["PLAYGROUND_RAY_CPUS"] = saved
     yield home
+    temp_dir = str(backend.local_ray.read().temp_dir)
     assert backend.stop_local_ray(), "the local Ray died during the session"
+    import psutil
+
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
+    assert left == [], f"processes of the stopped local Ray are left: {left}"
 
 
 @pytest.fixture(scope="session", autouse=True)

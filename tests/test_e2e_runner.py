@@ -36,7 +36,9 @@ SMOKE_RUN = len(EXPECTED_NOTEBOOKS) + 1  # the real notebooks plus the canary
 # The DPO and GRPO blueprints likewise (4 and 9 minutes with their defaults; their notebooks run in
 # test_notebooks.py with reduced steps, their bars in benchmarks/methods.py); their GPU variants share the recipe.
 METHOD_BLUEPRINTS = {bp.id for bp in CATALOG.values() if bp.method.objective != "sft"}
-RUN_NOTEBOOKS = EXPECTED_NOTEBOOKS - {DEFAULT_BLUEPRINT} - METHOD_BLUEPRINTS
+# The Llama blueprint's stand-in (the real SmolLM2 weights) runs headless in test_notebooks.py too: the runner's
+# handling of hub notebooks (stand-ins, 3 steps, bar not asserted) is checked on the Qwen one alone.
+RUN_NOTEBOOKS = EXPECTED_NOTEBOOKS - {DEFAULT_BLUEPRINT, "llama-3.2-1b-lora-alpaca"} - METHOD_BLUEPRINTS
 CANARY = "e2e-canary-7d1f0c9a4b2e"
 QUOTED_CANARY = 'quoted"canary\\e2e-55aa'  # JSON and repr() escape it: those forms must go too
 HF_CANARY = "hf_" + "Zq8" * 12  # shaped like a Hugging Face token

@@ -34,7 +34,8 @@ from playground.types import Job
 pytestmark = pytest.mark.slow
 STEPS = 16
 PARAMS = {"max_steps": STEPS, "log_every": 1, "batch_size": 8, "checkpoint_every": 4, "num_eval_examples": 10}
-LONG = {"max_steps": 5000, "log_every": 20, "num_eval_examples": 10}  # runs until its worker is killed
+# runs until its workers are killed; a checkpoint every 20 steps to resume from once
+LONG = {"max_steps": 5000, "log_every": 20, "checkpoint_every": 20, "num_eval_examples": 10}
 REL = 1e-5  # tests/test_train_distributed.py: the same global batch on 2 ranks vs 1, within the warm-up
 
 
@@ -46,7 +47,9 @@ class RaySequence:
     compared_events: list[Event]  # followed from a backend instance that did not submit it
     waiting: Job  # the second job while the first held the CPUs
     cancelled: Job
-    killed: Job  # the long run after one of its workers was SIGKILLed
+    resumed_from: int  # the checkpoint Ray Train's restarted worker group resumed from after the first kill
+    resumed_steps: list[int]  # the progress points after that resume
+    killed: Job  # the long run after a worker was SIGKILLed a second time (its one restart used)
     killed_progress_seen: int
     listed: list[str]
 
@@ -60,11 +63,29 @@ def _ray_workers() -> list[psutil.Process]:
     return found
 
 
-def _first_progress(backend: RayBackend, job_id: str) -> int:
+def _first_progress(backend: RayBackend, job_id: str, after: int = 0) -> int:
     for event in backend.events(job_id, follow=True):
-        if isinstance(event, Progress):
+        if isinstance(event, Progress) and event.step > after:
             return event.step
     raise AssertionError(f"{job_id} ended before any progress: {backend.get(job_id).message}")
+
+
+def _kill_a_worker() -> None:
+    workers = wait_for(lambda: _ray_workers(), timeout=60, what="the long run's Ray Train workers")
+    workers[-1].send_signal(signal.SIGKILL)
+
+
+def _resumed(backend: RayBackend, job_id: str) -> tuple[int, list[int]]:
+    """Follow the restarted run to its resume line and 2 progress points after it."""
+    resumed_from, steps = -1, []
+    for event in backend.events(job_id, follow=True):
+        if isinstance(event, Log) and "resume: continuing from checkpoints/step-" in event.line:
+            resumed_from, steps = int(event.line.split("(step ")[1].rstrip(")")), []
+        elif isinstance(event, Progress) and resumed_from >= 0:
+            steps.append(event.step)
+            if len(steps) == 2:
+                break
+    return resumed_from, steps
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +93,11 @@ def sequence(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> RaySeq
     root = tmp_path_factory.mktemp("ray-reference")
     args = [arg for key, value in PARAMS.items() for arg in ("--set", f"{key}={value}")]
     backend = RayBackend(ray_home, workers=2, cpus_per_worker=2)  # all 4 CPUs of the session's Ray
+    restarting = RayBackend(ray_home, workers=2, cpus_per_worker=2, max_failures=1)
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(run_trainer, "--blueprint", "tiny-llama-cpu", *args, "--output", str(root / "single"))
-        long_job = backend.submit(make_request("tiny-llama-cpu", LONG))
-        seen = _first_progress(backend, long_job.id)
+        long_job = restarting.submit(make_request("tiny-llama-cpu", LONG))
+        _first_progress(backend, long_job.id, after=20)  # the step-20 checkpoint is written
         second = backend.submit(make_request("tiny-llama-cpu", PARAMS))
         waiting = wait_for(
             lambda: (
@@ -88,8 +110,10 @@ def sequence(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> RaySeq
             interval=0.5,
         )
         cancelled = backend.cancel(second.id)
-        workers = wait_for(lambda: _ray_workers(), timeout=30, what="the long run's Ray Train workers")
-        workers[-1].send_signal(signal.SIGKILL)
+        _kill_a_worker()  # Ray Train restarts the worker group once, the trainer resumes from its checkpoint
+        resumed_from, resumed_steps = _resumed(backend, long_job.id)
+        seen = resumed_steps[-1]
+        _kill_a_worker()  # no restart left: Failed
         killed = wait_for(
             lambda: (job := RayBackend(ray_home).get(long_job.id)).done and job, timeout=120, what="the killed run"
         )
@@ -98,9 +122,11 @@ def sequence(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> RaySeq
         reference_run = reference.result()
     assert reference_run.returncode == 0, describe(reference_run)
     listed = [job.id for job in RayBackend(ray_home).list()]
+    compared_job = RayBackend(ray_home).get(compared.id)
     return RaySequence(
-        ray_home, reference_run, RayBackend(ray_home).get(compared.id), events, waiting, cancelled, killed, seen, listed
-    )
+        ray_home, reference_run, compared_job, events, waiting, cancelled, resumed_from, resumed_steps, killed, seen,
+        listed,
+    )  # fmt: skip
 
 
 def test_two_ray_train_workers_match_one_process(sequence: RaySequence) -> None:
@@ -133,9 +159,16 @@ def test_a_job_waits_for_resources_with_rays_reason_and_is_cancelled(sequence: R
     assert sequence.cancelled.progress is None  # it never trained
 
 
+def test_a_restarted_worker_group_resumes_from_the_checkpoint(sequence: RaySequence) -> None:
+    """With PLAYGROUND_RAY_MAX_FAILURES=1 (``max_failures``), Ray Train restarts the group after a killed worker
+    and the trainer continues from its latest checkpoint: the step count goes on from there."""
+    assert sequence.resumed_from >= 20 and sequence.resumed_from % 20 == 0
+    assert sequence.resumed_steps == [sequence.resumed_from + 20, sequence.resumed_from + 40]
+
+
 def test_a_killed_worker_ends_the_job_failed_with_its_last_lines(sequence: RaySequence) -> None:
     job = sequence.killed
-    assert sequence.killed_progress_seen >= 20
+    assert sequence.killed_progress_seen >= 60
     assert job.phase == JobPhase.FAILED, job.phase
     assert "died" in job.message or "exited" in job.message, job.message
     assert job.progress is not None and job.progress.step >= sequence.killed_progress_seen
@@ -211,3 +244,45 @@ def test_the_local_ray_is_found_again_and_stops_cleanly(
     assert idle.local_ray.read() is None
     started = time.monotonic()
     assert idle.list() == [] and time.monotonic() - started < 5  # no Ray is started to list nothing
+
+
+E2E_NOTEBOOK_BODY = """
+import json, os, pathlib
+from playground.api import make_request
+from playground.facade import connect
+playground = connect(backend)
+job = playground.submit(make_request("tiny-llama-cpu", {"max_steps": 4, "log_every": 2, "num_eval_examples": 10}))
+points = sum(1 for event in playground.events(job.id, follow=True) if type(event).__name__ == "Progress")
+job = playground.get(job.id)
+result = {"passed": job.phase == "Succeeded", "backend": playground.name, "job": job.to_dict(), "points": points}
+pathlib.Path(out_dir, "result.json").write_text(json.dumps(result, default=str))
+"""
+
+
+def test_e2e_runs_a_notebook_on_the_ray_backend(tmp_path: Path, sequence: RaySequence) -> None:
+    """`playground e2e --backend ray` hands the notebook its backend (here on the session's Ray, RAY_ADDRESS);
+    the job it trained is found and labelled with the notebook's run, its output under the notebook's home."""
+    import subprocess
+    import sys
+
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    params = new_code_cell('backend = "local"\nheadless = False\nout_dir = "."', metadata={"tags": ["parameters"]})
+    notebook = tmp_path / "ray-toy.ipynb"
+    kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cells = [params, new_code_cell(E2E_NOTEBOOK_BODY)]
+    nbformat.write(new_notebook(cells=cells, metadata={"kernelspec": kernelspec}), notebook)
+    ray = RayBackend(sequence.home).local_ray.read()
+    assert ray is not None
+    env = {**os.environ, "RAY_ADDRESS": ray.dashboard_url, "PLAYGROUND_RAY_WORKERS": "2"}
+    command = [sys.executable, "-m", "playground.cli", "e2e", "--backend", "ray"]
+    command += ["--out", str(tmp_path / "out"), str(notebook)]
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=repo)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "out" / "ray-toy" / "result.json").read_text())
+    job = result["job"]
+    assert result["passed"] and result["backend"] == job["backend"] == "ray" and result["points"] == 2, result
+    assert job["labels"].get("e2e-run", "").startswith("playground-e2e-"), job["labels"]  # what its cleanup finds
+    assert "/playground-home/ray/jobs/" in job["model_dir"]  # the notebook's private home

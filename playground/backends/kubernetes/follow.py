@@ -1,5 +1,5 @@
-"""Following one TrainJob: its watchers and pod-log followers feed one inbox of typed items, and one
-flat dispatch turns each item into events (``StreamState`` decides what is new).
+"""Following one job (a TrainJob here, a RayJob in the kuberay backend): its watchers and pod-log followers feed one
+inbox of typed items, and one flat dispatch turns each item into events (``StreamState`` decides what is new).
 
 The follow ends when the job is terminal, every watcher has delivered its first list, and the
 followed logs are drained (or ``drain_timeout`` passed since the job ended).
@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from playground.backends.kubernetes.queue import QueuePoller, QueuePosition
 from playground.backends.kubernetes.status import StreamState, container_name, finished, started, step_name
@@ -96,13 +96,16 @@ def history(
         yield end
 
 
-@dataclass
-class JobFollow:
-    """A live follow of one TrainJob: watchers (TrainJob, pods, Events) and one log follower per started pod."""
+@dataclass(kw_only=True)
+class Follow:
+    """A live follow of one job: watchers (the job object, its pods, Events) and one log follower per followed pod
+    that started. Subclasses name the job object's watch ``kind`` and ``noun`` and say which pods' logs to follow."""
 
-    state: StreamState
+    kind: ClassVar[str]  # the job object's watch kind ("trainjob", "rayjob")
+    noun: ClassVar[str]  # its Kubernetes kind, for the "was deleted" message
+
+    state: Any  # StreamState-like: on_job/on_pod/on_event/on_log/on_log_lost, phase, pods, terminal()
     watchers: list[ResourceWatcher | QueuePoller]
-    logs: LogSource
     inbox: queue.Queue
     drain_timeout: float
     fail: Callable[[str, BaseException], BaseException]  # a watch that gave up -> the error to raise
@@ -111,6 +114,16 @@ class JobFollow:
     ended: set[str] = field(default_factory=set)
     synced: set[str] = field(default_factory=set)
     terminal_at: float | None = None
+
+    def follows(self, pod: dict[str, Any]) -> bool:
+        """Whether this pod's log is followed (once it started)."""
+        return True
+
+    def log_follower(self, pod: dict[str, Any], sink: Callable[[WatchItem], None], stop: threading.Event, **kw: Any):
+        raise NotImplementedError
+
+    def final(self) -> Phase | None:
+        return final_phase(self.state)
 
     def events(self) -> Iterator[Event]:
         try:
@@ -121,8 +134,8 @@ class JobFollow:
                     item = self.inbox.get(timeout=0.5)
                 except queue.Empty:
                     item = None
-                if isinstance(item, ObjectChanged) and item.kind == "trainjob" and item.change == "DELETED":
-                    yield Phase(JobPhase.CANCELLED, "the TrainJob was deleted")
+                if isinstance(item, ObjectChanged) and item.kind == self.kind and item.change == "DELETED":
+                    yield Phase(JobPhase.CANCELLED, f"the {self.noun} was deleted")
                     return
                 yield from self.dispatch(item)
                 end = self.finished()
@@ -139,7 +152,7 @@ class JobFollow:
         """One inbox item -> the events it means (flat: one case per item type)."""
         state = self.state
         match item:
-            case ObjectChanged(kind="trainjob", change=change, obj=obj):
+            case ObjectChanged(kind=kind, change=change, obj=obj) if kind == self.kind:
                 return state.on_job(change, obj)
             case ObjectChanged(kind="pod", change=change, obj=obj):
                 out = state.on_pod(change, obj)
@@ -165,10 +178,12 @@ class JobFollow:
         return []
 
     def follow_logs(self, pod: dict[str, Any]) -> None:
+        if not self.follows(pod):
+            return
         name = pod["metadata"]["name"]
         if name in self.followers or not started(pod):
             return
-        follower = self.logs.follower(
+        follower = self.log_follower(
             pod,
             self.inbox.put,
             self.stop_logs,
@@ -180,12 +195,25 @@ class JobFollow:
     def finished(self) -> Phase | None:
         """The terminal Phase once the job ended and its logs are drained (or the drain timed out)."""
         if self.terminal_at is None:
-            if self.state.terminal() is None or not {"trainjob", "pod"} <= self.synced:
+            if self.state.terminal() is None or not {self.kind, "pod"} <= self.synced:
                 return None
             self.terminal_at = time.monotonic()
-            for pod in self.state.pods.values():  # a step that ran but was never followed (short-lived)
+            for pod in self.state.pods.values():  # a pod that ran but was never followed (short-lived)
                 self.follow_logs(pod)
         drained = all(f.source in self.ended for f in self.followers.values())
         if drained or time.monotonic() - self.terminal_at > self.drain_timeout:
-            return final_phase(self.state)
+            return self.final()
         return None
+
+
+@dataclass(kw_only=True)
+class JobFollow(Follow):
+    """A live follow of one TrainJob: every step pod's log, read through ``logs``."""
+
+    kind: ClassVar[str] = "trainjob"
+    noun: ClassVar[str] = "TrainJob"
+
+    logs: LogSource
+
+    def log_follower(self, pod: dict[str, Any], sink: Callable[[WatchItem], None], stop: threading.Event, **kw: Any):
+        return self.logs.follower(pod, sink, stop, **kw)

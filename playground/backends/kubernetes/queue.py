@@ -1,9 +1,10 @@
-"""A TrainJob's place in its Kueue LocalQueue, from Kueue's visibility API where it answers.
+"""A job's (TrainJob's, RayJob's) place in its Kueue LocalQueue, from Kueue's visibility API where it answers.
 
 ``GET /apis/visibility.kueue.x-k8s.io/v1beta1/namespaces/NS/localqueues/LQ/pendingworkloads`` lists
-the LocalQueue's pending Workloads with ``positionInLocalQueue`` (0 = next). A TrainJob's Workload is
-the one owned by it (``ownerReferences``; Kueue names it ``trainjob-<name>-<hash>``). Clusters without
-the visibility API (or RBAC for it) answer 404/403: the job is then just "queued, waiting for admission".
+the LocalQueue's pending Workloads with ``positionInLocalQueue`` (0 = next). A job's Workload is the one
+owned by it (``ownerReferences``; Kueue names it ``<kind>-<name>-<hash>``, e.g. ``rayjob-<name>-<hash>``).
+Clusters without the visibility API (or RBAC for it) answer 404/403: the job is then just "queued, waiting for
+admission".
 The API has no watch, so a follower looks again every few seconds, and only while the job waits.
 """
 
@@ -19,16 +20,18 @@ VISIBILITY_VERSIONS = ("v1beta1", "v1beta2")
 POLL_SECONDS = 5.0
 
 
-def is_workload_of(item: dict[str, Any], job_name: str) -> bool:
-    """Whether a pending Workload belongs to the TrainJob ``job_name``."""
+def is_workload_of(item: dict[str, Any], job_name: str, owner_kind: str = "TrainJob") -> bool:
+    """Whether a pending Workload belongs to the ``owner_kind`` (TrainJob, RayJob) ``job_name``."""
     meta = item.get("metadata") or {}
     for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == "TrainJob" and ref.get("name") == job_name:
+        if ref.get("kind") == owner_kind and ref.get("name") == job_name:
             return True
-    return str(meta.get("name", "")).startswith(f"trainjob-{job_name}-")
+    return str(meta.get("name", "")).startswith(f"{owner_kind.lower()}-{job_name}-")
 
 
-def pending_position(api_client: Any, namespace: str, queue: str, job_name: str) -> int | None:
+def pending_position(
+    api_client: Any, namespace: str, queue: str, job_name: str, owner_kind: str = "TrainJob"
+) -> int | None:
     """The job's place in its LocalQueue, 1 = next; None when the API does not answer or lists it not."""
     for version in VISIBILITY_VERSIONS:
         path = f"/apis/{VISIBILITY_GROUP}/{version}/namespaces/{namespace}/localqueues/{queue}/pendingworkloads"
@@ -46,7 +49,7 @@ def pending_position(api_client: Any, namespace: str, queue: str, job_name: str)
                 continue  # this version is not served (or no visibility API at all)
             return None  # forbidden, unavailable, unreachable: advisory only
         for item in (data or {}).get("items") or []:
-            if is_workload_of(item, job_name):
+            if is_workload_of(item, job_name, owner_kind):
                 return int(item.get("positionInLocalQueue") or 0) + 1
         return None
     return None

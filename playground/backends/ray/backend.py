@@ -48,7 +48,9 @@ FOLLOW_INTERVAL = 0.5  # seconds between looks at a followed job
 # What a Ray job's trainer gets from the submitter's environment: offline switches, caches, tracking. Never a
 # token: the runtime env is stored by Ray and shown by its dashboard (a remote cluster's nodes carry their own).
 JOB_ENV_PREFIXES = ("HF_HUB_", "HF_DATASETS_", "TRANSFORMERS_", "TOKENIZERS_", "PLAYGROUND_TRAIN_", "OMP_")
-JOB_ENV_NAMES = frozenset({"HF_HOME", "PLAYGROUND_GPU_COUNT", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"})
+JOB_ENV_NAMES = frozenset(
+    {"HF_HOME", "PLAYGROUND_GPU_COUNT", "PLAYGROUND_MLFLOW", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"}
+)
 _RAY_PHASES = {"SUCCEEDED": JobPhase.SUCCEEDED, "FAILED": JobPhase.FAILED, "STOPPED": JobPhase.CANCELLED}
 
 

@@ -33,29 +33,27 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes import queue as kueue
 from playground.backends.kubernetes.backend import KubernetesBackend
 from playground.backends.kubernetes.datafiles import in_pod, own_pod_claims
-from playground.backends.kubernetes.status import RANK, event_matches, finished, pod_problem, started
+from playground.backends.kubernetes.follow import Follow
+from playground.backends.kubernetes.status import RANK, event_matches, pod_problem, started
 from playground.backends.kubernetes.watch import (
     LogEnded,
     LogFollower,
     LogLine,
-    ObjectChanged,
     ResourceWatcher,
-    Synced,
-    WatchFailed,
     WatchItem,
 )
 from playground.backends.ray import rayjob as rj
 from playground.backends.ray.logs import clean_line, ray_event
 from playground.blueprints import get_blueprint
-from playground.booth import BoothPolicy, owner_key
+from playground.booth import owner_key
 from playground.errors import BackendError, JobNotFound, UserError, shown
-from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress, Queued
+from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress
 from playground.types import Job, TrainRequest
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -83,39 +81,10 @@ class KubeRayBackend(KubernetesBackend):
 
     name = "kuberay"
 
-    def __init__(
-        self,
-        namespace: str | None = None,
-        context: str | None = None,
-        kubeconfig: str | None = None,
-        *,
-        queue: str | None = None,
-        hf_token_secret: str | None = None,
-        image: str | None = None,
-        trainer: str | None = None,
-        ttl_seconds_after_finished: int | None = None,
-        watch_timeout: int = 600,
-        serve_timeout: float = 600.0,
-        drain_timeout: float = 15.0,
-        labels: dict[str, str] | None = None,
-        policy: BoothPolicy | None = None,
-    ) -> None:
+    def __init__(self, *args: Any, trainer: str | None = None, **kwargs: Any) -> None:
+        """:class:`KubernetesBackend`'s options; ``trainer`` can only be the playground's (Ray Train runs it)."""
         check_trainer(trainer)
-        super().__init__(
-            namespace,
-            context,
-            kubeconfig,
-            queue=queue,
-            hf_token_secret=hf_token_secret,
-            image=image,
-            trainer=m.PLAYGROUND,
-            ttl_seconds_after_finished=ttl_seconds_after_finished,
-            watch_timeout=watch_timeout,
-            serve_timeout=serve_timeout,
-            drain_timeout=drain_timeout,
-            labels=labels,
-            policy=policy,
-        )
+        super().__init__(*args, trainer=m.PLAYGROUND, **kwargs)
 
     # -- manifests (no cluster) ------------------------------------------------------------------
     def _plan(self, request: TrainRequest, name: str | None = None) -> rj.RayJobPlan:  # type: ignore[override]
@@ -219,7 +188,9 @@ class KubeRayBackend(KubernetesBackend):
         view = rj.RayJobView.from_dict(obj)
         queue_name = view.metadata.labels.get(m.QUEUE_LABEL)
         if queue_name and job.phase == JobPhase.PENDING and view.spec.suspend:
-            job.queue_position = pending_position(self.custom.api_client, self.namespace, queue_name, job_id)
+            job.queue_position = kueue.pending_position(
+                self.custom.api_client, self.namespace, queue_name, job_id, owner_kind="RayJob"
+            )
             if job.queue_position is not None:  # else the message stays "... waiting for admission"
                 job.message = f"queued in Kueue queue {queue_name!r}: position {job.queue_position}"
         return job
@@ -254,7 +225,14 @@ class KubeRayBackend(KubernetesBackend):
         if queue_name:  # Kueue's pending position, where its visibility API answers
             watchers.append(
                 kueue.QueuePoller(
-                    partial(pending_position, self.custom.api_client, self.namespace, queue_name, job_id),
+                    partial(
+                        kueue.pending_position,
+                        self.custom.api_client,
+                        self.namespace,
+                        queue_name,
+                        job_id,
+                        owner_kind="RayJob",
+                    ),
                     lambda: state.phase in (None, JobPhase.PENDING),
                     inbox.put,
                     threading.Event(),
@@ -407,37 +385,6 @@ class KubeRayBackend(KubernetesBackend):
         except Exception as exc:
             raise self._error(exc, "delete", rj.RAYJOBS, job_id) from None
         self._delete_claim(job_id)
-
-
-def is_workload_of(item: dict[str, Any], job_name: str) -> bool:
-    """Whether a pending Kueue Workload belongs to the RayJob ``job_name`` (Kueue names it ``rayjob-<name>-<hash>``)."""
-    meta = item.get("metadata") or {}
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == "RayJob" and ref.get("name") == job_name:
-            return True
-    return str(meta.get("name", "")).startswith(f"rayjob-{job_name}-")
-
-
-def pending_position(api_client: Any, namespace: str, queue_name: str, job_name: str) -> int | None:
-    """The RayJob's place in its LocalQueue from Kueue's visibility API (1 = next); None when it does not answer."""
-    for version in kueue.VISIBILITY_VERSIONS:
-        path = (
-            f"/apis/{kueue.VISIBILITY_GROUP}/{version}/namespaces/{namespace}/localqueues/{queue_name}/pendingworkloads"
-        )
-        try:
-            data = api_client.call_api(
-                path, "GET", response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True,
-                _request_timeout=10,
-            )  # fmt: skip
-        except Exception as exc:
-            if getattr(exc, "status", None) == 404:
-                continue
-            return None  # forbidden, unavailable, unreachable: advisory only
-        for item in (data or {}).get("items") or []:
-            if is_workload_of(item, job_name):
-                return int(item.get("positionInLocalQueue") or 0) + 1
-        return None
-    return None
 
 
 # -- following one RayJob -------------------------------------------------------------------------------------
@@ -597,96 +544,20 @@ class RayJobState:
         return Phase(phase, reason)
 
 
-@dataclass
-class RayJobFollow:
-    """A live follow of one RayJob: watchers (RayJob, pods, Events), one log follower per submitter pod that ran.
+@dataclass(kw_only=True)
+class RayJobFollow(Follow):
+    """A live follow of one RayJob: the log of each submitter pod that ran (the driver's), through ``follower``."""
 
-    It ends when the RayJob is terminal, every watcher has delivered its first list, and the followed logs are
-    drained (or ``drain_timeout`` passed since the job ended).
-    """
+    kind: ClassVar[str] = "rayjob"
+    noun: ClassVar[str] = "RayJob"
 
-    state: RayJobState
-    watchers: list[Any]  # ResourceWatcher | QueuePoller
     follower: Callable[..., LogFollower]  # (pod, sink, stop, **kw) -> a LogFollower of its submitter container
-    inbox: queue.Queue
-    drain_timeout: float
-    fail: Callable[[str, BaseException], BaseException]
-    stop_logs: threading.Event = field(default_factory=threading.Event)
-    followers: dict[str, LogFollower] = field(default_factory=dict)
-    ended: set[str] = field(default_factory=set)
-    synced: set[str] = field(default_factory=set)
-    terminal_at: float | None = None
 
-    def events(self) -> Iterator[Event]:
-        try:
-            for watcher in self.watchers:
-                watcher.start()
-            while True:
-                try:
-                    item = self.inbox.get(timeout=0.5)
-                except queue.Empty:
-                    item = None
-                if isinstance(item, ObjectChanged) and item.kind == "rayjob" and item.change == "DELETED":
-                    yield Phase(JobPhase.CANCELLED, "the RayJob was deleted")
-                    return
-                yield from self.dispatch(item)
-                end = self.finished()
-                if end is not None:
-                    yield end
-                    return
-        finally:
-            for watcher in self.watchers:
-                watcher.stop()
-            for follower in self.followers.values():
-                follower.stop()
+    def follows(self, pod: dict[str, Any]) -> bool:
+        return rj.pod_role(pod) == "submitter"
 
-    def dispatch(self, item: Any) -> list[Event]:
-        """One inbox item -> the events it means."""
-        state = self.state
-        match item:
-            case ObjectChanged(kind="rayjob", change=change, obj=obj):
-                return state.on_job(change, obj)
-            case ObjectChanged(kind="pod", change=change, obj=obj):
-                out = state.on_pod(change, obj)
-                self.follow_logs(obj)
-                return out
-            case ObjectChanged(obj=obj):
-                return state.on_event(obj)
-            case Synced(kind=kind):
-                self.synced.add(kind)
-            case LogLine(source=source, line=line):
-                return state.on_log(source, line)
-            case LogEnded(source=source, error=None):
-                self.ended.add(source)
-            case LogEnded(source=source):
-                self.ended.add(source)
-                return state.on_log_lost(source)
-            case kueue.QueuePosition(position=position):  # Kueue's visibility API, while the job waits
-                return [Queued(position)] if state.phase in (None, JobPhase.PENDING) else []
-            case WatchFailed(kind="event"):
-                pass  # Events are advisory: a missing permission must not stop the job view
-            case WatchFailed(kind=kind, error=error):
-                raise self.fail(kind, error)
-        return []
+    def log_follower(self, pod: dict[str, Any], sink: Callable[[WatchItem], None], stop: threading.Event, **kw: Any):
+        return self.follower(pod, sink, stop, **kw)
 
-    def follow_logs(self, pod: dict[str, Any]) -> None:
-        name = rj.pod_name(pod)
-        if rj.pod_role(pod) != "submitter" or name in self.followers or not started(pod):
-            return
-        follower = self.follower(
-            pod, self.inbox.put, self.stop_logs, is_finished=lambda: finished(self.state.pods.get(name) or pod)
-        )
-        self.followers[name] = follower
-        follower.start()
-
-    def finished(self) -> Phase | None:
-        if self.terminal_at is None:
-            if self.state.terminal() is None or not {"rayjob", "pod"} <= self.synced:
-                return None
-            self.terminal_at = time.monotonic()
-            for pod in self.state.pods.values():  # a submitter that ran but was never followed (short-lived)
-                self.follow_logs(pod)
-        drained = all(name in self.ended for name in self.followers)
-        if drained or time.monotonic() - self.terminal_at > self.drain_timeout:
-            return self.state.final_phase()
-        return None
+    def final(self) -> Phase | None:
+        return self.state.final_phase()

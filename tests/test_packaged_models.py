@@ -215,3 +215,42 @@ def test_bad_packaged_model_is_shown_inline_in_the_app(tmp_path: Path, monkeypat
     assert app.form is not None and app.form.launch() is None
     assert hint in app.form.status.value  # the engine's one line, inline
     assert backend.list() == [] and not app.monitor.job_id and not app.monitor.running
+
+
+# -- the app prepares its model before the page is served (issue 20 item 4) ---------------------------
+def test_the_app_converts_the_preselected_model_before_it_serves_the_page(tmp_path: Path) -> None:
+    """With an empty model cache, `playground app` is converting the default blueprint's packaged model while
+    nothing listens on its port yet: the conversion happens when the app starts, never at a visitor's Launch.
+    (Stopped half-way: the conversion's cost is the session fixture's to pay, once.)"""
+    import signal
+    import socket
+
+    from _fixtures import unused_port
+    from _waiting import wait_for
+
+    cache, port, log_path = tmp_path / "cache", unused_port(), tmp_path / "app.log"
+    cache.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PLAYGROUND_MODEL_CACHE": str(cache),
+           "PLAYGROUND_HOME": str(tmp_path / "home")}  # fmt: skip
+    command = [sys.executable, "-m", "playground.cli", "app", "--port", str(port), "--no-browser",
+               "--blueprint", DEFAULT]  # fmt: skip
+    with open(log_path, "w") as log:
+        app = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: next(cache.glob(".*.tmp-*"), None), 240, "the app's conversion of the packaged model")
+        assert app.poll() is None, log_path.read_text()
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) != 0, "the page was served before the model was ready"
+    finally:
+        os.killpg(app.pid, signal.SIGKILL)  # the app and its conversion child
+        app.wait()
+    assert f"preparing {SOURCE} for {DEFAULT} (once" in log_path.read_text()
+
+
+def test_an_app_start_with_the_model_converted_says_so_and_converts_nothing(smollm2_dir: Path) -> None:
+    from playground.commands.app import prepare_model
+
+    said: list[str] = []
+    assert prepare_model(DEFAULT, say=said.append) == smollm2_dir
+    assert said == [f"model ready: {SOURCE}"]
+    assert prepare_model("tiny-llama-cpu", say=said.append) is None and len(said) == 1  # built from config: nothing

@@ -116,6 +116,25 @@ def test_streaming_yields_the_same_text(served, held_out, fine_answers):
     assert "".join(base_chunks) == _ask(served["base"], held_out[0][0])
 
 
+def test_the_chat_panel_marks_an_answer_cut_at_the_token_limit(served, held_out, fine_answers):
+    """An answer that reaches the blueprint's token limit is marked as cut there; one that ends by itself carries no
+    mark (issue 20: truncated answers marked)."""
+    from playground.blueprints.loader import get_blueprint
+    from widgets.chat import ChatPanel
+
+    blueprint = get_blueprint("tiny-llama-cpu")
+    short = blueprint.model_copy(update={"serving": blueprint.serving.model_copy(update={"max_new_tokens": 2})})
+    prompt, answer = held_out[0][0], fine_answers[0]
+    for bp, cut in ((short, True), (blueprint, False)):
+        panel = ChatPanel(bp, operator=False)
+        panel.set_endpoints({"fine-tuned": served["fine-tuned"]})
+        assert panel.ask(prompt) and panel.wait(timeout=120)
+        turn = panel.transcripts["fine-tuned"].turns[-1]
+        assert not turn.error and turn.truncated is cut, turn
+        assert ("… (cut)" in panel.answers["fine-tuned"].value) is cut
+        assert (turn.answer == answer) is not cut and answer.startswith(turn.answer)
+
+
 def test_completions_models_and_the_official_openai_client(served, trained_tiny_job):
     import jinja2
     from openai import OpenAI

@@ -44,7 +44,7 @@ STYLE = """<style>
 .pg-answers { border: 1px solid #ddd; border-radius: 6px; min-height: 80px; padding: 6px; }
 .pg-q { color: #555; font-style: italic; }
 .pg-a { font-family: monospace; font-size: 1.1em; margin-bottom: 6px; white-space: pre-wrap; }
-.pg-empty, .pg-whitespace { color: #888; }
+.pg-empty, .pg-whitespace, .pg-cut { color: #888; }
 .pg-ok { color: #2ca02c; font-weight: bold; } .pg-bad { color: #d62728; font-weight: bold; }
 .pg-section h2 { margin: 12px 0 4px 0; }
 .pg-data-preview { font-size: 0.85em; background: #f6f6f6; padding: 4px; margin: 2px 0 6px 0; white-space: pre-wrap; }

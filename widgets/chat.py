@@ -27,6 +27,8 @@ def answer_html(turn: Turn) -> str:
     if turn.error:
         return f"<span class='pg-error-text'>{html.escape(turn.error)}</span>"
     cursor = "" if turn.done else "<span class='pg-cursor'>▍</span>"
+    if turn.truncated:  # the server stopped at the token limit: the answer goes on past what is shown
+        cursor = "<span class='pg-cut' title='the answer reached the token limit and was cut there'>… (cut)</span>"
     if turn.answer.strip() or not turn.done:
         return html.escape(turn.answer) + cursor
     if turn.answer:  # only whitespace: show it rather than hide it
@@ -48,6 +50,7 @@ class Turn:
     expected: str | None = None
     seconds: float | None = None
     tokens: int | None = None  # completion tokens the server reported
+    truncated: bool = False  # the server stopped at max_tokens (finish_reason "length")
 
     @property
     def correct(self) -> bool | None:
@@ -213,6 +216,7 @@ class ChatPanel(ipw.VBox):
                     last = now
                     self._refresh(side)
             turn.tokens = getattr(stream, "completion_tokens", None)
+            turn.truncated = getattr(stream, "finish_reason", None) == "length"
         except Exception as exc:  # shown in the column, never printed from this thread
             turn.error = error_text(exc) if self.operator else scrub_paths(error_text(exc))
         turn.done = True

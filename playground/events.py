@@ -22,6 +22,7 @@ class JobPhase(StrEnum):
     PENDING = "Pending"
     INITIALIZING = "Initializing"
     TRAINING = "Training"
+    EVALUATING = "Evaluating"  # the final held-out evaluation, after the last step
     SAVING = "Saving"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"

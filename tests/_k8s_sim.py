@@ -993,6 +993,7 @@ def synthetic_trainer_log(steps: int = 20, *, fail: bool = False) -> list[str]:
         lines += ["Traceback (most recent call last):", "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"]
         lines.append(format_event_line(Phase(JobPhase.FAILED, "RuntimeError: CUDA out of memory")))
         return lines
+    lines.append(format_event_line(Phase(JobPhase.EVALUATING, "answering 50 held-out requests")))
     lines.append(format_event_line(Metric("eval_exact_match", 0.97)))
     lines.append(format_event_line(Phase(JobPhase.SAVING, "")))
     return lines

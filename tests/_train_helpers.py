@@ -29,7 +29,12 @@ class TrainRun:
 
     @property
     def phases(self) -> list[str]:
-        return [str(e.phase) for e in self.events if isinstance(e, Phase)]
+        """The phases in order, each once (a phase's progress updates, e.g. Evaluating's, repeat it)."""
+        phases: list[str] = []
+        for event in self.events:
+            if isinstance(event, Phase) and (not phases or phases[-1] != event.phase):
+                phases.append(str(event.phase))
+        return phases
 
     @property
     def progress(self) -> list[Progress]:

@@ -346,6 +346,7 @@ def test_submit_follow_to_succeeded_then_reattach(cluster, kuberay):
         JobPhase.PENDING,
         JobPhase.INITIALIZING,
         JobPhase.TRAINING,
+        JobPhase.EVALUATING,
         JobPhase.SAVING,
         JobPhase.SUCCEEDED,
     ]

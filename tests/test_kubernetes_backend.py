@@ -121,6 +121,7 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
             JobPhase.PENDING,
             JobPhase.INITIALIZING,
             JobPhase.TRAINING,
+            JobPhase.EVALUATING,
             JobPhase.SAVING,
             JobPhase.SUCCEEDED,
         ], phases
@@ -325,6 +326,7 @@ def test_hub_blueprint_runs_the_project_trainer_with_initializers(cluster, k8s, 
         JobPhase.PENDING,
         JobPhase.INITIALIZING,
         JobPhase.TRAINING,
+        JobPhase.EVALUATING,
         JobPhase.SAVING,
         JobPhase.SUCCEEDED,
     ]

@@ -45,7 +45,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory, status_posts):
 
 def test_output_layout_and_events(tiny_run) -> None:
     run, out = tiny_run
-    assert run.phases == ["Initializing", "Training", "Saving", "Succeeded"]
+    assert run.phases == ["Initializing", "Training", "Evaluating", "Saving", "Succeeded"]
     # every event line parses back into a typed event; everything else is a readable log line
     for line in run.stdout.splitlines():
         assert (EVENT_PREFIX in line) == (type(parse_line(line)).__name__ != "Log"), line
@@ -66,6 +66,46 @@ def test_output_layout_and_events(tiny_run) -> None:
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == STEPS and metrics["eval_loss"] == pytest.approx(run.metrics["eval_loss"])
     assert not list(out.glob(".*tmp*"))  # no temporary leftovers
+
+
+def test_the_finish_is_a_phase_with_progress_and_the_next_runs_eta_includes_it(tiny_run, tmp_path: Path) -> None:
+    """After the last step: Evaluating (the held-out answers, with progress), then Saving; metrics.json records how
+    long that took, and a later run of the same blueprint with as many held-out requests on the same machine adds it
+    to every ETA (issue 20: "ETA 0:00" then 129 s of nothing)."""
+    from playground.events import Phase
+    from playground.train.finish import FinishReporter, earlier_finish_seconds
+
+    run, out = tiny_run
+    evaluating = [e for e in run.events if isinstance(e, Phase) and e.phase == JobPhase.EVALUATING]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert evaluating[0].reason == f"answering {metrics['num_eval_examples']} held-out requests"
+    assert 0 < metrics["finish_seconds"] < metrics["wall_seconds"]
+
+    class Said:  # what a Reporter is asked to say
+        def __init__(self) -> None:
+            self.phases: list[tuple[JobPhase, str]] = []
+
+        def phase(self, phase: JobPhase, reason: str = "") -> None:
+            self.phases.append((phase, reason))
+
+    said = Said()
+    finish = FinishReporter(said, every=0)
+    finish.evaluating(40)
+    finish.answered(10, 40)
+    finish.answered(40, 40)  # all answered: Saving says what comes next
+    finish.saving()
+    assert [p for p, _ in said.phases] == [JobPhase.EVALUATING] * 2 + [JobPhase.SAVING]
+    assert said.phases[1][1].startswith("answered 10/40 held-out requests · ~") and said.phases[1][1].endswith(" left")
+    assert finish.seconds >= 0
+
+    home = tmp_path / "home"  # the run as a finished local job, beside the job about to start
+    earlier = home / "jobs" / "earlier"
+    shutil.copytree(out, earlier / "output", ignore=shutil.ignore_patterns("checkpoints", "*model"))
+    (earlier / "spec.json").write_text(json.dumps({"id": "earlier", "blueprint_id": "tiny-llama-cpu"}))
+    upcoming, n_eval = home / "jobs" / "next" / "output", metrics["num_eval_examples"]
+    assert earlier_finish_seconds(upcoming, "tiny-llama-cpu", n_eval) == metrics["finish_seconds"]
+    assert earlier_finish_seconds(upcoming, "tiny-llama-cpu", n_eval + 1) == 0  # another held-out size
+    assert earlier_finish_seconds(upcoming, "smollm2-135m-lora-kubectl", n_eval) == 0  # another blueprint
 
 
 def test_trainjob_status_updates(tiny_run, status_posts) -> None:

@@ -35,7 +35,7 @@ def test_hub_blueprint_on_standin(arch: str, tmp_path: Path, request: pytest.Fix
         "--model-source", str(standin), "--dataset-source", str(rows), "--output", str(out),
     )  # fmt: skip
     assert run.returncode == 0, describe(run)
-    assert run.phases == ["Initializing", "Training", "Saving", "Succeeded"]
+    assert run.phases == ["Initializing", "Training", "Evaluating", "Saving", "Succeeded"]
     assert [p.step for p in run.progress] == [1, 2, 3]
     assert all(math.isfinite(p.loss) for p in run.progress)
     assert math.isfinite(run.metrics["eval_loss"]) and "eval_exact_match" not in run.metrics

@@ -39,6 +39,7 @@ PHASE_COLOURS = {
     JobPhase.PENDING: "#8a8a8a",
     JobPhase.INITIALIZING: "#1f77b4",
     JobPhase.TRAINING: "#1f77b4",
+    JobPhase.EVALUATING: "#17becf",
     JobPhase.SAVING: "#9467bd",
     JobPhase.SUCCEEDED: "#2ca02c",
     JobPhase.FAILED: "#d62728",

@@ -394,6 +394,7 @@ class MeasuredRun:
     num_eval_examples: int | None
     peak_memory_bytes: int | None = None
     micro_batch_size: int | None = None
+    finish_seconds: float | None = None  # the final evaluation and the save
 
     @property
     def seconds_per_step(self) -> float:
@@ -434,6 +435,7 @@ def measured_runs(home: Path | None = None) -> list[MeasuredRun]:
                 num_eval_examples=metrics.get("num_eval_examples"),
                 peak_memory_bytes=metrics.get("peak_memory_bytes"),
                 micro_batch_size=metrics.get("micro_batch_size"),
+                finish_seconds=metrics.get("finish_seconds"),
             )
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a run that did not finish, or an older trainer's metrics: not a basis

@@ -8,6 +8,7 @@ batch needs none), greedy decoding that stops at EOS, special tokens skipped whe
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from playground.answers import exact_match  # the one rule, shared with result.json and the chat panel
@@ -49,15 +50,24 @@ def eval_loss(model: Any, data: TokenizedSet, *, batch_size: int, device: Any, a
 
 
 def generate_answers(
-    model: Any, tokenizer: Any, prompt_ids: list[list[int]], *, max_new_tokens: int, device: Any, batch_size: int = 256
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: list[list[int]],
+    *,
+    max_new_tokens: int,
+    device: Any,
+    batch_size: int = 256,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[str]:
-    """Greedy answers for each prompt (token ids from the chat template), decoded like a server."""
+    """Greedy answers for each prompt (token ids from the chat template), decoded like a server; ``on_progress(done,
+    total)`` after each batch."""
     import torch
 
     groups: dict[int, list[int]] = defaultdict(list)
     for i, ids in enumerate(prompt_ids):
         groups[len(ids)].append(i)
     answers: list[str] = [""] * len(prompt_ids)
+    done = 0
     was_training = model.training
     model.eval()
     with torch.no_grad():
@@ -75,5 +85,8 @@ def generate_answers(
                 )
                 for i, row in zip(chunk, out[:, ids.shape[1] :].tolist(), strict=True):
                     answers[i] = tokenizer.decode(row, skip_special_tokens=True)
+                done += len(chunk)
+                if on_progress is not None:
+                    on_progress(done, len(prompt_ids))
     model.train(was_training)
     return answers

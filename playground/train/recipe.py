@@ -23,7 +23,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from playground.events import JobPhase, Progress
 from playground.train import checkpoint, evaluate, parallel
 from playground.train import model as models
 from playground.train.data import Batches, file_splits, load_rows, synthetic_splits, tokenize
+from playground.train.finish import FinishReporter, earlier_finish_seconds
 from playground.train.flops import MFU_WARMUP_STEPS, FlopCounter, count_flops, mfu, peak_flops
 from playground.train.parallel import gradient_sync
 from playground.train.perf import causal_lm_loss, compile_model, model_inputs
@@ -262,6 +263,8 @@ class Recipe:
         self.spec, self.reporter = spec, reporter
         self.settings = Settings.from_spec(spec)
         self.state = TrainState()
+        self.finish = FinishReporter(reporter)  # the Evaluating and Saving phases after the last step
+        self.finish_estimate = 0.0  # seconds they took last time (setup finds out), added to the ETA
 
     def setup(self) -> None:
         """Ranks and device, data, model, optimizer, and the state (``--resume``: the checkpoint's)."""
@@ -270,6 +273,8 @@ class Recipe:
         self.model = setup_model(self)
         self.optim = setup_optimizer(self)
         self.state = restore(self)
+        # the final evaluation and save, as long as they took last time: part of every progress point's ETA
+        self.finish_estimate = earlier_finish_seconds(self.spec.output, self.spec.blueprint.id, len(self.data.eval_set))
 
     def train(self) -> dict[str, Any]:
         """The loop, the final eval and the save; returns the final metrics (also in metrics.json)."""
@@ -426,7 +431,7 @@ def restore(recipe: Recipe) -> TrainState:
     return state
 
 
-def evaluate_model(recipe: Recipe) -> dict[str, float]:
+def evaluate_model(recipe: Recipe, on_answered: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Held-out metrics (eval loss; exact match for synthetic tasks), reported by rank 0 as Metric
     events and appended to the history. Rank 0 evaluates alone, except under FSDP2, where every
     forward pass is a collective: there every rank runs the same eval (generation with
@@ -444,8 +449,9 @@ def evaluate_model(recipe: Recipe) -> dict[str, float]:
             gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
             with runtime.autocast():
                 answers = evaluate.generate_answers(
-                    bare, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=gen_tokens, device=runtime.device
-                )
+                    bare, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=gen_tokens, device=runtime.device,
+                    on_progress=on_answered,
+                )  # fmt: skip
             results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
     if runtime.dist.main:
         for name, value in results.items():
@@ -571,7 +577,7 @@ def _report_progress(recipe: Recipe, window: _Window, peak: float | None) -> Non
             loss=state.last_loss,
             learning_rate=recipe.optim.scheduler.get_last_lr()[0],
             tokens_per_second=tokens / elapsed if elapsed > 0 else None,
-            eta_seconds=(max_steps - step) * elapsed / window.steps,
+            eta_seconds=(max_steps - step) * elapsed / window.steps + recipe.finish_estimate,
             gpu_memory_bytes=torch.cuda.max_memory_allocated(runtime.device) if runtime.cuda else None,
             mfu=mfu(flops / world, timed, peak),
         )
@@ -581,9 +587,10 @@ def _report_progress(recipe: Recipe, window: _Window, peak: float | None) -> Non
 
 
 def final_eval(recipe: Recipe) -> dict[str, float]:
-    """Held-out metrics of the trained model (the quality bar reads them)."""
+    """Held-out metrics of the trained model (the quality bar reads them), as the Evaluating phase."""
     recipe.state.step = recipe.settings.max_steps
-    return evaluate_model(recipe)
+    recipe.finish.evaluating(len(recipe.data.eval_set))
+    return evaluate_model(recipe, on_answered=recipe.finish.answered)
 
 
 def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
@@ -592,7 +599,7 @@ def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
     import torch
 
     spec, runtime, data, model, state = recipe.spec, recipe.runtime, recipe.data, recipe.model, recipe.state
-    recipe.reporter.phase(JobPhase.SAVING)
+    recipe.finish.saving()
     to_save = model.model
     if model.strategy == "fsdp":
         weights = parallel.full_state_dict(model.model)  # every rank takes part; rank 0 gets them
@@ -623,6 +630,7 @@ def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
             "resumed_from_step": state.start_step or None,
             "history": state.history,
             **measured_footprint(recipe),
+            "finish_seconds": recipe.finish.seconds,  # the final evaluation and the save: the next run's ETA has it
         }
         write_metrics(spec.output, metrics)
     return metrics

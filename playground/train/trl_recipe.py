@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,6 +28,7 @@ from playground.events import JobPhase, Progress
 from playground.train import checkpoint, evaluate, kubectl_reward
 from playground.train import model as models
 from playground.train.data import Sample
+from playground.train.finish import FinishReporter, earlier_finish_seconds
 from playground.train.recipe import (
     MAX_SYNTHETIC_ROWS,
     MIN_LR_RATIO,
@@ -67,6 +69,8 @@ class TrlRecipe:
         self.clock = Clock()
         self.last_loss = math.nan
         self.evaluate_base = True  # GRPO with a warm start evaluates the base before it
+        self.finish = FinishReporter(reporter)  # the Evaluating and Saving phases after the last step
+        self.finish_estimate = 0.0  # seconds they took last time (setup finds out), added to the ETA
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -91,6 +95,7 @@ class TrlRecipe:
         self.trainer = self.build_trainer()
         self.trainer.remove_callback(PrinterCallback)  # TRL's raw log dicts: our Progress events say it
         self.trainer.add_callback(_Events(self))
+        self.finish_estimate = earlier_finish_seconds(self.spec.output, self.spec.blueprint.id, len(self.eval_samples))
         n_params = sum(p.numel() for p in self.trainer.model.parameters())
         n_trainable = sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)
         self.reporter.log(
@@ -168,10 +173,13 @@ class TrlRecipe:
         self.clock.restart()
         self.trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         self.clock.lap()
-        final = self.evaluate_model(self.trainer.model, step=self.settings.max_steps)
+        self.finish.evaluating(len(self.eval_samples))
+        final = self.evaluate_model(self.trainer.model, step=self.settings.max_steps, on_answered=self.finish.answered)
         return self.save(final)
 
-    def evaluate_model(self, model: Any, *, step: int, prefix: str = "") -> dict[str, float]:
+    def evaluate_model(
+        self, model: Any, *, step: int, prefix: str = "", on_answered: Callable[[int, int], None] | None = None
+    ) -> dict[str, float]:
         """Held-out figures by greedy generation (prompted like a chat request): exact match; for the kubectl
         task the mean verifiable reward and the share of answers that would change the cluster unasked; and the
         method's own (``extra_eval``). ``prefix="base_"``: the model before training (LoRA switched off)."""
@@ -195,8 +203,9 @@ class TrlRecipe:
             max_new = min(self.spec.blueprint.serving.max_new_tokens, longest + 8)
             with self.runtime.autocast():
                 answers = evaluate.generate_answers(
-                    model, self.tokenizer, prompt_ids, max_new_tokens=max_new, device=self.runtime.device
-                )
+                    model, self.tokenizer, prompt_ids, max_new_tokens=max_new, device=self.runtime.device,
+                    on_progress=on_answered,
+                )  # fmt: skip
             results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in samples])
             if self.spec.blueprint.task == "english-to-kubectl":
                 rewards = [kubectl_reward.score(a, s.answer) for a, s in zip(answers, samples, strict=True)]
@@ -218,7 +227,7 @@ class TrlRecipe:
         """The servable ``model/`` (LoRA merged) and ``metrics.json``, both written atomically."""
         import torch
 
-        self.reporter.phase(JobPhase.SAVING)
+        self.finish.saving()
         metrics: dict[str, Any] = {}
         runtime = self.runtime
         if not runtime.dist.main:
@@ -250,6 +259,7 @@ class TrlRecipe:
             "global_batch_size": self.plan.global_batch,
             "history": self.history,
             **peak_memory(runtime),
+            "finish_seconds": self.finish.seconds,  # the final evaluation and the save: the next run's ETA has it
         }
         write_metrics(self.spec.output, metrics)
         return metrics
@@ -327,7 +337,7 @@ class _Events:
                 loss=recipe.last_loss,
                 learning_rate=logs.get("learning_rate"),
                 tokens_per_second=rate,
-                eta_seconds=(state.max_steps - state.global_step) * elapsed / max(1, steps),
+                eta_seconds=(state.max_steps - state.global_step) * elapsed / max(1, steps) + recipe.finish_estimate,
                 metrics=recipe.method_metrics(logs),
             )
         )

@@ -15,10 +15,11 @@ RANK = {
     JobPhase.PENDING: 0,
     JobPhase.INITIALIZING: 1,
     JobPhase.TRAINING: 2,
-    JobPhase.SAVING: 3,
-    JobPhase.SUCCEEDED: 4,
-    JobPhase.FAILED: 4,
-    JobPhase.CANCELLED: 4,
+    JobPhase.EVALUATING: 3,
+    JobPhase.SAVING: 4,
+    JobPhase.SUCCEEDED: 5,
+    JobPhase.FAILED: 5,
+    JobPhase.CANCELLED: 5,
 }
 WAITING_PROBLEMS = {
     "ImagePullBackOff",

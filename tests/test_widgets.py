@@ -344,6 +344,28 @@ def test_visitors_see_no_paths_pids_or_command_lines() -> None:
             assert monitor.details_box.layout.display == "none" and "4242" not in monitor.details.value
 
 
+def test_the_queue_wait_counts_down_between_estimates() -> None:
+    """The engine re-estimates a queued job's wait only when its position moves; the page counts down meanwhile."""
+    import re
+
+    assert queue_text(2, 95.0, since=100.0, now=110.0) == "position 2 in the queue · about 1:25 to wait"
+    assert queue_text(1, 30.0, since=100.0, now=140.0) == "next in line · any moment now"
+    estimated_at = time.time() - 10
+    script = [Queued(2, 95.0, time=estimated_at), Phase(JobPhase.INITIALIZING)]
+    monitor = JobMonitor(ScriptedBackend(script, rate=0.1), "job-1", operator=False)  # 10 s between the events
+
+    def seconds_left() -> int:
+        found = re.search(r"about (\d+):(\d\d) to wait", monitor.queue.value)
+        return int(found[1]) * 60 + int(found[2]) if found else 0
+
+    first = wait_for(seconds_left, 30, "the queue's estimated wait")
+    expected = 95 - (time.time() - estimated_at)  # the estimate, less the time since it was made
+    assert monitor.queue.value.startswith("position 2 in the queue") and expected - 2 <= first <= expected + 1
+    later = wait_for(lambda: (left := seconds_left()) and left < first and left, 3, "the wait counting down")
+    assert first - 3 <= later < first
+    assert monitor.wait(30) and monitor.queue.value == ""  # out of the queue: nothing to count
+
+
 def test_queue_position_and_a_live_log_tail() -> None:
     state = JobState()
     for event in [Queued(2, 95.0), Queued(1, 30.0), Phase(JobPhase.INITIALIZING), Phase(JobPhase.TRAINING)]:

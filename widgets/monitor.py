@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import threading
+import time
 from collections.abc import Callable
 from copy import deepcopy
 
@@ -46,6 +47,7 @@ PHASE_COLOURS = {
     JobPhase.CANCELLED: "#ff7f0e",
 }
 LOG_LINES = 15  # the log tail shows this many of the newest lines
+QUEUE_TICK_SECONDS = 1.0  # the queue's wait counts down this often
 
 
 def phase_badge(phase: JobPhase, reason: str = "") -> str:
@@ -140,6 +142,7 @@ class JobMonitor(ipw.VBox):
         self._thread: threading.Thread | None = None
         self._job_info: Job | None = None
         self._details_lines = 0
+        self._queued: tuple[int, float | None, float | None] | None = None  # position, estimate, when: counts down
         self._reset_series()
 
         self.header = ipw.HTML("<i>No job yet: launch one above, or open one from “Your jobs”.</i>")
@@ -191,8 +194,20 @@ class JobMonitor(ipw.VBox):
             ]
         )
         self.add_class("pg-monitor")
+        threading.Thread(target=self._count_down, name="queue-countdown", daemon=True).start()
         if job is not None:
             self.follow(job, backend=backend, blueprint=blueprint, start=autostart)
+
+    def _count_down(self) -> None:
+        """Once a second, the queue's estimated wait counts down on the page (the engine re-estimates only when the
+        position moves or the estimate departs from this countdown)."""
+        while True:
+            time.sleep(QUEUE_TICK_SECONDS)
+            with self._lock:
+                if self._queued is not None:
+                    text = html.escape(queue_text(*self._queued))
+                    if self.queue.value != text:
+                        self.queue.value = text
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -226,6 +241,7 @@ class JobMonitor(ipw.VBox):
             phase = job.phase if isinstance(job, Job) else JobPhase.PENDING
             self.phase.value = phase_badge(phase)
             self.queue.value = ""
+            self._queued = None
             if isinstance(job, Job) and job.queue_position:
                 self.queue.value = html.escape(queue_text(job.queue_position, job.estimated_wait_seconds))
             self.progress.value = 0.0
@@ -472,9 +488,9 @@ class JobMonitor(ipw.VBox):
 
     def _render_snapshot(self, snap: Snapshot) -> None:
         self.phase.value = phase_badge(snap.phase, self._text(snap.reason))
-        self.queue.value = (
-            html.escape(queue_text(snap.queue_position, snap.estimated_wait_seconds)) if snap.queue_position else ""
-        )
+        queued = (snap.queue_position, snap.estimated_wait_seconds, snap.queued_at)
+        self._queued = queued if snap.queue_position else None
+        self.queue.value = html.escape(queue_text(*self._queued)) if self._queued else ""
         for point in snap.new_points:
             self._steps.append(point.step)
             self._losses.append(point.loss)

@@ -48,6 +48,7 @@ class Snapshot:
     events_seen: int
     queue_position: int | None = None  # while waiting for a training slot (1 = next)
     estimated_wait_seconds: float | None = None
+    queued_at: float | None = None  # when that estimate was made (the Queued event's time): the page counts down
 
     @property
     def fraction(self) -> float:
@@ -74,6 +75,7 @@ class JobState:
         self.events_seen = 0
         self.queue_position: int | None = None
         self.estimated_wait_seconds: float | None = None
+        self.queued_at: float | None = None
         self._delivered = 0
 
     def apply(self, event: Event) -> None:
@@ -95,6 +97,7 @@ class JobState:
                     waiting = queue_text(position, event.estimated_wait_seconds)
                     self.logs.append(f"waiting for a training slot: {waiting}")
                 self.queue_position, self.estimated_wait_seconds = position, event.estimated_wait_seconds
+                self.queued_at = event.time
             elif isinstance(event, Log):
                 self.logs.append(event.line if event.source in ("trainer", "") else f"[{event.source}] {event.line}")
             elif isinstance(event, ClusterEvent):
@@ -119,6 +122,7 @@ class JobState:
                 events_seen=self.events_seen,
                 queue_position=self.queue_position,
                 estimated_wait_seconds=self.estimated_wait_seconds,
+                queued_at=self.queued_at,
             )
 
 
@@ -381,11 +385,16 @@ def visitor_text(line: str) -> str | None:
     return scrub_paths(line)
 
 
-def queue_text(position: int, wait_seconds: float | None) -> str:
-    """``position 2 in the queue · about 1:30``."""
+def queue_text(position: int, wait_seconds: float | None, since: float | None = None, now: float | None = None) -> str:
+    """``position 2 in the queue · about 1:30 to wait``; with ``since`` (when the estimate was made) the wait counts
+    down from it, to "any moment now"."""
     ahead = "next in line" if position == 1 else f"position {position} in the queue"
     if wait_seconds is None:
         return f"{ahead} · waiting for admission"
+    if since is not None:
+        wait_seconds -= max(0.0, (time.time() if now is None else now) - since)
+        if wait_seconds < 1:
+            return f"{ahead} · any moment now"
     return f"{ahead} · about {format_duration(wait_seconds, unknown='–')} to wait"
 
 

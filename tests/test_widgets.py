@@ -251,6 +251,34 @@ class ScriptedBackend(Backend):
     def delete(self, job_id: str, *, owner: str | None = None) -> None: ...
 
 
+def test_your_jobs_stay_live_while_a_job_runs() -> None:
+    """'Your jobs' follows a running job by itself (it went stale at step 5/80 while the job trained on), updating
+    its rows in place; once every job has finished it stops refreshing."""
+    from dataclasses import replace
+
+    from playground.facade import Playground
+    from widgets.jobs import JobsList
+
+    backend = ScriptedBackend([], rate=1.0)
+
+    def job_now(**changes: object) -> None:  # what the backend lists from now on (a new Job each time, as a real one)
+        backend.jobs["job-1"] = replace(backend.jobs["job-1"], **changes)
+
+    job_now(phase=JobPhase.TRAINING, progress=_progress(5, 80))
+    listing = JobsList(Playground(backend), live_seconds=0.2)
+    row = listing.rows.children[0]
+    assert "step 5/80" in row.children[1].value
+    job_now(progress=_progress(40, 80))
+    wait_for(lambda: "step 40/80" in row.children[1].value, 10, "the list following the job")
+    job_now(phase=JobPhase.SUCCEEDED)
+    wait_for(lambda: "Succeeded" in row.children[1].value, 10, "the list showing the job's end")
+    assert listing.rows.children[0] is row  # updated in place, not rebuilt
+    job_now(progress=_progress(80, 80))
+    time.sleep(1.0)
+    assert "step 40/80" in row.children[1].value  # every job finished: no more refreshes
+    listing.close()
+
+
 def test_monitor_at_1000_lines_per_second() -> None:
     total = 1500
     script: list[Event] = [Phase(JobPhase.TRAINING)]

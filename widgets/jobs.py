@@ -24,10 +24,27 @@ def age_text(created_at: float, now: float | None = None) -> str:
     return f"{seconds // 3600}h ago"
 
 
+LIVE_SECONDS = 5.0  # while a listed job is unfinished, the list refreshes itself this often
+
+
+def row_text(job: Job, now: float | None = None) -> str:
+    """One job's line: id, blueprint, phase, queue position or step, age."""
+    progress = ""
+    if job.queue_position:
+        progress = f" · queued, position {job.queue_position}"
+    elif job.progress is not None:
+        progress = f" · step {job.progress.step}/{job.progress.total_steps}"
+    return (
+        f"<code>{html.escape(job.id)}</code> · {html.escape(job.blueprint_id)} · "
+        f"{phase_badge(job.phase)}{progress} · {age_text(job.created_at, now)}"
+    )
+
+
 class JobsList(ipw.VBox):
     """The backend's jobs, running first; ``on_open(job)`` attaches a monitor to one.
 
-    With ``owner`` (booth mode) only that visitor's jobs are listed and can be opened.
+    With ``owner`` (booth mode) only that visitor's jobs are listed and can be opened. While any listed job is
+    unfinished the list refreshes itself every ``live_seconds`` (rows updated in place: no widget churn).
     """
 
     def __init__(
@@ -37,12 +54,14 @@ class JobsList(ipw.VBox):
         on_open: Callable[[Job], None] | None = None,
         limit: int = 20,
         owner: str | None = None,
+        live_seconds: float = LIVE_SECONDS,
     ) -> None:
         self.backend = backend
         self.on_open = on_open
         self.owner = owner
         self.limit = limit
         self.jobs: list[Job] = []
+        self._row_ids: list[str] = []  # the jobs the rows show, in order
         self._last_click = float("-inf")
         self._refreshing = threading.Lock()  # the kernel thread and a monitor's thread both refresh
         self.refresh_button = ipw.Button(description="Refresh", icon="refresh")
@@ -53,6 +72,17 @@ class JobsList(ipw.VBox):
         super().__init__([self.refresh_button, self.rows, self.status])
         self.add_class("pg-jobs")
         self.refresh()
+        self._live = threading.Event()  # set: stop refreshing by itself
+        threading.Thread(target=self._keep_live, args=(live_seconds,), name="jobs-live", daemon=True).start()
+
+    def _keep_live(self, interval: float) -> None:
+        while not self._live.wait(interval):
+            if any(not job.done for job in self.jobs):
+                self.refresh()
+
+    def close(self) -> None:
+        self._live.set()
+        super().close()
 
     def refresh_clicked(self) -> None:
         """Refresh, at most once a second however fast clicks arrive (any client can send them)."""
@@ -78,26 +108,25 @@ class JobsList(ipw.VBox):
             self.jobs = []
             message = error_text(exc) if self.owner is None else scrub_paths(error_text(exc))
             self.status.value = f"<span class='pg-error-text'>{html.escape(message)}</span>"
+        if [job.id for job in self.jobs] == self._row_ids:  # the same jobs: their rows' text only
+            for row, job in zip(self.rows.children, self.jobs, strict=True):
+                text = row_text(job)
+                if row.children[1].value != text:
+                    row.children[1].value = text
+            return self.jobs
         for old in self.rows.children:  # free the previous rows' widgets (a long booth day)
             for widget in old.children:
                 widget.close()
             old.close()
         rows = []
         for job in self.jobs:
-            progress = ""
-            if job.queue_position:
-                progress = f" · queued, position {job.queue_position}"
-            elif job.progress is not None:
-                progress = f" · step {job.progress.step}/{job.progress.total_steps}"
-            label = ipw.HTML(
-                f"<code>{html.escape(job.id)}</code> · {html.escape(job.blueprint_id)} · "
-                f"{phase_badge(job.phase)}{progress} · {age_text(job.created_at)}"
-            )
+            label = ipw.HTML(row_text(job))
             button = ipw.Button(description="Open", icon="eye", layout=ipw.Layout(width="90px"))
             button.add_class("pg-open").add_class(f"pg-open-{job.id}")
             button.on_click(lambda _, j=job: self.attach_job(j))
             rows.append(ipw.HBox([button, label]))
         self.rows.children = rows
+        self._row_ids = [job.id for job in self.jobs]
         return self.jobs
 
     def attach_job(self, job: Job | str) -> None:

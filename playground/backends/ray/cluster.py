@@ -142,6 +142,7 @@ class LocalRayHome:
         command = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--disable-usage-stats",
             "--port=0", f"--dashboard-port={port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+            "--node-ip-address=127.0.0.1",  # this machine only: nothing listens on or talks to its LAN address
             f"--num-cpus={cpus:g}", f"--num-gpus={gpus:g}", f"--object-store-memory={OBJECT_STORE_BYTES}",
             f"--temp-dir={temp_dir}",
         ]  # fmt: skip

@@ -147,6 +147,22 @@ def test_gallery_notes() -> None:
     assert not any("GPU" in n for n in blueprint_notes(llama, "kubernetes", gpus=0))
 
 
+def test_a_booth_visitor_reads_no_operator_advice_on_the_cards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stranger sees 'not available at this booth' where the operator reads what to install or set (issue 20)."""
+    from widgets.gallery import BlueprintGallery
+    from widgets.state import VISITOR_NOTE
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("PLAYGROUND_GPU_COUNT", "0")
+    catalog = [get_blueprint("tiny-llama-cpu"), get_blueprint("llama-3.2-1b-lora-alpaca")]
+    operator, visitor = BlueprintGallery(catalog), BlueprintGallery(catalog, operator=False)
+    assert any("HF_TOKEN" in n for n in operator.notes["llama-3.2-1b-lora-alpaca"])
+    assert visitor.notes == {"tiny-llama-cpu": [], "llama-3.2-1b-lora-alpaca": [VISITOR_NOTE]}
+    card = visitor.bodies["llama-3.2-1b-lora-alpaca"].value
+    shown_notes = card.split("</table>")[-1]
+    assert VISITOR_NOTE in shown_notes and "HF_TOKEN" not in shown_notes and "GPU" not in shown_notes
+
+
 # -- coalescing -----------------------------------------------------------------------------------
 
 

@@ -125,7 +125,9 @@ class App(ipw.VBox):
         # shown in it, so its plotly view never has to be created again (see JobMonitor).
         self.monitor = JobMonitor(owner=self.owner, operator=self.operator, on_done=self._finished)
         self.chart = self.monitor.chart
-        self.gallery = BlueprintGallery(api.blueprints(), on_select=self.select, backend=self.backend_name)
+        self.gallery = BlueprintGallery(
+            api.blueprints(), on_select=self.select, backend=self.backend_name, operator=self.operator
+        )
         self.form_box = ipw.VBox([ipw.HTML("<i>pick a blueprint above</i>")])
         self.serve_box = ipw.VBox([ipw.HTML("<i>available when the job has succeeded</i>")])
         try:

@@ -53,8 +53,10 @@ class BlueprintGallery(ipw.VBox):
         *,
         on_select: Callable[[Blueprint], None] | None = None,
         backend: str = "local",
+        operator: bool = True,
     ) -> None:
         self.on_select = on_select
+        self.operator = operator  # False: a booth visitor, who reads no operator advice on the cards
         self.selected: str | None = None
         self.backend = backend
         super().__init__([])
@@ -90,7 +92,7 @@ class BlueprintGallery(ipw.VBox):
         """Recompute the 'cannot run here' notes for ``backend``."""
         self.backend = backend
         for bid, bp in self.blueprints.items():
-            self.notes[bid] = blueprint_notes(bp, backend)
+            self.notes[bid] = blueprint_notes(bp, backend, operator=self.operator)
             self.bodies[bid].value = card_html(bp, self.notes[bid])
 
     def select(self, blueprint_id: str) -> Blueprint:

@@ -451,8 +451,16 @@ def local_gpu_count() -> int:
     return detect_gpus()
 
 
-def blueprint_notes(blueprint: Blueprint, backend: str = "local", gpus: int | None = None) -> list[str]:
-    """Why ``blueprint`` cannot run as it is on ``backend`` here (empty: it can)."""
+VISITOR_NOTE = "not available at this booth"  # what a stranger reads instead of the operator's advice
+
+
+def blueprint_notes(
+    blueprint: Blueprint, backend: str = "local", gpus: int | None = None, *, operator: bool = True
+) -> list[str]:
+    """Why ``blueprint`` cannot run as it is on ``backend`` here (empty: it can). For a booth visitor
+    (``operator=False``) one plain line instead of the operator's advice (install this, set HF_TOKEN, use a cluster)."""
+    if not operator:
+        return [VISITOR_NOTE] if blueprint_notes(blueprint, backend, gpus) else []
     from playground.blueprints.plan import on_machine
 
     notes: list[str] = []

@@ -185,6 +185,8 @@ class LocalServers(ModelServers):
     def _leave_shared(self, target: str, owner: str | None) -> bool:
         """Take users off the shared servers: ``owner`` (None: any) whose job is ``target``, or every one of
         ``owner``'s uses of a shared server named by ``target`` (its URL or name). The servers keep running."""
+        if not any(record.get("shared") for record in self._records()):
+            return False  # nothing shared (outside booth mode, always): no lock taken, no file written
         wanted = target.strip().rstrip("/")
         left = False
         with self._servers_lock():

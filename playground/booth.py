@@ -1,9 +1,15 @@
 """Booth mode: one machine (or one namespace) serving many anonymous visitors, safely.
 
 A :class:`BoothPolicy` bounds what visitors can start: one running job each, a few per hour, a
-bounded number of trainings at once per machine (the rest wait in a FIFO queue), a deadline per job
-and a time-to-live for finished jobs and their servers. Backends enforce it in ``submit`` for
-requests that carry an ``owner`` (a visitor id); jobs without an owner are the operator's.
+bounded number of trainings at once per machine (the rest wait in a FIFO queue of bounded length), a
+deadline per job and a time-to-live for finished jobs and their servers, and the machine's model
+servers (one shared base server per base model, one fine-tuned server per visitor, a cap on all of
+them, an idle time-to-live). Backends enforce it in ``submit`` for requests that carry an ``owner``
+(a visitor id); jobs without an owner are the operator's.
+
+A visitor's kernel shows it is still there with :func:`touch_presence` (a :class:`Heartbeat`); a
+queued job of a visitor gone longer than ``visitor_gone_seconds`` leaves the queue, and their model
+server stops.
 
 Settings come from the environment (``PLAYGROUND_BOOTH=1`` turns booth mode on; the limits are
 ``PLAYGROUND_BOOTH_*``, see :data:`SETTINGS`); a bad value is one line naming the setting.
@@ -17,8 +23,9 @@ import hashlib
 import json
 import math
 import os
+import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -49,11 +56,20 @@ class BoothPolicy:
     max_concurrent_trainings: int = 1  # trainings at once on this machine (local backend); the rest queue
     job_deadline_seconds: int = 900  # a local job running longer is stopped: Failed "deadline exceeded"
     finished_ttl_seconds: int = 1800  # finished jobs and their servers are removed this long after the end
+    # Jobs waiting for a training slot on this machine (local backend); a visitor's submit beyond it is refused.
+    # 6: with one slot, ~2.5 minutes per SmolLM2 job, the last in line waits about 15 minutes.
+    max_queued: int = 6
+    visitor_gone_seconds: int = 300  # a queued job of a visitor unseen this long leaves the queue (Cancelled)
+    # Model servers running on this machine (local servers). 10: SmolLM2 servers are ~1 GB each; 24 GB less the
+    # app (4 GB), one training (3 GB) and headroom for the OS and generation (~5 GB) leaves room for about 10.
+    max_servers: int = 10
+    server_idle_seconds: int = 600  # a server with no chat request this long is stopped
+    server_evict_idle_seconds: int = 120  # at the cap, a visitor's fine-tuned server idle this long makes room
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            low = 0 if f.name == "finished_ttl_seconds" else 1
+            low = _LOWEST.get(f.name, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise UserError(
                     f"booth setting {f.name} ({SETTINGS[f.name]}): {value!r} is not allowed; "
@@ -72,7 +88,7 @@ class BoothPolicy:
             raw = env.get(setting)
             if raw is None or not raw.strip():
                 continue
-            low = 0 if name == "finished_ttl_seconds" else 1
+            low = _LOWEST.get(name, 1)
             try:
                 values[name] = int(parse_number(raw, integer=True))  # the one parser: ASCII digits only
             except ValueError:
@@ -125,7 +141,13 @@ SETTINGS: dict[str, str] = {
     "max_concurrent_trainings": "PLAYGROUND_BOOTH_MAX_CONCURRENT_TRAININGS",
     "job_deadline_seconds": "PLAYGROUND_BOOTH_JOB_DEADLINE_SECONDS",
     "finished_ttl_seconds": "PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS",
+    "max_queued": "PLAYGROUND_BOOTH_MAX_QUEUED",
+    "visitor_gone_seconds": "PLAYGROUND_BOOTH_VISITOR_GONE_SECONDS",
+    "max_servers": "PLAYGROUND_BOOTH_MAX_SERVERS",
+    "server_idle_seconds": "PLAYGROUND_BOOTH_SERVER_IDLE_SECONDS",
+    "server_evict_idle_seconds": "PLAYGROUND_BOOTH_SERVER_EVICT_IDLE_SECONDS",
 }
+_LOWEST = {"finished_ttl_seconds": 0, "server_evict_idle_seconds": 0}  # the others: at least 1
 
 
 def booth_enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -215,3 +237,60 @@ class SubmissionLedger:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.path)
+
+
+# -- presence: is a visitor still at the booth? --------------------------------------------------------
+def _presence_path(home: Path, owner: str) -> Path:
+    return Path(home) / "booth" / "presence" / owner_key(owner)
+
+
+def touch_presence(home: Path | str, owner: str, when: float | None = None) -> None:
+    """Record that ``owner`` is at the booth now (their kernel calls it now and then; a submit does too)."""
+    path = _presence_path(Path(home), owner)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    if when is not None:
+        os.utime(path, (when, when))
+
+
+def last_seen(home: Path | str, owner: str) -> float | None:
+    """When ``owner`` was last seen (None: never recorded)."""
+    try:
+        return _presence_path(Path(home), owner).stat().st_mtime
+    except OSError:
+        return None
+
+
+def visitor_gone(home: Path | str, owner: str | None, after_seconds: float, now: float | None = None) -> bool:
+    """Whether ``owner`` was last seen more than ``after_seconds`` ago. The operator (None) and a visitor never
+    seen (no record: nothing says they left) are never gone."""
+    if owner is None:
+        return False
+    seen = last_seen(home, owner)
+    now = time.time() if now is None else now
+    return seen is not None and now - seen > after_seconds
+
+
+class Heartbeat:
+    """Calls ``beat`` every ``interval`` seconds on a daemon thread until :meth:`stop` (or the process ends:
+    a culled kernel stops beating, which is how the engine learns a visitor has left)."""
+
+    def __init__(self, beat: Callable[[], None], interval: float) -> None:
+        self.beat = beat
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="playground-presence", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a full disk must not kill the kernel's thread
+                self.beat()
+            if self._stop.wait(self.interval):
+                return

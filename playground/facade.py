@@ -2,22 +2,24 @@
 
 Training backends (:mod:`playground.backends`) only train; model servers (:mod:`playground.serving`) only serve.
 The facade pairs them: ``serve`` checks the caller may see the job, then asks the servers; ``delete`` stops the
-job's servers before the backend removes the job; ``cleanup`` deletes the jobs past their TTL the same way, and
-runs on the side of ``list``/``submit`` as often as the backend asks (booth mode), never inside the backend.
+job's servers before the backend removes the job; ``cleanup`` deletes the jobs past their TTL the same way, stops the
+model servers the booth no longer wants (idle, visitor gone), and runs on the side of ``list``/``submit`` as often as
+the backend asks (booth mode), never inside the backend.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from playground.backends import Backend, get_backend
 from playground.backends.base import is_expired
-from playground.booth import owns
+from playground.booth import Heartbeat, owns, touch_presence
 from playground.errors import JobNotFound, UserError
 from playground.events import Event
-from playground.serving.base import ModelServers
+from playground.serving.base import ModelServers, ServerInfo
 from playground.types import Endpoint, Job, TrainRequest
 
 
@@ -75,14 +77,15 @@ class Playground:
         self.backend.delete(job_id, owner=owner)
 
     def cleanup(self, *, now: float | None = None) -> list[str]:
-        """Delete the finished jobs past their TTL, with their servers; the ids deleted."""
-        return self._delete(self.backend.expired(now=now))
+        """Delete the finished jobs past their TTL, with their servers, and stop the servers idle past theirs
+        (booth mode); the ids deleted."""
+        return self._delete(self.backend.expired(now=now), now=now)
 
     def _delete_expired(self, jobs: list[Job]) -> list[str]:
         """The listed jobs whose ``expires_at`` has passed, deleted (one listing serves listing and cleanup)."""
         return self._delete([job.id for job in jobs if is_expired(job)])
 
-    def _delete(self, job_ids: list[str]) -> list[str]:
+    def _delete(self, job_ids: list[str], *, now: float | None = None) -> list[str]:
         self._last_cleanup = time.monotonic()
         removed = []
         for job_id in job_ids:
@@ -91,6 +94,9 @@ class Playground:
             except (JobNotFound, UserError):
                 continue  # removed by someone else meanwhile
             removed.append(job_id)
+        if self.policy is not None:  # a backend without model servers, or one stopped meanwhile: nothing to do
+            with contextlib.suppress(UserError, OSError):
+                self.servers.stop_idle(now=now)
         return removed
 
     def _cleanup_due(self) -> bool:
@@ -112,6 +118,25 @@ class Playground:
 
     def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
         return self.servers.endpoints(owner=owner)
+
+    def server_details(self) -> list[ServerInfo]:
+        """The operator's view of every server: owner, kind, idle time, memory (``playground servers``)."""
+        return self.servers.details()
+
+    def unserve_all(self) -> list[Endpoint]:
+        """Stop every model server, shared ones too (the operator's ``playground unserve --all``)."""
+        return self.servers.stop_all()
+
+    # -- presence (booth mode) -------------------------------------------------------------------------
+    def keep_present(self, owner: str | None, *, interval: float | None = None) -> Heartbeat | None:
+        """Show that ``owner`` is at the booth for as long as this process lives (a started :class:`Heartbeat`
+        that touches their presence every ``interval`` seconds: by default a third of the time after which a
+        visitor counts as gone, at most a minute). None outside booth mode or without an owner."""
+        if self.policy is None or owner is None:
+            return None
+        home = self.backend.quota_home
+        every = interval if interval is not None else min(60.0, self.policy.visitor_gone_seconds / 3)
+        return Heartbeat(lambda: touch_presence(home, owner), every).start()
 
     # -- manifests (--dry-run) --------------------------------------------------------------------
     def render_train(self, request: TrainRequest) -> str:

@@ -79,6 +79,7 @@ class Endpoint:
     backend: str = "local"
     name: str | None = None  # server / InferenceService name
     owner: str | None = None  # the visitor who owns the job it serves
+    shared: bool = False  # booth mode: one base-model server shared by every visitor (only the operator stops it)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ from _waiting import wait_for
 
 from playground.api import make_request
 from playground.backends.local import LocalBackend
-from playground.booth import BoothPolicy, QuotaExceeded
+from playground.backends.local.supervisor import VISITOR_LEFT
+from playground.booth import BoothPolicy, QuotaExceeded, touch_presence
 from playground.cli import main
 from playground.errors import JobNotFound, UserError
 from playground.events import JobPhase, Phase, Queued
@@ -140,16 +142,19 @@ def test_owners_quotas_queue_and_ttl(home: Path, hold_hook):
         capped.submit(make_request("tiny-llama-cpu", owner="carol"))
     assert backend.list(owner="carol") == []
 
-    # Servers belong to the job's owner; the TTL removes finished jobs and their servers.
+    # Servers belong to the job's owner (the base model's is shared, shown to each visitor using it); the TTL removes
+    # finished jobs and their servers, and the shared server once idle for its own TTL.
     endpoint = backend.serve(bob.id, base=True, owner="bob")
     assert endpoint.owner == "bob" and [e.url for e in backend.endpoints(owner="bob")] == [endpoint.url]
-    assert backend.endpoints(owner="alice") == []
+    assert endpoint.shared and backend.endpoints(owner="alice") == []
     with pytest.raises(UserError, match="no local model server matches"):
         backend.unserve(bob.id, owner="alice")
     pid = next(r["pid"] for r in backend.servers.records() if r["url"] == endpoint.url)
     assert backend.get(bob.id, owner="bob").expires_at == done.finished_at + 600  # the policy's TTL, on the job
     assert bob.id not in backend.cleanup(now=done.finished_at + 599)
     assert bob.id in backend.cleanup(now=done.finished_at + 601)
+    assert backend.endpoints(owner="bob") == []
+    backend.servers.stop_idle(now=time.time() + policy.server_idle_seconds)
     assert backend.endpoints() == [] and not process_alive(pid)
     with pytest.raises(JobNotFound):
         backend.get(bob.id)
@@ -191,3 +196,31 @@ def test_a_job_past_its_deadline_fails_and_the_operator_cli(home: Path, hold_hoo
         out.splitlines()[0].split(": ")[1].split(", ")
     )
     assert "no jobs yet" in out and not any((home / "jobs").iterdir())
+
+
+def test_the_queue_is_bounded_and_a_gone_visitors_queued_job_leaves_it(home: Path, hold_hook):
+    policy = BoothPolicy(max_concurrent_trainings=1, max_queued=2, visitor_gone_seconds=300)
+    backend = LocalBackend(home=home, policy=policy, cancel_grace=2)
+    running = hold_hook(backend, make_request("tiny-llama-cpu", SHORT, owner="xena"))  # a present visitor's job
+    wait_for(lambda: phase_of(backend, running.id) == JobPhase.INITIALIZING, 60, "xena's job to take the slot")
+    vic = backend.submit(make_request("tiny-llama-cpu", SHORT, owner="vic"))
+    operators = backend.submit(make_request("tiny-llama-cpu", SHORT))  # no owner: never dropped, never capped
+    wait_for(lambda: backend.get(operators.id).queue_position == 2, 60, "the operator's job behind vic's")
+
+    # The queue is full: a visitor's submit is refused in one line and creates nothing.
+    before = sorted(p.name for p in (home / "jobs").iterdir())
+    with pytest.raises(QuotaExceeded) as refused:
+        backend.submit(make_request("tiny-llama-cpu", SHORT, owner="wes"))
+    assert str(refused.value) == "the training queue is full (2 jobs waiting, the limit); try again in a few minutes"
+    assert refused.value.field == "quota"
+    assert sorted(p.name for p in (home / "jobs").iterdir()) == before and backend.list(owner="wes") == []
+
+    # Vic's kernel stopped showing presence 6 minutes ago: his queued job leaves the line, Cancelled, never started.
+    touch_presence(home, "vic", when=time.time() - 360)
+    gone = wait_for(lambda: (j := backend.get(vic.id)).done and j, 30, "vic's job to leave the queue")
+    assert gone.phase == JobPhase.CANCELLED and gone.message == VISITOR_LEFT and gone.started_at is None
+    assert follow_to_end(backend, vic.id)[-1].phase == JobPhase.CANCELLED
+    wait_for(lambda: backend.get(operators.id).queue_position == 1, 30, "the operator's job to move up")
+    assert phase_of(backend, running.id) == JobPhase.INITIALIZING  # the present visitor's job still runs
+    for job in (operators, running):
+        backend.cancel(job.id)

@@ -631,6 +631,24 @@ def test_booth_page_without_a_valid_cookie_shows_nothing(monkeypatch: pytest.Mon
     assert app.owner == "v-0123456789abcdef" and app.gallery is not None
 
 
+def test_a_booth_page_shows_its_visitor_is_present_while_its_kernel_lives(home: Path) -> None:
+    """The app starts the engine's presence heartbeat (a queued job of a visitor gone too long leaves the queue)."""
+    from playground.backends.local import LocalBackend
+    from playground.booth import BoothPolicy, last_seen
+    from playground.facade import Playground
+    from widgets.app import App
+
+    backend = Playground(LocalBackend(home=home, policy=BoothPolicy()))
+    assert last_seen(home, "v-present") is None
+    app = App(backend=backend, booth=True, visitor="v-present", reattach=False)
+    try:
+        seen = wait_for(lambda: last_seen(home, "v-present"), 10, "the page's first heartbeat")
+        assert abs(time.time() - seen) < 10 and last_seen(home, "v-other") is None
+    finally:
+        app.presence.stop()
+    assert App(backend=Playground(LocalBackend(home=home)), booth=False, reattach=False).presence is None
+
+
 # -- no heavy imports in the UI -------------------------------------------------------------------
 
 

@@ -130,8 +130,10 @@ class App(ipw.VBox):
         )
         self.form_box = ipw.VBox([ipw.HTML("<i>pick a blueprint above</i>")])
         self.serve_box = ipw.VBox([ipw.HTML("<i>available when the job has succeeded</i>")])
+        self.presence = None  # booth mode: shows the engine this visitor is still here while the kernel lives
         try:
             self.jobs = JobsList(self.get_backend(self.backend_name), on_open=self.open_job, owner=self.owner)
+            self.presence = self.get_backend(self.backend_name).keep_present(self.owner)
         except Exception as exc:  # e.g. no cluster configured: shown, the gallery still works
             self.status.value = f"<span class='pg-error-text'>{html.escape(self._text(error_text(exc)))}</span>"
         super().__init__(

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from playground.booth import BoothPolicy, SubmissionLedger, submit_lock
+from playground.booth import BoothPolicy, SubmissionLedger, submit_lock, touch_presence
 from playground.errors import UserError
 from playground.events import Event
 from playground.paths import ensure_writable_dir, playground_home
@@ -38,7 +38,8 @@ class Backend(abc.ABC):
 
         With a :attr:`policy` and ``request.owner`` set, the owner's quota is checked and the job created as one
         step for every process sharing :attr:`quota_home` (two clicks at the same moment make one job), else
-        :class:`~playground.booth.QuotaExceeded`. The same rule for every backend.
+        :class:`~playground.booth.QuotaExceeded`. The same rule for every backend. A submit also shows that
+        the visitor is present (:func:`~playground.booth.touch_presence`).
         """
         check_request(request)  # the same for every backend, before its own checks
         prepared = self.prepare(request)
@@ -50,6 +51,8 @@ class Backend(abc.ABC):
             mine = self.list(owner=request.owner)
             times = max(ledger.times(request.owner), [job.created_at for job in mine], key=len)
             self.policy.check_quota(mine, times)
+            self.check_capacity()
+            touch_presence(home, request.owner)
             job = self.create(request, prepared)
             ledger.record(request.owner, job.created_at)
             return job
@@ -61,6 +64,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def create(self, request: TrainRequest, prepared: Any) -> Job:
         """Start the job :meth:`prepare` checked."""
+
+    def check_capacity(self) -> None:  # noqa: B027 - a hook: only a backend with its own queue bounds it
+        """Booth mode, under the submit lock: :class:`~playground.booth.QuotaExceeded` when the machine's
+        queue is full (a visitor's submit creates nothing then)."""
 
     @property
     def quota_home(self) -> Path:

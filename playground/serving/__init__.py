@@ -11,14 +11,10 @@ from playground.errors import UserError
 def servers_for(backend: Any) -> Any:  # -> ModelServers
     """The model servers that serve what ``backend`` trains: local processes beside the local backend's jobs,
     InferenceServices in the Kubernetes backend's namespace (same connection and options)."""
-    if backend.name == "local":
+    if backend.name in ("local", "ray"):  # ray: the trained model lands on this machine's disk (or a shared path)
         from playground.serving.local import LocalServers
 
-        return LocalServers(backend.home)
-    if backend.name == "ray":  # the trained model lands on this machine's disk (or a path every node sees)
-        from playground.serving.local import LocalServers
-
-        return LocalServers(backend.home)
+        return LocalServers(backend.home, policy=backend.policy)  # booth mode: shared base, cap, idle TTL
     if backend.name in ("kubernetes", "kuberay"):
         from playground.serving.kserve import KServeServers
 

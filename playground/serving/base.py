@@ -9,10 +9,21 @@ owner's jobs are listed or stopped.
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 
 from playground.errors import UserError
 from playground.events import JobPhase
 from playground.types import Endpoint, Job
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """A running server as the operator sees it: its endpoint, how long since its last request, its memory."""
+
+    endpoint: Endpoint
+    idle_seconds: float | None = None  # None: not known for this kind of server
+    memory_bytes: int | None = None  # resident memory of its processes; None: not known here
+    users: int | None = None  # a shared server: the visitors using it
 
 
 class ModelServers(abc.ABC):
@@ -37,6 +48,21 @@ class ModelServers(abc.ABC):
     @abc.abstractmethod
     def stop_job(self, job_id: str) -> None:
         """Stop every server of ``job_id`` (none running is fine): the facade calls it before deleting a job."""
+
+    def stop_all(self) -> list[Endpoint]:
+        """Stop every server (the operator's ``unserve --all``); the endpoints stopped."""
+        stopped = self.endpoints()
+        for endpoint in stopped:
+            self.unserve(endpoint.name or endpoint.url)
+        return stopped
+
+    def details(self) -> list[ServerInfo]:
+        """Every running server with what is known of its idle time and memory (``playground servers``)."""
+        return [ServerInfo(e) for e in self.endpoints()]
+
+    def stop_idle(self, *, now: float | None = None) -> list[Endpoint]:
+        """Stop the servers the booth policy no longer wants (idle too long, visitor gone); none by default."""
+        return []
 
     def check_port(self, port: int | None) -> None:  # noqa: B027 - a hook: most servers take any port
         """Before anything is asked of the backend: a port these servers cannot listen on is a one-line error."""

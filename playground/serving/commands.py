@@ -29,8 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_backend_options(serve, dry_run=True)
     serve.set_defaults(func=cmd_serve)
 
-    servers = subparsers.add_parser("servers", help="list running model servers")
-    servers.add_argument("--json", action="store_true", help="print the endpoints as JSON")
+    servers = subparsers.add_parser(
+        "servers",
+        help="list running model servers",
+        description="Every model server with its owner (shortened; 'shared' for the booth's shared base servers), "
+        "kind, time since its last chat request, resident memory (local servers), and the total.",
+    )
+    servers.add_argument("--json", action="store_true", help="print the servers as JSON")
     add_backend_options(servers)
     servers.set_defaults(func=cmd_servers)
 
@@ -50,7 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     chat.set_defaults(func=cmd_chat)
 
     unserve = subparsers.add_parser("unserve", help="stop model servers (by endpoint URL, server name or job id)")
-    unserve.add_argument("target", metavar="URL|JOB", help="endpoint URL, server name, or job id (all its servers)")
+    unserve.add_argument(
+        "target", metavar="URL|JOB", nargs="?", help="endpoint URL, server name, or job id (all its servers)"
+    )
+    unserve.add_argument("--all", action="store_true", help="stop every model server, shared ones too")
     add_backend_options(unserve)
     unserve.set_defaults(func=cmd_unserve)
 
@@ -78,19 +86,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+OWNER_SHOWN = 8  # characters of a visitor id shown by `playground servers`
+
+
+def _owner_cell(endpoint, users: int | None) -> str:
+    if endpoint.shared:
+        return f"shared({users})" if users is not None else "shared"
+    return endpoint.owner[:OWNER_SHOWN] if endpoint.owner else "-"
+
+
+def _idle_cell(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _memory_cell(size: int | None) -> str:
+    return "-" if size is None else f"{size / 1e6:,.0f} MB"
+
+
 def cmd_servers(args: argparse.Namespace) -> int:
-    endpoints = backend_from_args(args).endpoints()
+    details = backend_from_args(args).server_details()
     if args.json:
-        print_json([e.to_dict() for e in endpoints])
+        rows = [
+            {**d.endpoint.to_dict(), "idle_seconds": d.idle_seconds, "memory_bytes": d.memory_bytes, "users": d.users}
+            for d in details
+        ]
+        print_json(rows)
         return 0
-    if not endpoints:
+    if not details:
         print("no model servers running (start one with `playground serve JOB`)")
         return 0
-    rows = [("NAME", "JOB", "KIND", "URL", "MODEL")]
-    rows += [(e.name or "", e.job_id or "", e.kind, e.url, e.model) for e in endpoints]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    rows = [("NAME", "JOB", "OWNER", "KIND", "IDLE", "MEMORY", "URL", "MODEL")]
+    for d in details:
+        e = d.endpoint
+        cells = (e.name or "", e.job_id or "-", _owner_cell(e, d.users), e.kind, _idle_cell(d.idle_seconds))
+        rows.append((*cells, _memory_cell(d.memory_bytes), e.url, e.model))
+    widths = [max(len(r[i]) for r in rows) for i in range(7)]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:7], widths, strict=True)) + "  " + row[7])
+    known = [d.memory_bytes for d in details if d.memory_bytes is not None]
+    total = f", {_memory_cell(sum(known))} resident" if known else ""
+    print(f"total: {len(details)} server{'s' if len(details) != 1 else ''}{total}")
     return 0
 
 
@@ -144,7 +182,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_unserve(args: argparse.Namespace) -> int:
+    if args.all == bool(args.target):
+        raise UserError("unserve: give a URL, server name or job id, or --all (not both)", field="target")
     backend = backend_from_args(args)
+    if args.all:
+        stopped_all = backend.unserve_all()
+        for endpoint in stopped_all:
+            print(f"stopped {endpoint.kind} server {endpoint.name or endpoint.url} ({endpoint.url})")
+        if not stopped_all:
+            print("no model servers running")
+        return 0
     before = backend.endpoints()
     backend.unserve(args.target)
     still = {(e.name, e.url) for e in backend.endpoints()}

@@ -3,7 +3,16 @@
 Each server is one process (``python -m playground.serving.server``) pinned to one model directory,
 listening on ``127.0.0.1`` on a free port, or on the port asked for (``playground serve JOB --port N``).
 Its record ``servers/<name>.json`` (pid, port, url, model dir, job id, kind, owner, log path) lets any
-later process list and stop it; records whose process is gone are dropped when listed.
+later process list and stop it; records whose process is gone are dropped when listed. The server
+touches ``servers/<name>.used`` at every chat request: its modification time is the server's last use.
+
+Booth mode (a :class:`~playground.booth.BoothPolicy`, for jobs with an owner): the base model is served by
+one *shared* server per base model (owned by nobody; its record lists the visitors using it, each sees it
+as theirs, and only the operator stops it); a visitor has at most one fine-tuned server (serving another
+job stops the previous one); at most ``max_servers`` servers run (beyond it the least recently used
+visitor's fine-tuned server idle for ``server_evict_idle_seconds`` is stopped, else a one-line UserError
+and nothing starts); :meth:`LocalServers.stop_idle` stops servers idle for ``server_idle_seconds`` and
+the fine-tuned servers of visitors gone for ``visitor_gone_seconds``.
 """
 
 from __future__ import annotations
@@ -18,14 +27,15 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from playground.booth import owns
+from playground.booth import SETTINGS, BoothPolicy, owns, visitor_gone
 from playground.errors import UserError, shown, shown_path
 from playground.paths import ensure_writable_dir
 from playground.processes import child_env, process_alive
-from playground.serving.base import ModelServers, model_to_serve
+from playground.serving.base import ModelServers, ServerInfo, model_to_serve
 from playground.types import Endpoint, Job
 
 SERVER_MODULE = "playground.serving.server"
@@ -111,25 +121,167 @@ class LocalServers(ModelServers):
 
     name = "local"
 
-    def __init__(self, home: Path | str) -> None:
+    def __init__(self, home: Path | str, policy: BoothPolicy | None = None) -> None:
         self.home = Path(home)
         self.dir = self.home / "servers"
+        self.policy = policy  # booth mode: shared base servers, one fine-tuned server per visitor, the cap, idle TTL
 
     # -- the ModelServers interface --------------------------------------------------------------
     def serve(self, job: Job, *, base: bool = False, port: int | None = None) -> Endpoint:
         model = model_to_serve(job, base=base)
+        visitor = self.policy is not None and job.owner is not None
+        if visitor and base:
+            return self._serve_shared_base(job, model)
+        if visitor:  # one fine-tuned server per visitor: their previous one makes room for this one
+            for record in self._records():
+                mine = record.get("owner") == job.owner and record.get("kind") == "fine-tuned"
+                if mine and record.get("job_id") != job.id:
+                    self._stop_record(record)
         kind = "base" if base else "fine-tuned"
-        return self.start(model, job_id=job.id, kind=kind, owner=job.owner, port=port)
+        return self.start(model, job_id=job.id, kind=kind, owner=job.owner, port=port, capped=visitor)
 
     def unserve(self, target: str, *, owner: str | None = None) -> None:
-        if not self.stop(target, owner=owner):
+        stopped = self.stop(target, owner=owner)
+        left = self._leave_shared(target, owner)
+        if not stopped and not left:
             raise UserError(f"no local model server matches {target!r} (an endpoint URL, server name or job id)")
 
     def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
-        return [e for e in self.list() if owns(e.owner, owner)]
+        """The ready servers (``owner``'s: their own, and the shared base servers they use, shown as theirs)."""
+        result = []
+        for record in self._records():
+            if not record.get("ready", True):
+                continue
+            endpoint = self._endpoint(record)
+            if record.get("shared") and owner is not None:
+                job_id = (record.get("users") or {}).get(owner)
+                if job_id is not None:
+                    result.append(replace(endpoint, job_id=job_id, owner=owner))
+            elif owns(endpoint.owner, owner):
+                result.append(endpoint)
+        return result
 
     def stop_job(self, job_id: str) -> None:
         self.stop(job_id)
+        self._leave_shared(job_id, None)
+
+    # -- booth mode: the shared base servers ---------------------------------------------------------
+    def _serve_shared_base(self, job: Job, model: str) -> Endpoint:
+        """The one server of ``model`` every visitor shares (started if none runs), with ``job.owner`` as a user."""
+        digest = hashlib.sha1(model.encode()).hexdigest()[:8]
+        name = f"shared-base-{_slug(Path(model.split('://')[-1]).name)}-{digest}"
+        for _attempt in range(2):  # stopped between start and join (idle cleanup, the operator): start again
+            endpoint = self.start(model, kind="base", name=name, capped=True, shared=True)
+            with self._servers_lock():
+                record = next((r for r in self._records() if r["name"] == endpoint.name), None)
+                if record is None:
+                    continue
+                record.setdefault("users", {})[job.owner] = job.id  # one entry per visitor: their latest job
+                self._write(record)
+            self._mark_used(record)
+            return replace(endpoint, job_id=job.id, owner=job.owner)
+        raise UserError("the shared base model server stopped while starting; try again", field="job")
+
+    def _leave_shared(self, target: str, owner: str | None) -> bool:
+        """Take users off the shared servers: ``owner`` (None: any) whose job is ``target``, or every one of
+        ``owner``'s uses of a shared server named by ``target`` (its URL or name). The servers keep running."""
+        if not any(record.get("shared") for record in self._records()):
+            return False  # nothing shared (outside booth mode, always): no lock taken, no file written
+        wanted = target.strip().rstrip("/")
+        left = False
+        with self._servers_lock():
+            for record in self._records():
+                users = record.get("users") or {}
+                if not record.get("shared") or not users:
+                    continue
+                names_it = wanted in (record["url"].rstrip("/"), record["url"].removesuffix("/v1"), record["name"])
+                keep = {
+                    user: job_id
+                    for user, job_id in users.items()
+                    if not ((owner is None or user == owner) and (names_it or job_id == wanted))
+                }
+                if keep != users:
+                    record["users"] = keep
+                    self._write(record)
+                    left = True
+        return left
+
+    # -- booth mode: the cap, idle servers, memory ------------------------------------------------------
+    @contextlib.contextmanager
+    def _servers_lock(self):
+        """Serialises admission (count, make room, start) and the shared servers' user lists across processes."""
+        ensure_writable_dir(self.dir, what="server state directory")
+        with _locked(self.dir / ".servers.lock"):
+            yield
+
+    def _make_room(self) -> None:
+        """At the cap, stop the least recently used visitor's fine-tuned servers idle long enough to make room
+        for one more, else raise the one-line 'busy' error (nothing stopped, nothing starts)."""
+        assert self.policy is not None
+        records = self._records()
+        cap = self.policy.max_servers
+        need = len(records) - cap + 1
+        if need <= 0:
+            return
+        now = time.time()
+        idle_enough = [
+            r
+            for r in records
+            if r.get("kind") == "fine-tuned"
+            and r.get("owner") is not None
+            and r.get("ready", True)
+            and now - self._last_used(r) >= self.policy.server_evict_idle_seconds
+        ]
+        if len(idle_enough) < need:
+            setting = SETTINGS["max_servers"]
+            raise UserError(f"all {cap} model servers are busy; try again in a few minutes ({setting})", field=setting)
+        for record in sorted(idle_enough, key=self._last_used)[:need]:
+            self._stop_record(record)
+
+    def _usage_path(self, name: str) -> Path:
+        return self.dir / f"{name}.used"
+
+    def _mark_used(self, record: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            self._usage_path(record["name"]).touch()
+
+    def _last_used(self, record: dict[str, Any]) -> float:
+        """When the server last had a chat request (the server touches its usage file), else when it started."""
+        try:
+            return self._usage_path(record["name"]).stat().st_mtime
+        except OSError:
+            return float(record.get("started_at") or 0.0)
+
+    def stop_idle(self, *, now: float | None = None) -> list[Endpoint]:
+        """Booth mode: stop the servers with no chat request for ``server_idle_seconds``, and the fine-tuned servers
+        of visitors gone for ``visitor_gone_seconds`` (their kernel stopped showing presence). Starting servers
+        are left alone. Outside booth mode nothing stops."""
+        if self.policy is None:
+            return []
+        now = time.time() if now is None else now
+        stopped = []
+        for record in self._records():
+            if not record.get("ready", True):
+                continue
+            idle = now - self._last_used(record) >= self.policy.server_idle_seconds
+            owner = None if record.get("shared") else record.get("owner")
+            if idle or visitor_gone(self.home, owner, self.policy.visitor_gone_seconds, now):
+                self._stop_record(record)
+                stopped.append(self._endpoint(record))
+        return stopped
+
+    def details(self) -> list[ServerInfo]:
+        """Every server (starting ones too) with its idle time and resident memory (all its processes)."""
+        now = time.time()
+        return [
+            ServerInfo(
+                self._endpoint(record),
+                idle_seconds=max(0.0, now - self._last_used(record)),
+                memory_bytes=_memory_bytes(int(record["pid"])),
+                users=len(record.get("users") or {}) if record.get("shared") else None,
+            )
+            for record in self._records()
+        ]
 
     # -- records -----------------------------------------------------------------------------
     def _records(self) -> list[dict[str, Any]]:
@@ -163,6 +315,7 @@ class LocalServers(ModelServers):
             backend="local",
             name=record["name"],
             owner=record.get("owner"),
+            shared=bool(record.get("shared")),
         )
 
     def list(self) -> list[Endpoint]:
@@ -184,13 +337,16 @@ class LocalServers(ModelServers):
         port: int | None = None,
         name: str | None = None,
         owner: str | None = None,
+        capped: bool = False,
+        shared: bool = False,
     ) -> Endpoint:
         """Serve ``model_dir`` and wait until it answers; return its endpoint.
 
         Serving what is already served (same name and model) returns the running endpoint. ``port``: listen
         there (a port that is taken, or a running server of the same name on another port, is a one-line
         UserError naming ``--port``, and nothing starts); None: a free port. ``owner`` (the visitor owning
-        the job) is recorded.
+        the job) is recorded. ``capped`` (booth mode, a visitor's server): a new server is admitted under the
+        policy's ``max_servers``. ``shared``: recorded as the booth's shared base server.
         """
         from playground.serving.validate import check_model_dir
 
@@ -208,7 +364,16 @@ class LocalServers(ModelServers):
         ensure_writable_dir(self.dir, what="server state directory")
         with _locked(self.dir / f".{name}.lock"):  # two callers serving the same thing get one server
             return self._start_locked(
-                model, local, name, job_id=job_id, kind=kind, timeout=timeout, port=port, owner=owner
+                model,
+                local,
+                name,
+                job_id=job_id,
+                kind=kind,
+                timeout=timeout,
+                port=port,
+                owner=owner,
+                capped=capped and self.policy is not None,
+                shared=shared,
             )
 
     def _start_locked(
@@ -222,6 +387,8 @@ class LocalServers(ModelServers):
         timeout: float,
         port: int | None,
         owner: str | None = None,
+        capped: bool = False,
+        shared: bool = False,
     ) -> Endpoint:
         for record in self._records():
             if record["name"] == name:
@@ -233,29 +400,37 @@ class LocalServers(ModelServers):
                         f"stop it first (playground unserve {name}) or leave --port out",
                         field="--port",
                     )
+                self._mark_used(record)  # served again: its visitor is about to chat
                 return self._endpoint(record)
         if port is not None and port_in_use(port):
             raise _port_taken(port)
 
         log_path = self.dir / f"{name}.log"
+        self._usage_path(name).unlink(missing_ok=True)  # a new server: unused until it is ready
         for _attempt in range(_PORT_RETRIES):
-            chosen = port if port is not None else free_port()
-            proc = self._spawn(model, chosen, log_path, offline=local)
-            record = {
-                "name": name,
-                "pid": proc.pid,
-                "port": chosen,
-                "url": f"http://{HOST}:{chosen}/v1",
-                "model": model,
-                "model_dir": model,
-                "job_id": job_id,
-                "kind": kind,
-                "owner": owner,
-                "log": str(log_path),
-                "started_at": time.time(),
-                "ready": False,
-            }
-            self._write(record)
+            # Counting, making room and recording the new server are one step for every process (booth mode).
+            with self._servers_lock() if capped else contextlib.nullcontext():
+                if capped:
+                    self._make_room()
+                chosen = port if port is not None else free_port()
+                proc = self._spawn(model, chosen, log_path, offline=local, usage=self._usage_path(name))
+                record = {
+                    "name": name,
+                    "pid": proc.pid,
+                    "port": chosen,
+                    "url": f"http://{HOST}:{chosen}/v1",
+                    "model": model,
+                    "model_dir": model,
+                    "job_id": job_id,
+                    "kind": kind,
+                    "owner": owner,
+                    "shared": shared,
+                    "users": {},
+                    "log": str(log_path),
+                    "started_at": time.time(),
+                    "ready": False,
+                }
+                self._write(record)
             try:
                 self._wait_ready(proc, record, timeout)
             except _PortTaken:
@@ -269,18 +444,21 @@ class LocalServers(ModelServers):
                 raise
             record["ready"] = True
             self._write(record)
+            self._mark_used(record)  # idle counts from when it could first be used
             return self._endpoint(record)
         raise UserError(f"could not find a free port for the model server after {_PORT_RETRIES} tries")
 
-    def _spawn(self, model: str, port: int, log_path: Path, *, offline: bool) -> subprocess.Popen:
+    def _spawn(self, model: str, port: int, log_path: Path, *, offline: bool, usage: Path) -> subprocess.Popen:
         env = child_env(server=True)
         if offline:
             env["HF_HUB_OFFLINE"] = "1"  # a local directory needs nothing from the hub
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
         env["PYTHONUNBUFFERED"] = "1"
+        command = [sys.executable, "-m", SERVER_MODULE, model, "--host", HOST, "--port", str(port)]
+        command += ["--usage-file", str(usage)]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", SERVER_MODULE, model, "--host", HOST, "--port", str(port)],
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -325,30 +503,34 @@ class LocalServers(ModelServers):
     def stop(self, target: str, *, owner: str | None = None) -> list[Endpoint]:
         """Stop the servers matching ``target``: an endpoint URL, a server name or a job id (all its servers).
 
-        With ``owner``, only that owner's servers match (a visitor cannot stop another's).
+        With ``owner``, only that owner's servers match (a visitor cannot stop another's, nor a shared one).
         """
         wanted = target.strip().rstrip("/")
         matched = []
         for record in self._records():
-            if owner is not None and record.get("owner") != owner:
+            if owner is not None and (record.get("owner") != owner or record.get("shared")):
                 continue
             url = record["url"].rstrip("/")
             if wanted in (url, url.removesuffix("/v1"), record["name"], record.get("job_id")):
                 matched.append(record)
         for record in matched:
-            self._kill(int(record["pid"]))
-            self._forget(record)
+            self._stop_record(record)
         return [self._endpoint(r) for r in matched]
 
     def stop_all(self) -> list[Endpoint]:
+        """Stop every server, shared ones too (the operator's ``playground unserve --all``)."""
         records = self._records()
         for record in records:
-            self._kill(int(record["pid"]))
-            self._forget(record)
+            self._stop_record(record)
         return [self._endpoint(r) for r in records]
+
+    def _stop_record(self, record: dict[str, Any]) -> None:
+        self._kill(int(record["pid"]))
+        self._forget(record)
 
     def _forget(self, record: dict[str, Any]) -> None:
         (self.dir / f"{record['name']}.json").unlink(missing_ok=True)
+        self._usage_path(record["name"]).unlink(missing_ok=True)
 
     @staticmethod
     def _kill(pid: int, grace: float = 10.0) -> None:
@@ -372,6 +554,22 @@ class LocalServers(ModelServers):
             if not pid_alive(pid):
                 _children.pop(pid, None)
                 return
+
+
+def _memory_bytes(pid: int) -> int | None:
+    """Resident memory of a server process and its children (None if it is gone or unreadable)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for each in procs:
+        with contextlib.suppress(psutil.Error):
+            total += each.memory_info().rss
+    return total
 
 
 def _port_taken(port: int) -> UserError:

@@ -11,7 +11,9 @@ well-behaved endpoint for one pinned model:
 * request guards: body size limit (413), JSON and field validation (400 with the reason, where
   transformers answers a bare 500), prompt longer than the model's context window (400), and
   ``max_tokens`` defaulted/clamped to the room left in the context window;
-* unexpected errors answer JSON with the message instead of a bare ``Internal Server Error``.
+* unexpected errors answer JSON with the message instead of a bare ``Internal Server Error``;
+* ``--usage-file PATH``: its modification time is the time of the last chat or completion request
+  (touched when one arrives and when it ends), so the booth's cleanup knows how long a server has been idle.
 
 This module imports torch/transformers: only the server process loads it.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -111,8 +114,10 @@ class RequestGuard:
         context_len: int | None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        usage_file: str | None = None,
     ) -> None:
         self.app = app
+        self.usage_file = usage_file
         self.default_max_tokens = default_max_tokens
         self.model_name = model_name
         self.tokenizer = tokenizer
@@ -132,6 +137,24 @@ class RequestGuard:
         if schema is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        self._used()
+        try:
+            await self._guarded(schema, scope, receive, send)
+        finally:
+            self._used()  # a long generation counts as use until its end
+
+    def _used(self) -> None:
+        """Mark now as the time of the last request (the usage file's modification time)."""
+        if self.usage_file:
+            try:
+                os.utime(self.usage_file)
+            except FileNotFoundError:
+                with contextlib.suppress(OSError):
+                    open(self.usage_file, "a").close()  # created empty
+            except OSError:
+                pass
+
+    async def _guarded(self, schema: type[BaseModel], scope, receive, send) -> None:
         try:
             body = await self._read_body(scope, receive)
             payload = await self._check(schema, body)
@@ -238,7 +261,14 @@ class RequestGuard:
         await send({"type": "http.response.body", "body": data})
 
 
-def build_app(model: str, *, device: str = "auto", dtype: str = "auto", max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+def build_app(
+    model: str,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    usage_file: str | None = None,
+):
     """transformers' serving app pinned to ``model`` (loaded now), behind :class:`RequestGuard`."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
@@ -283,6 +313,7 @@ def build_app(model: str, *, device: str = "auto", dtype: str = "auto", max_body
         context_len=context_len,
         max_body_bytes=max_body_bytes,
         default_max_tokens=default_max,
+        usage_file=usage_file,
     )
 
 
@@ -294,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=os.environ.get("PLAYGROUND_SERVE_DEVICE", "auto"))
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--usage-file", default=None, help="touched at every chat/completion request (idle time)")
     parser.add_argument(
         "--threads",
         type=int,
@@ -320,7 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     log.info("loading %s", args.model)
     started = time.monotonic()
     try:
-        app = build_app(args.model, device=args.device, dtype=args.dtype, max_body_bytes=args.max_body_bytes)
+        app = build_app(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_body_bytes=args.max_body_bytes,
+            usage_file=args.usage_file,
+        )
     except Exception as exc:
         log.exception("could not load %s", args.model)
         print(f"error: could not load {args.model}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

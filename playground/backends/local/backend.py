@@ -13,6 +13,7 @@ inside ``exec``, after ``Popen`` has returned.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import secrets
@@ -30,10 +31,10 @@ import playground
 from playground.backends.base import Backend
 from playground.backends.local import state
 from playground.backends.local.gpus import detect_gpus
-from playground.backends.local.queue import jobs_queue
+from playground.backends.local.queue import WaitEstimator, jobs_queue
 from playground.blueprints import Blueprint, get_blueprint
 from playground.blueprints.fit import local_fit
-from playground.booth import BoothPolicy, owns
+from playground.booth import BoothPolicy, QuotaExceeded, owns
 from playground.errors import JobNotFound, UserError
 from playground.events import Event, JobPhase, Phase, Progress, event_from_dict, parse_line
 from playground.formatting import describe_event
@@ -207,6 +208,8 @@ class LocalBackend(Backend):
             # booth mode: wait for one of this many training slots; stop the trainer after this long
             "queue_slots": self.policy.max_concurrent_trainings if self.policy else None,
             "deadline_seconds": self.policy.job_deadline_seconds if self.policy else None,
+            # a queued job of a visitor gone this long leaves the queue (their kernel stopped showing presence)
+            "visitor_gone_seconds": self.policy.visitor_gone_seconds if self.policy else None,
         }
 
     def _run_env(self, job_id: str, owner: str | None) -> dict[str, str]:
@@ -224,6 +227,29 @@ class LocalBackend(Backend):
     @property
     def quota_home(self) -> Path:
         return self.home
+
+    def check_capacity(self) -> None:
+        """Booth mode: a visitor's submit is refused while ``max_queued`` jobs wait for a training slot."""
+        if self.policy is None:
+            return
+        queue = jobs_queue(self.home, self.policy.max_concurrent_trainings)
+        waiting = [entry.job for entry in queue.waiting()]
+        cap = self.policy.max_queued
+        if len(waiting) < cap:
+            return
+        try:  # when the last job in line would start: about when one place is free
+            wait = WaitEstimator(self.jobs_dir, queue.slots).estimate(queue.running(), waiting)
+        except (OSError, ValueError, KeyError, TypeError):
+            wait = None
+        if wait is None:
+            when = "a few minutes"
+        else:
+            minutes = max(1, math.ceil(wait / 60))
+            when = f"about {minutes} minute{'s' if minutes != 1 else ''}"
+        raise QuotaExceeded(
+            f"the training queue is full ({len(waiting)} jobs waiting, the limit); try again in {when}",
+            retry_after_seconds=wait,
+        )
 
     def prepare(self, request: TrainRequest) -> Any:
         blueprint, params, nproc, _ = self._plan(request)

@@ -26,6 +26,7 @@ from typing import Any
 
 from playground.backends.local import state
 from playground.backends.local.queue import POLL_INTERVAL, Slot, WaitEstimator, jobs_queue
+from playground.booth import visitor_gone
 from playground.events import (
     Event,
     JobPhase,
@@ -41,6 +42,7 @@ from playground.formatting import describe_event
 from playground.processes import child_env
 
 PROGRESS_WRITE_INTERVAL = 0.5  # seconds between status.json rewrites caused by progress alone
+VISITOR_LEFT = "visitor left the booth before the job's turn"
 
 
 class Supervisor:
@@ -58,6 +60,7 @@ class Supervisor:
         self.wakeup = threading.Event()  # set by a cancel: stop waiting in the queue at once
         self.slot: Slot | None = None  # the training slot held while the trainer runs (booth mode)
         self.deadline_hit: int | None = None  # seconds, once the job's deadline stopped the trainer
+        self.left_reason = ""  # why a queued job left the queue without being cancelled (its visitor left)
 
     # -- status -------------------------------------------------------------------------
     def write_status(self, **changes: Any) -> None:
@@ -133,8 +136,15 @@ class Supervisor:
         log.flush()
         self.tail.append(describe_event(event))
 
+    def visitor_left(self) -> bool:
+        """Whether the job's visitor has been gone longer than the booth allows (never for the operator's jobs)."""
+        after = self.spec.get("visitor_gone_seconds")
+        home = self.jobdir.parent.parent
+        return bool(after) and visitor_gone(home, self.spec.get("owner"), float(after))
+
     def wait_for_slot(self, log) -> bool:
-        """Wait (FIFO by submit time) for one of the machine's training slots; False if cancelled meanwhile.
+        """Wait (FIFO by submit time) for one of the machine's training slots; False if cancelled meanwhile
+        (by a cancel, or because the job's visitor left the booth: :attr:`left_reason` says so).
 
         While waiting, a :class:`Queued` event goes to the history whenever the position changes or the
         wait estimate departs from its countdown; ``Queued(0)`` once it leaves the queue.
@@ -144,7 +154,9 @@ class Supervisor:
         estimator = WaitEstimator(self.jobdir.parent, slots)
         shown: tuple[int, float | None, float] | None = None  # position, estimate, when
         while True:
-            if self.cancel_requested:
+            if self.cancel_requested or self.visitor_left():  # a gone visitor's job never starts
+                if not self.cancel_requested:
+                    self.left_reason = VISITOR_LEFT
                 queue.leave(job_id)
                 return False
             self.slot = queue.try_start(job_id)
@@ -200,10 +212,11 @@ class Supervisor:
             log.close()
             return self.finish(JobPhase.CANCELLED, "cancelled before the trainer started")
         if self.spec.get("queue_slots") and not self.wait_for_slot(log):
+            reason = self.left_reason or "cancelled while queued"
+            log.write(f"[supervisor] left the queue: {reason}\n".encode())
             log.close()
-            return self.finish(
-                JobPhase.CANCELLED, "cancelled while queued", queue_position=None, estimated_wait_seconds=None
-            )
+            self.tail.append(f"[supervisor] left the queue: {reason}")
+            return self.finish(JobPhase.CANCELLED, reason, queue_position=None, estimated_wait_seconds=None)
         log.write(f"[supervisor] starting: {' '.join(command)}\n".encode())
         log.flush()
         try:

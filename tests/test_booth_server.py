@@ -247,6 +247,14 @@ def test_new_visitors_from_one_address_are_rate_limited(server: Server, visitor_
         # a returning visitor (valid cookie) from the same address is never limited: the page, their kernel
         page = client.get("/", headers=cookies(visitor_a.cookie))
         assert page.status_code == 200 and '"kernelId"' in page.text
+        # (that second kernel of A's goes with the page's unload beacon: the owner's shutdown is allowed)
+        second = re.search(r'"kernelId":\s*"([0-9a-f-]{36})"', page.text).group(1)
+        assert second != visitor_a.kernel_id
+        beacon = client.post(f"/voila/api/shutdown/{second}", data={"_xsrf": "t"},
+                             headers=cookies(visitor_a.cookie, _xsrf="t"))  # fmt: skip
+        assert beacon.status_code == 204
+        assert client.get(f"/api/kernels/{second}", headers=cookies(visitor_a.cookie)).status_code == 403  # gone
+        assert client.get(f"/api/kernels/{visitor_a.kernel_id}", headers=cookies(visitor_a.cookie)).status_code == 200
     assert "over the rate limit: HTTP 429" in server.log.read_text()
 
 

@@ -307,7 +307,7 @@ def booth_handler_class(pattern: str, handler: type[RequestHandler]) -> type[Req
         mixins.append(_OwnedKernelRoute)
     if issubclass(handler, StaticFileHandler):
         mixins.append(_NotFoundOnBadPath)
-    if issubclass(handler, JupyterHandler) and (issubclass(handler, (StaticFileHandler, WebSocketHandler))):
+    if issubclass(handler, JupyterHandler) and issubclass(handler, (StaticFileHandler, WebSocketHandler)):
         mixins.append(_PlainErrors)
     if not mixins:
         return handler

@@ -195,6 +195,8 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="booth-bench-home-")
     log_path = Path(home) / "voila.log"
     env = {**os.environ, "PLAYGROUND_HOME": home, "PYTHONPATH": str(REPO)}
+    # every simulated visitor comes from 127.0.0.1: lift the per-address limit on new visitors
+    env.update(PLAYGROUND_BOOTH_NEW_VISITORS_PER_MINUTE="100000", PLAYGROUND_BOOTH_NEW_VISITORS_BURST="100000")
     env.pop("PLAYGROUND_BOOTH_SECRET", None)
     command = [sys.executable, "-m", "playground.cli", "app", "--booth", "--port", str(port), "--no-browser",
                "--booth-max-kernels", str(args.max_kernels), "--booth-cull-seconds", str(args.cull_seconds),

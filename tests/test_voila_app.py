@@ -78,3 +78,128 @@ def test_the_secret_comes_from_the_environment_or_a_private_file(tmp_path: Path)
     path.write_text("weak\n")
     with pytest.raises(identity.IdentityError, match="shorter than 32"):
         identity.booth_secret(tmp_path, {})
+
+
+# -- the Voila server's booth limits (pure parts; tests/test_booth_server.py drives the real server) -------
+
+
+def test_the_token_bucket_allows_a_burst_then_the_rate() -> None:
+    from voila_app.limits import TokenBucket
+
+    bucket = TokenBucket(per_minute=20, burst=3)
+    assert [bucket.take("a", now=100.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.take("a", now=100.0) == pytest.approx(3.0)  # one token every 3 s
+    assert bucket.take("b", now=100.0) == 0.0  # another address: its own bucket
+    assert bucket.take("a", now=101.5) == pytest.approx(1.5)  # refused takes nothing
+    assert bucket.take("a", now=103.0) == 0.0
+    assert bucket.take("a", now=103.0) > 0
+    assert [bucket.take("a", now=1000.0) for _ in range(4)][-1] > 0  # refilled to the burst, never beyond
+
+
+def test_the_token_bucket_forgets_full_buckets_first_and_stays_bounded() -> None:
+    from voila_app.limits import TokenBucket
+
+    bucket = TokenBucket(per_minute=60, burst=2, max_keys=3)
+    for _ in range(2):
+        bucket.take("flooder", now=0.0)
+    for i in range(10):  # many one-off addresses: the bucket table stays bounded
+        bucket.take(f"10.0.0.{i}", now=0.0)
+    assert len(bucket) <= 3
+    bucket = TokenBucket(per_minute=60, burst=2, max_keys=2)
+    bucket.take("old", now=0.0)
+    bucket.take("flooder", now=4.0), bucket.take("flooder", now=4.0)
+    bucket.take("new", now=5.0)  # one too many: "old" is full again by now, forgotten; "flooder" is not
+    assert len(bucket) == 2
+    assert bucket.take("flooder", now=5.0) == 0.0 and bucket.take("flooder", now=5.0) > 0  # 1 token, not 2
+
+
+@pytest.mark.parametrize(
+    ("peer", "forwarded", "trusted", "client"),
+    [
+        ("203.0.113.5", None, "", "203.0.113.5"),
+        ("203.0.113.5", "10.1.1.1", "", "203.0.113.5"),  # no trusted proxy: the header is ignored
+        ("203.0.113.5", "10.1.1.1", "10.0.0.5", "203.0.113.5"),  # an untrusted peer's header is ignored
+        ("10.0.0.5", "198.51.100.7", "10.0.0.5", "198.51.100.7"),
+        ("10.0.0.5", "1.2.3.4, 198.51.100.7", "10.0.0.5", "198.51.100.7"),  # the client's own entries: ignored
+        ("10.0.0.5", "1.2.3.4, 198.51.100.7, 10.244.1.9", "10.0.0.5,10.244.0.0/16", "198.51.100.7"),  # 2 proxies
+        ("10.0.0.5", "10.0.0.5", "10.0.0.5", "10.0.0.5"),  # only proxies: the left-most
+        ("10.0.0.5", "unknown", "10.0.0.5", "10.0.0.5"),  # unreadable: the proxy itself, not a made-up key
+        ("10.0.0.5", " , ", "10.0.0.5", "10.0.0.5"),
+        ("::ffff:10.0.0.5", "[2001:db8::1]", "10.0.0.5", "2001:db8::1"),  # IPv4-mapped peer, bracketed IPv6
+    ],
+)
+def test_the_client_address_trusts_forwarded_for_only_from_trusted_proxies(peer, forwarded, trusted, client) -> None:
+    from voila_app.limits import client_address, parse_trusted_proxies
+
+    assert client_address(peer, forwarded, parse_trusted_proxies("--booth-trusted-proxy", trusted)) == client
+
+
+def test_an_ipv6_client_is_bucketed_by_its_64_prefix() -> None:
+    from voila_app.limits import bucket_key
+
+    assert bucket_key("2001:db8:1:2:aaaa::1") == bucket_key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert bucket_key("2001:db8:1:3::1") != bucket_key("2001:db8:1:2::1")
+    assert bucket_key("192.0.2.1") == "192.0.2.1"
+
+
+def test_booth_limit_settings_come_from_flags_then_environment_then_defaults() -> None:
+    from voila_app import limits
+
+    assert limits.limits_from({}) == limits.Limits()
+    assert (limits.Limits().new_visitors_per_minute, limits.Limits().new_visitors_burst) == (20.0, 30)
+    env = {
+        limits.NEW_VISITORS_PER_MINUTE_ENV: "6",
+        limits.NEW_VISITORS_BURST_ENV: "12",
+        limits.TRUSTED_PROXIES_ENV: "10.0.0.5, 10.244.0.0/16",
+        limits.WEBSOCKET_MAX_BYTES_ENV: "65536",
+    }
+    got = limits.limits_from(env)
+    assert (got.new_visitors_per_minute, got.new_visitors_burst, got.websocket_max_bytes) == (6.0, 12, 65536)
+    assert [str(n) for n in got.trusted_proxies] == ["10.0.0.5/32", "10.244.0.0/16"]
+    assert limits.limits_from(env, burst="50", trusted_proxies="").new_visitors_burst == 50  # the flag wins
+    assert limits.limits_from(env, trusted_proxies="").trusted_proxies == ()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "env", "needle"),
+    [
+        ({"per_minute": "0"}, {}, "--booth-new-visitors-per-minute '0': allowed: a number from 0.1 to 100000"),
+        ({"per_minute": "nan"}, {}, "--booth-new-visitors-per-minute 'nan': allowed: a number"),
+        ({}, {"PLAYGROUND_BOOTH_NEW_VISITORS_PER_MINUTE": "lots"}, "PLAYGROUND_BOOTH_NEW_VISITORS_PER_MINUTE 'lots'"),
+        ({"burst": "1.5"}, {}, "--booth-new-visitors-burst '1.5': allowed: an integer from 1 to 100000"),
+        ({}, {"PLAYGROUND_BOOTH_NEW_VISITORS_BURST": "0"}, "PLAYGROUND_BOOTH_NEW_VISITORS_BURST '0': allowed"),
+        ({"trusted_proxies": "10.0.0.5,proxy.local"}, {}, "--booth-trusted-proxy 'proxy.local': allowed: IP"),
+        ({}, {"PLAYGROUND_BOOTH_TRUSTED_PROXIES": "10.0.0.300"}, "PLAYGROUND_BOOTH_TRUSTED_PROXIES '10.0.0.300'"),
+        ({"websocket_max_bytes": "100"}, {}, "--booth-websocket-max-bytes '100': allowed: an integer from 16384"),
+    ],
+)
+def test_bad_booth_limit_settings_are_one_line_naming_the_setting(kwargs, env, needle) -> None:
+    from voila_app.limits import SettingError, limits_from
+
+    with pytest.raises(SettingError) as caught:
+        limits_from(env, **kwargs)
+    assert needle in str(caught.value) and "\n" not in str(caught.value)
+    assert str(caught.value).startswith(caught.value.field)
+
+
+def test_booth_voila_guards_every_kernel_route_and_static_route() -> None:
+    """The handler classes booth mode gives Voila's own routes (the real list of a configured BoothVoila)."""
+    from tornado.web import StaticFileHandler
+
+    from voila_app.server import BoothVoila, RefusedHandler, _NotFoundOnBadPath, _OwnedKernelRoute
+
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "playground.ipynb"
+    app = BoothVoila()
+    app.initialize([str(notebook), "--no-browser", "--BoothVoila.trusted_proxies=10.0.0.5"])
+    settings = app.init_settings()
+    assert settings["websocket_max_message_size"] == 128 * 1024
+    assert [str(n) for n in settings["playground_new_visitor_gate"].trusted_proxies] == ["10.0.0.5/32"]
+    app.identity_provider, app.authorizer = settings["identity_provider"], settings["authorizer"]
+    rules = app.init_handlers()
+    kernel_routes = [r for r in rules if "kernel" in r[0] or "shutdown" in r[0]]
+    assert len(kernel_routes) >= 3  # /api/kernels/<id>, its /channels, /voila/api/shutdown/<id>
+    assert all(issubclass(r[1], _OwnedKernelRoute) for r in kernel_routes if r[1] is not RefusedHandler)
+    statics = [r for r in rules if issubclass(r[1], StaticFileHandler)]
+    assert len(statics) >= 4 and all(issubclass(r[1], _NotFoundOnBadPath) for r in statics)
+    patterns = [r[0] for r in rules]
+    assert patterns.index("/api/.*") == len(patterns) - 2 and patterns[-1] == "/(.*)"  # before the page route

@@ -693,6 +693,7 @@ def test_threads_never_print(capfd: pytest.CaptureFixture[str]) -> None:
         (["app", "--port", "0"], "--port 0: allowed: 1 to 65535"),
         (["app", "--booth", "--booth-max-kernels", "0"], "--booth-max-kernels 0: allowed: an integer from 1 to 1000"),
         (["app", "--booth", "--booth-cull-seconds", "5"], "--booth-cull-seconds 5: allowed: an integer from 30 to"),
+        (["app", "--booth", "--booth-new-visitors-burst", "0"], "--booth-new-visitors-burst '0': allowed: an integer"),
     ],
 )
 def test_app_command_bad_input_is_one_line_exit_2(argv: list[str], needle: str) -> None:
@@ -729,6 +730,7 @@ def test_booth_mode_settings(isolated_home: Path) -> None:
     from playground.commands.app import BOOTH_CULL_SECONDS, BOOTH_MAX_KERNELS, booth_environment, voila_command
     from voila_app import CONFIG_DIR
     from voila_app.identity import SECRET_ENV
+    from voila_app.limits import TRUSTED_PROXIES_ENV, limits_from
 
     args = build_parser().parse_args(["app", "--booth"])
     assert (args.booth_max_kernels, args.booth_cull_seconds) == (BOOTH_MAX_KERNELS, BOOTH_CULL_SECONDS)
@@ -740,8 +742,17 @@ def test_booth_mode_settings(isolated_home: Path) -> None:
         "--MappingKernelManager.cull_connected=False",
         f"--Voila.config_file_paths={CONFIG_DIR}",
         "--BoothKernelManager.max_kernels=16",
+        "--BoothVoila.new_visitors_per_minute=20",  # the Voila server's booth limits (voila_app.limits)
+        "--BoothVoila.new_visitors_burst=30",
+        f"--BoothVoila.websocket_max_bytes={128 * 1024}",
     ):
         assert flag in command
+    assert command[1:3] == ["-m", "voila_app"] and not any("trusted_proxies" in a for a in command)
+    limits = limits_from({}, per_minute="6", trusted_proxies="10.0.0.5,10.244.0.0/16")
+    command = voila_command(Path("app.ipynb"), port=1, ip="0.0.0.0", open_browser=False, booth_max_kernels=16,
+                            booth_limits=limits)  # fmt: skip
+    assert "--BoothVoila.new_visitors_per_minute=6" in command
+    assert "--BoothVoila.trusted_proxies=10.0.0.5/32,10.244.0.0/16" in command
     assert (CONFIG_DIR / "voila.py").is_file()
     # the kernels get booth mode (the engine's policy) and the secret that verifies visitor cookies
     booth = booth_environment(args, {})
@@ -756,6 +767,15 @@ def test_booth_mode_settings(isolated_home: Path) -> None:
         env={**os.environ, SECRET_ENV: "short"},
     )
     assert out.returncode == 2 and f"{SECRET_ENV} is 5 characters; allowed: at least 32" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "playground.cli", "app", "--booth"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, TRUSTED_PROXIES_ENV: "10.0.0.5,proxy.local"},
+    )
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert f"{TRUSTED_PROXIES_ENV} 'proxy.local': allowed: IP addresses or networks" in out.stderr
 
 
 def test_app_on_a_taken_port_serves_and_prints_the_next_free_one(tmp_path: Path) -> None:

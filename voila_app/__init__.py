@@ -1,8 +1,9 @@
 """The Voila side of ``playground app``: page template, visitor identity, kernel cap (booth mode).
 
-Only the Voila server process loads :mod:`voila_app.server`; a visitor's kernel imports
-:mod:`voila_app.identity` alone (pure Python + tornado's signed values) to verify who it serves.
-The engine (``playground``) never imports this package.
+Only the Voila server process loads :mod:`voila_app.server` (``python -m voila_app`` runs its
+``BoothVoila``); a visitor's kernel imports :mod:`voila_app.identity` alone (pure Python + tornado's
+signed values) to verify who it serves. The engine (``playground``) never imports this package; its
+``playground app`` command checks its booth flags with :mod:`voila_app.limits` (pure Python).
 """
 
 from pathlib import Path

@@ -10,21 +10,37 @@
   has been gone for ``cull_idle_timeout`` seconds even while its widgets still stream updates
   (Jupyter's own rule also waits for the kernel to be inactive, which never happens while a job
   it follows is training).
+- :class:`BoothVoila` (``python -m voila_app``) is Voila with the booth's bounds on what a script can do:
+  a kernel's websocket and REST routes answer 403 unless the request's verified visitor cookie owns
+  that kernel (no ``/api/...`` route lists kernels), frames from the browser are capped
+  (``websocket_max_message_size``), new visitor cookies are rate-limited per client address (a 429
+  page), and crafted template/static URLs are a plain 404 (no traceback in the log, no path anywhere).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import time
+from collections.abc import Awaitable
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
+from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
-from tornado.web import Finish, HTTPError, RequestHandler
-from traitlets import Integer
+from jupyter_server.utils import url_path_join
+from tornado.httputil import HTTPServerRequest
+from tornado.web import Finish, HTTPError, RequestHandler, StaticFileHandler
+from tornado.websocket import WebSocketHandler
+from traitlets import Float, Integer, Unicode
 from traitlets.config import Config
+from voila.app import Voila
+from voila.shutdown_kernel_handler import VoilaShutdownKernelHandler
 
-from voila_app import identity
+from voila_app import identity, limits
+
+log = logging.getLogger("voila_app")
 
 RETRY_ARG = "visitor"  # marks the redirect after setting the cookie (a browser that refuses cookies)
 
@@ -35,6 +51,47 @@ NO_COOKIES_PAGE = """<!doctype html>
 <p>The booth remembers your training jobs with one cookie (a random visitor number, nothing else).
 Allow cookies for this site, then <a href="{url}">try again</a>.</p></body></html>
 """
+
+
+TOO_MANY_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Blueprint Playground: one moment</title>
+<meta http-equiv="refresh" content="{seconds}">
+<style>body{font-family:system-ui,sans-serif;max-width:36em;margin:4em auto;color:#222}</style></head>
+<body><h1>One moment, please</h1>
+<p>Many new visitors have just arrived from your network. This page tries again by itself in
+{seconds} seconds.</p></body></html>
+"""
+
+GATE_SETTING = "playground_new_visitor_gate"  # the tornado setting BoothVoila puts the gate in
+
+
+class NewVisitorGate:
+    """The rate limit on new visitor cookies per client address (see :mod:`voila_app.limits`)."""
+
+    def __init__(self, settings: limits.Limits) -> None:
+        self.bucket = limits.TokenBucket(settings.new_visitors_per_minute, settings.new_visitors_burst)
+        self.trusted_proxies = settings.trusted_proxies
+
+    def client(self, request: HTTPServerRequest) -> str:
+        peer = request.remote_ip or ""  # Voila's server does not set xheaders: this is the socket's peer
+        return limits.client_address(peer, request.headers.get("X-Forwarded-For"), self.trusted_proxies)
+
+    def wait_seconds(self, request: HTTPServerRequest) -> tuple[str, float]:
+        """(the client's address, 0 when it may get a new visitor cookie now, else seconds to wait)."""
+        client = self.client(request)
+        return client, self.bucket.take(limits.bucket_key(client))
+
+
+_default_gate: NewVisitorGate | None = None
+
+
+def _gate(req: RequestHandler) -> NewVisitorGate:
+    global _default_gate
+    gate = req.settings.get(GATE_SETTING)
+    if gate is None:  # Voila itself with our config file: the default limits
+        _default_gate = _default_gate or NewVisitorGate(limits.Limits())
+        gate = _default_gate
+    return gate
 
 
 def _secret() -> str:
@@ -61,6 +118,14 @@ def prelaunch_hook(req: RequestHandler, notebook: Any, cwd: str) -> None:
     secret = _secret()
     if identity.verify(secret, req.get_cookie(identity.COOKIE_NAME)):
         return None  # the kernel Voila starts next reads and verifies the same cookie
+    client, wait = _gate(req).wait_seconds(req.request)
+    if wait > 0:
+        seconds = max(5, math.ceil(wait))
+        log.warning("New visitors from %s over the rate limit: HTTP 429, retry after %d s", client, seconds)
+        req.set_status(429)
+        req.set_header("Retry-After", str(seconds))
+        req.set_header("Cache-Control", "no-store")
+        raise Finish(TOO_MANY_PAGE.replace("{seconds}", str(seconds)))
     req.set_cookie(
         identity.COOKIE_NAME,
         identity.sign(secret, identity.new_visitor_id()),
@@ -100,6 +165,10 @@ class BoothKernelManager(AsyncMappingKernelManager):
     @property
     def live_kernels(self) -> int:
         return len(self.list_kernel_ids()) + self._starting
+
+    def owner_of(self, kernel_id: str) -> str | None:
+        """The visitor whose page load started the kernel (None: unknown kernel or no visitor)."""
+        return self._visitor_of.get(kernel_id) if kernel_id in self else None
 
     def kernels_of(self, visitor: str) -> list[str]:
         """The visitor's live kernels, oldest first."""
@@ -173,6 +242,123 @@ class BoothKernelManager(AsyncMappingKernelManager):
             await self.shutdown_kernel(kernel_id)
             return
         await super().cull_kernel_if_idle(kernel_id)
+
+
+# -- the Voila server's routes --------------------------------------------------------------------
+
+
+def request_visitor(handler: RequestHandler) -> str | None:
+    """The verified visitor id of a request's cookie (None: no cookie, or a forged/expired one)."""
+    secret = os.environ.get(identity.SECRET_ENV, "")
+    if len(secret) < identity.MIN_SECRET_CHARS:
+        return None
+    return identity.verify(secret, handler.get_cookie(identity.COOKIE_NAME))
+
+
+class _PlainErrors(RequestHandler):
+    """Tornado's plain error page: Jupyter's templated one fails in standalone Voila (no ``static_path``),
+    logging a traceback for every 404."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        RequestHandler.write_error(self, status_code, **kwargs)  # no traceback: serve_traceback is off
+
+
+class _OwnedKernelRoute(RequestHandler):
+    """A route naming a kernel: 403 unless the request's verified visitor started that kernel."""
+
+    def prepare(self) -> Awaitable[None] | None:
+        kernel_id = self.path_kwargs.get("kernel_id") or (self.path_args[0] if self.path_args else "")
+        manager = self.settings.get("kernel_manager")
+        owner = manager.owner_of(kernel_id) if isinstance(manager, BoothKernelManager) else None
+        visitor = request_visitor(self)
+        if owner is None or visitor != owner:
+            raise HTTPError(403)  # the same for an unknown kernel: no probing
+        return super().prepare()
+
+
+class _NotFoundOnBadPath(StaticFileHandler):
+    """A static route: a path it cannot serve (malformed, outside its roots, absent) is a plain 404, with no
+    traceback or file system path in the log or the response."""
+
+    async def get(self, path: str, include_body: bool = True) -> None:
+        try:
+            await super().get(path, include_body=include_body)
+        except HTTPError as exc:
+            if exc.status_code in (403, 404):
+                raise HTTPError(404) from None  # its log message may name a server path
+            raise
+        except Exception:
+            if self._headers_written:
+                raise
+            raise HTTPError(404) from None
+
+
+class RefusedHandler(_PlainErrors):
+    """Any other ``/api/...`` route (kernel lists, sessions, actions): 403, and no kernel started."""
+
+    def prepare(self) -> None:
+        raise HTTPError(403)
+
+
+def booth_handler_class(pattern: str, handler: type[RequestHandler]) -> type[RequestHandler]:
+    """The class a route of Voila's gets in booth mode (the same one when nothing changes)."""
+    mixins: list[type] = []
+    if "(?P<kernel_id>" in pattern or issubclass(handler, VoilaShutdownKernelHandler):
+        mixins.append(_OwnedKernelRoute)
+    if issubclass(handler, StaticFileHandler):
+        mixins.append(_NotFoundOnBadPath)
+    if issubclass(handler, JupyterHandler) and issubclass(handler, (StaticFileHandler, WebSocketHandler)):
+        mixins.append(_PlainErrors)
+    if not mixins:
+        return handler
+    return type(f"Booth{handler.__name__}", (*mixins, handler), {"__module__": __name__})
+
+
+class BoothVoila(Voila):
+    """Voila for a public booth: kernel routes only for their visitor, bounded websocket frames, a rate
+    limit on new visitors per client address, plain 404s for bad static URLs. ``playground app
+    --booth`` runs it (``python -m voila_app``) and sets the limits from its flags."""
+
+    new_visitors_per_minute = Float(
+        limits.NEW_VISITORS_PER_MINUTE, config=True, help="New visitor cookies a minute per client address."
+    )
+    new_visitors_burst = Integer(limits.NEW_VISITORS_BURST, config=True, help="New visitor cookies at once.")
+    trusted_proxies = Unicode(
+        "", config=True, help="Comma-separated proxy addresses/networks whose X-Forwarded-For is trusted."
+    )
+    websocket_max_bytes = Integer(
+        limits.WEBSOCKET_MAX_BYTES, config=True, help="Largest websocket frame from a browser; bigger: closed."
+    )
+
+    def booth_limits(self) -> limits.Limits:
+        return limits.limits_from(
+            {},
+            per_minute=str(self.new_visitors_per_minute),
+            burst=str(self.new_visitors_burst),
+            trusted_proxies=self.trusted_proxies,
+            websocket_max_bytes=str(self.websocket_max_bytes),
+        )
+
+    def init_settings(self) -> dict[str, Any]:
+        settings = super().init_settings()
+        booth = self.booth_limits()
+        settings["websocket_max_message_size"] = booth.websocket_max_bytes
+        settings[GATE_SETTING] = NewVisitorGate(booth)
+        return settings
+
+    def init_handlers(self) -> list[Any]:
+        handlers: list[Any] = []
+        for rule in super().init_handlers():
+            if isinstance(rule, tuple) and len(rule) >= 2 and isinstance(rule[1], type):
+                rule = (rule[0], booth_handler_class(rule[0], rule[1]), *rule[2:])
+            handlers.append(rule)
+        catch_all = url_path_join(self.server_url, r"/(.*)")
+        at = next((i for i, r in enumerate(handlers) if isinstance(r, tuple) and r[0] == catch_all), len(handlers))
+        handlers.insert(at, (url_path_join(self.server_url, r"/api/.*"), RefusedHandler))
+        return handlers
+
+
+main = BoothVoila.launch_instance
 
 
 def configure(c: Config) -> None:

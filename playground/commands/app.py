@@ -8,9 +8,13 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import playground
 from playground.errors import UserError, shown
+
+if TYPE_CHECKING:
+    from voila_app.limits import Limits
 
 APP_NOTEBOOK = "playground.ipynb"
 BOOTH_MAX_KERNELS = 16  # ~165 MB per visitor kernel: 16 fit a 4 GB app budget with the Voila server
@@ -43,19 +47,23 @@ def voila_command(
     open_browser: bool,
     cull_idle_seconds: int = 600,
     booth_max_kernels: int | None = None,
+    booth_limits: Limits | None = None,
 ) -> list[str]:
     """The Voila command line: sources stripped, no tracebacks to visitors, idle kernels culled.
 
-    ``booth_max_kernels`` turns on booth mode: the visitor-cookie hook and the capped kernel
-    manager from :mod:`voila_app` (its ``voila.py`` config file), faster culling.
+    ``booth_max_kernels`` turns on booth mode: Voila as :mod:`voila_app`'s ``BoothVoila`` (kernel routes
+    only for their visitor, bounded websocket frames, a rate limit on new visitors, plain 404s) with
+    ``booth_limits``, the visitor-cookie hook and the capped kernel manager (its ``voila.py`` config
+    file), faster culling.
     """
     from voila_app import CONFIG_DIR, TEMPLATE
+    from voila_app.limits import Limits
 
     booth = booth_max_kernels is not None
     command = [
         sys.executable,
         "-m",
-        "voila",
+        "voila_app" if booth else "voila",
         str(notebook),
         f"--port={port}",
         "--Voila.port_retries=0",  # the port printed is the port served: we pick a free one first
@@ -70,6 +78,14 @@ def voila_command(
     ]
     if booth:
         command += [f"--Voila.config_file_paths={CONFIG_DIR}", f"--BoothKernelManager.max_kernels={booth_max_kernels}"]
+        bounds = booth_limits or Limits()
+        command += [
+            f"--BoothVoila.new_visitors_per_minute={bounds.new_visitors_per_minute:g}",
+            f"--BoothVoila.new_visitors_burst={bounds.new_visitors_burst}",
+            f"--BoothVoila.websocket_max_bytes={bounds.websocket_max_bytes}",
+        ]
+        if bounds.trusted_proxies:
+            command.append(f"--BoothVoila.trusted_proxies={','.join(str(n) for n in bounds.trusted_proxies)}")
     if not open_browser:
         command.append("--no-browser")
     return command
@@ -103,6 +119,7 @@ def cmd_app(args: argparse.Namespace) -> int:
 
         get_blueprint(args.blueprint)  # unknown ids: one line listing the known ones
     env = app_environment(args, notebooks.parent)
+    limits = booth_limits(args, env) if args.booth else None  # bad flags: one line, before anything is prepared
     prepare_model(env["PLAYGROUND_BLUEPRINT"])
     from voila_app import SHARE_DIR
 
@@ -119,6 +136,7 @@ def cmd_app(args: argparse.Namespace) -> int:
         open_browser=not args.no_browser,
         cull_idle_seconds=args.booth_cull_seconds if args.booth else 600,
         booth_max_kernels=args.booth_max_kernels if args.booth else None,
+        booth_limits=limits,
     )
     print(f"Blueprint Playground on http://{args.ip}:{port}/  (Ctrl-C stops it)", flush=True)
     os.chdir(notebooks)
@@ -173,6 +191,22 @@ def booth_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     return {"PLAYGROUND_BOOTH": "1", SECRET_ENV: secret}
 
 
+def booth_limits(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
+    """The Voila server's booth limits: the flags, else their ``PLAYGROUND_BOOTH_*`` variables, else defaults."""
+    from voila_app.limits import SettingError, limits_from
+
+    try:
+        return limits_from(
+            environ,
+            per_minute=args.booth_new_visitors_per_minute,
+            burst=args.booth_new_visitors_burst,
+            trusted_proxies=args.booth_trusted_proxy,
+            websocket_max_bytes=args.booth_websocket_max_bytes,
+        )
+    except SettingError as exc:
+        raise UserError(str(exc), field=exc.field) from None
+
+
 def first_free_port(ip: str, start: int, tries: int = 20) -> int:
     """``start`` when nothing listens there, else the next free port above it (deterministic, unlike
     Voila's own retries, which jump to random ports and leave the printed URL wrong)."""
@@ -194,6 +228,16 @@ def _has_module(name: str) -> bool:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``playground app`` to the CLI."""
+    from voila_app.limits import (
+        NEW_VISITORS_BURST,
+        NEW_VISITORS_BURST_ENV,
+        NEW_VISITORS_PER_MINUTE,
+        NEW_VISITORS_PER_MINUTE_ENV,
+        TRUSTED_PROXIES_ENV,
+        WEBSOCKET_MAX_BYTES,
+        WEBSOCKET_MAX_BYTES_ENV,
+    )
+
     parser = subparsers.add_parser(
         "app",
         help="open the Voila app (pick a blueprint, train, watch, serve, chat)",
@@ -226,5 +270,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=BOOTH_CULL_SECONDS,
         help=f"free a kernel this long after its browser left (default {BOOTH_CULL_SECONDS})",
+    )
+    booth.add_argument(
+        "--booth-new-visitors-per-minute",
+        metavar="N",
+        default=None,
+        help=f"new visitor cookies a minute per client address, beyond the burst; more: a 'one moment' page "
+        f"(HTTP 429) (default {NEW_VISITORS_PER_MINUTE:g}; env {NEW_VISITORS_PER_MINUTE_ENV})",
+    )
+    booth.add_argument(
+        "--booth-new-visitors-burst",
+        metavar="N",
+        default=None,
+        help=f"new visitor cookies per client address at once (default {NEW_VISITORS_BURST}; env "
+        f"{NEW_VISITORS_BURST_ENV})",
+    )
+    booth.add_argument(
+        "--booth-trusted-proxy",
+        metavar="IP[,IP]",
+        default=None,
+        help="reverse proxies (addresses or CIDR networks) whose X-Forwarded-For names the client (default: "
+        f"none, the socket's peer is the client; env {TRUSTED_PROXIES_ENV})",
+    )
+    booth.add_argument(
+        "--booth-websocket-max-bytes",
+        metavar="N",
+        default=None,
+        help=f"largest websocket frame from a browser; a bigger one closes that connection (default "
+        f"{WEBSOCKET_MAX_BYTES}; env {WEBSOCKET_MAX_BYTES_ENV})",
     )
     parser.set_defaults(func=cmd_app)

@@ -1,0 +1,308 @@
+"""The booth's Voila server bounds what a script can do: a real `playground app --booth` on localhost, driven
+over HTTP (httpx, http.client for raw paths) and the kernel websocket (tornado's client).
+
+One server for the module, with a small new-visitor burst and 127.0.0.2 as its trusted proxy. Each test
+sends from its own loopback address (127.0.0.0/8 all reaches the server), so one test's rate-limit bucket
+is not another's. Every bound is checked together with a real visitor still getting in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from _fixtures import unused_port
+from _waiting import wait_for
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import WebSocketClientConnection, websocket_connect
+
+from voila_app.identity import COOKIE_NAME, sign
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = "booth-server-test-secret-" + "0123456789abcdef" * 2
+BURST = 4
+PROXY = "127.0.0.2"  # the trusted proxy
+WS_MAX = 64 * 1024
+
+
+@dataclass
+class Server:
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def client(self, source: str, **kwargs) -> httpx.Client:
+        """An HTTP client whose connections come from loopback address ``source``."""
+        transport = httpx.HTTPTransport(local_address=source)
+        return httpx.Client(base_url=self.url, transport=transport, timeout=240, **kwargs)
+
+
+@dataclass
+class Visitor:
+    cookie: str  # the signed visitor cookie's value
+    kernel_id: str
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("booth-server")
+    port = unused_port()
+    env = {
+        **os.environ,
+        "PLAYGROUND_HOME": str(tmp / "home"),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        "PLAYGROUND_BOOTH_SECRET": SECRET,
+        "PLAYGROUND_BOOTH_NEW_VISITORS_PER_MINUTE": "0.5",  # one token back every 2 minutes: no refill in a test
+        "PLAYGROUND_BOOTH_TRUSTED_PROXIES": PROXY,  # the environment's settings, the flags' below
+    }
+    log_path = tmp / "voila.log"
+    command = [sys.executable, "-m", "playground.cli", "app", "--booth", "--port", str(port), "--no-browser",
+               "--booth-max-kernels", "4", "--booth-new-visitors-burst", str(BURST),
+               "--booth-websocket-max-bytes", str(WS_MAX), "--blueprint", "tiny-llama-cpu"]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+
+        def listening() -> bool:
+            assert proc.poll() is None, f"playground app exited: {log_path.read_text()[-2000:]}"
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+            return False
+
+        wait_for(listening, 90, "playground app --booth listening", interval=0.3)
+        yield Server(port, log_path)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def visitor_a(server: Server) -> Visitor:
+    """A visitor who loaded the page: their cookie and the kernel it started (its id is in the page)."""
+    with server.client("127.0.0.11", follow_redirects=True) as client:
+        page = client.get("/")
+        assert page.status_code == 200, page.text[:500]
+        match = re.search(r'"kernelId":\s*"([0-9a-f-]{36})"', page.text)
+        assert match, "no kernel id in the page"
+        return Visitor(client.cookies[COOKIE_NAME].strip('"'), match.group(1))
+
+
+def new_cookie(server: Server, source: str = "127.0.0.11") -> str:
+    """A new visitor's cookie (the first response sets it; no page, no kernel)."""
+    with server.client(source) as client:
+        first = client.get("/")
+        assert first.status_code == 302, first.status_code
+        return client.cookies[COOKIE_NAME].strip('"')
+
+
+def cookies(value: str | None, **more: str) -> dict[str, str]:
+    """Request headers carrying the visitor cookie ``value`` (none when None) and ``more`` cookies."""
+    jar = {COOKIE_NAME: f'"{value}"'} if value else {}
+    jar.update(more)
+    return {"Cookie": "; ".join(f"{k}={v}" for k, v in jar.items())} if jar else {}
+
+
+def _message(msg_type: str, session: str, content: dict | None = None) -> str:
+    header = {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "username": "", "session": session,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": "5.3"}  # fmt: skip
+    return json.dumps(
+        {"header": header, "parent_header": {}, "metadata": {}, "content": content or {}, "channel": "shell"}
+    )
+
+
+async def _connect(server: Server, kernel_id: str, cookie: str | None) -> tuple[WebSocketClientConnection, str]:
+    session = uuid.uuid4().hex
+    url = f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels?session_id={session}"
+    return await websocket_connect(
+        HTTPRequest(url, headers=cookies(cookie), connect_timeout=30, request_timeout=60)
+    ), session
+
+
+async def _kernel_answers(ws: WebSocketClientConnection, session: str) -> bool:
+    ws.write_message(_message("kernel_info_request", session))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        raw = await asyncio.wait_for(ws.read_message(), timeout=deadline - time.monotonic())
+        if raw is None:
+            return False
+        if isinstance(raw, str) and '"kernel_info_reply"' in raw:
+            return True
+    return False
+
+
+def websocket_status(server: Server, kernel_id: str, cookie: str | None) -> int:
+    """101 when the kernel websocket opens and the kernel answers through it, else the HTTP status."""
+
+    async def attempt() -> int:
+        try:
+            ws, session = await _connect(server, kernel_id, cookie)
+        except HTTPClientError as exc:
+            return exc.code
+        try:
+            return 101 if await _kernel_answers(ws, session) else 0
+        finally:
+            ws.close()
+
+    return asyncio.run(attempt())
+
+
+def raw_get(server: Server, path: str) -> tuple[int, str]:
+    """GET ``path`` exactly as written (no client normalises its dots or escapes)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read().decode("utf-8", "replace")
+    finally:
+        conn.close()
+
+
+# -- tests ----------------------------------------------------------------------------------------------
+
+
+def test_kernel_routes_answer_only_the_kernels_visitor(server: Server, visitor_a: Visitor) -> None:
+    kernel = visitor_a.kernel_id
+    b = new_cookie(server)
+    forged = sign("another-secret-" + "x" * 30, "v-0000000000000000")
+    with server.client("127.0.0.11") as client:
+        mine = client.get(f"/api/kernels/{kernel}", headers=cookies(visitor_a.cookie))
+        assert mine.status_code == 200 and mine.json()["id"] == kernel
+        for other in (b, forged, None):
+            assert client.get(f"/api/kernels/{kernel}", headers=cookies(other)).status_code == 403
+            assert client.delete(f"/api/kernels/{kernel}", headers=cookies(other)).status_code == 403
+            # with a matching XSRF pair: the refusal is the owner check's
+            headers = cookies(other, _xsrf="t")
+            shutdown = client.post(f"/voila/api/shutdown/{kernel}", data={"_xsrf": "t"}, headers=headers)
+            assert shutdown.status_code == 403
+        # no route lists kernels (nor starts one): A's id is nowhere
+        for path in ("/api/kernels", "/api/kernels/", "/api/sessions", f"/api/kernels/{kernel}/interrupt"):
+            method = "POST" if path.endswith("interrupt") else "GET"
+            listing = client.request(method, path, headers=cookies(visitor_a.cookie))
+            assert listing.status_code == 403 and kernel not in listing.text, path
+        assert client.get(f"/api/kernels/{kernel}", headers=cookies(visitor_a.cookie)).status_code == 200  # alive
+    # the websocket: B, a forged cookie and no cookie are refused at the handshake; A's own still works
+    assert websocket_status(server, kernel, b) == 403
+    assert websocket_status(server, kernel, forged) == 403
+    assert websocket_status(server, kernel, None) == 403
+    assert websocket_status(server, kernel, visitor_a.cookie) == 101
+    assert "Traceback" not in server.log.read_text()
+
+
+def test_an_oversized_websocket_frame_closes_that_connection_only(server: Server, visitor_a: Visitor) -> None:
+    async def scenario() -> tuple[int | None, bool, bool]:
+        big, big_session = await _connect(server, visitor_a.kernel_id, visitor_a.cookie)
+        other, other_session = await _connect(server, visitor_a.kernel_id, visitor_a.cookie)
+        try:
+            assert await _kernel_answers(big, big_session)  # a normal message passes on the same connection
+            big.write_message(_message("comm_msg", big_session, {"data": "x" * (WS_MAX + 1024)}))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and await asyncio.wait_for(big.read_message(), 30) is not None:
+                pass  # messages already on their way, then the close
+            return big.close_code, await _kernel_answers(other, other_session), True
+        finally:
+            big.close()
+            other.close()
+
+    close_code, other_still_answers, _ = asyncio.run(scenario())
+    assert close_code == 1009  # "message too big"
+    assert other_still_answers  # the visitor's other connection and the server carry on
+    assert websocket_status(server, visitor_a.kernel_id, visitor_a.cookie) == 101  # and a new one opens
+    assert raw_get(server, "/voila/templates/playground/static/healthz.txt") == (200, "ok\n")
+
+
+def test_new_visitors_from_one_address_are_rate_limited(server: Server, visitor_a: Visitor) -> None:
+    source = "127.0.0.12"
+    for _ in range(BURST):
+        new_cookie(server, source)
+    with server.client(source) as client:
+        refused = client.get("/")
+        assert refused.status_code == 429 and COOKIE_NAME not in refused.headers.get("set-cookie", "")
+        assert 5 <= int(refused.headers["retry-after"]) <= 120
+        assert "One moment" in refused.text and 'http-equiv="refresh"' in refused.text
+        # a script cannot pick another bucket with a header: this peer is no trusted proxy
+        assert client.get("/", headers={"X-Forwarded-For": "10.9.8.7"}).status_code == 429
+        # a returning visitor (valid cookie) from the same address is never limited: the page, their kernel
+        page = client.get("/", headers=cookies(visitor_a.cookie))
+        assert page.status_code == 200 and '"kernelId"' in page.text
+        # (that second kernel of A's goes with the page's unload beacon: the owner's shutdown is allowed)
+        second = re.search(r'"kernelId":\s*"([0-9a-f-]{36})"', page.text).group(1)
+        assert second != visitor_a.kernel_id
+        beacon = client.post(f"/voila/api/shutdown/{second}", data={"_xsrf": "t"},
+                             headers=cookies(visitor_a.cookie, _xsrf="t"))  # fmt: skip
+        assert beacon.status_code == 204
+        assert client.get(f"/api/kernels/{second}", headers=cookies(visitor_a.cookie)).status_code == 403  # gone
+        assert client.get(f"/api/kernels/{visitor_a.kernel_id}", headers=cookies(visitor_a.cookie)).status_code == 200
+    assert "over the rate limit: HTTP 429" in server.log.read_text()
+
+
+def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_bucket(server: Server) -> None:
+    with server.client(PROXY) as proxy:
+
+        def first_visit(forwarded_for: str) -> int:
+            proxy.cookies.clear()  # a new visitor each time
+            return proxy.get("/", headers={"X-Forwarded-For": forwarded_for}).status_code
+
+        assert [first_visit("10.0.0.1") for _ in range(BURST)] == [302] * BURST
+        assert first_visit("10.0.0.1") == 429
+        assert first_visit("203.0.113.9, 10.0.0.1") == 429  # what the client wrote left of its address is no help
+        assert first_visit("10.0.0.2") == 302  # another client behind the same proxy
+        proxy.cookies.clear()
+        assert proxy.get("/").status_code == 302  # the proxy's own requests: its own bucket
+
+
+CRAFTED = [
+    "/voila/templates/../../etc/passwd",
+    "/voila/templates/nonexistent/static/x.js",
+    "/voila/templates/lab",
+    "/voila/templates/lab/static/",
+    "/voila/templates/lab/static/..%2f..%2fsetup.py",
+    "/voila/templates/lab/static/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+    "/voila/static/%2e%2e/x",
+    "/voila/static/..%2f..%2fapp.py",
+    "/voila/files/../../etc/passwd",
+    "/voila/labextensions/nothing.js",
+    "/voila/api/themes/nothing",
+]
+
+
+def test_crafted_template_and_static_urls_are_a_plain_404(server: Server) -> None:
+    before = server.log.read_text()
+    for path in CRAFTED:
+        status, body = raw_get(server, path)
+        assert status == 404, (path, status)
+        assert not [word for word in ("Traceback", "/root", "site-packages", str(REPO)) if word in body], path
+    assert raw_get(server, "/voila/templates/playground/static/healthz.txt") == (200, "ok\n")
+    assert raw_get(server, "/voila/static/voila.js")[0] == 200  # Voila's own assets still load
+
+    def new_lines() -> str:
+        text = server.log.read_text()[len(before) :]
+        return text if text.count("404 GET") >= len(CRAFTED) else ""
+
+    logged = wait_for(new_lines, 10, "the 404s in the server's log")
+    for path in CRAFTED:  # one access line each, nothing else about it
+        about = [line for line in logged.splitlines() if f" {path} (" in line]
+        assert len(about) == 1 and about[0].startswith(f"404 GET {path} ("), (path, about)
+    assert "Traceback" not in logged and "Uncaught exception" not in logged

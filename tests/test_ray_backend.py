@@ -229,6 +229,19 @@ def test_the_local_ray_is_found_again_and_stops_cleanly(
     status`; stopping one that never started says so; a stale record (a dead pid) counts as no Ray."""
     running = RayBackend(sequence.home).local_ray.read()
     assert running is not None and running.cpus == 4
+    # this machine only: every socket of the local Ray's processes listens on and talks to loopback, never the
+    # machine's own network address (Ray's default for a head node)
+    import ipaddress
+
+    import psutil
+
+    ray_processes = [psutil.Process(running.pid), *psutil.Process(running.pid).children(recursive=True)]
+    sockets = [c for p in ray_processes for c in p.connections("inet")]  # psutil 6: net_connections
+    addresses = {c.laddr.ip for c in sockets if c.status == psutil.CONN_LISTEN}
+    addresses |= {c.raddr.ip for c in sockets if c.raddr}
+    parsed = [ipaddress.ip_address(a) for a in addresses]
+    plain = [getattr(a, "ipv4_mapped", None) or a for a in parsed]  # ::ffff:127.0.0.1 is 127.0.0.1
+    assert plain and all(a.is_loopback for a in plain), addresses
     assert RayBackend(sequence.home).local_ray.read() == running
     monkeypatch.setenv("PLAYGROUND_HOME", str(sequence.home))
     assert cli_main(["ray", "status"]) == 0

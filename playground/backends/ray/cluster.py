@@ -142,7 +142,6 @@ class LocalRayHome:
         command = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--disable-usage-stats",
             "--port=0", f"--dashboard-port={port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-            "--node-ip-address=127.0.0.1",  # this machine only: nothing listens on or talks to its LAN address
             f"--num-cpus={cpus:g}", f"--num-gpus={gpus:g}", f"--object-store-memory={OBJECT_STORE_BYTES}",
             f"--temp-dir={temp_dir}",
         ]  # fmt: skip
@@ -150,6 +149,9 @@ class LocalRayHome:
         env = child_env(
             {
                 "RAY_DEDUP_LOGS": "0",
+                # a one-machine Ray: every process advertises and dials 127.0.0.1, never this machine's LAN address
+                # (Ray's single-node mode; `--node-ip-address=127.0.0.1` alone is turned into the LAN address)
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                 "RAY_USAGE_STATS_ENABLED": "0",
                 # the dashboard's modules (its Job API among them) may take longer than Ray's 30 s on a loaded
                 # 2-core machine: a slow start, not a failed one

@@ -306,3 +306,24 @@ def test_crafted_template_and_static_urls_are_a_plain_404(server: Server) -> Non
         about = [line for line in logged.splitlines() if f" {path} (" in line]
         assert len(about) == 1 and about[0].startswith(f"404 GET {path} ("), (path, about)
     assert "Traceback" not in logged and "Uncaught exception" not in logged
+
+
+def test_plotly_comes_as_one_cacheable_file_not_as_every_pages_widget_state(server: Server) -> None:
+    """The chart's front end (plotly's ~5 MB bundle) is a static file the browser caches, named with its version;
+    the booth's pages carry a few hundred bytes that import it (issue 20 item 4: 5.09 MB per page load)."""
+    from importlib.metadata import version
+
+    import plotly
+
+    from voila_app import PLOTLY_BUNDLE_PATH
+
+    bundle = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+    with server.client("127.0.0.16") as client:
+        got = client.get(f"/{PLOTLY_BUNDLE_PATH}?v={version('plotly')}")
+        assert got.status_code == 200 and got.content == bundle.read_bytes()
+        assert got.headers["content-type"].startswith("text/javascript")
+        max_age = int(re.search(r"max-age=(\d+)", got.headers["cache-control"])[1])
+        assert max_age >= 365 * 86400, got.headers["cache-control"]
+        for other in ("playground/static/widgetbundle.js", f"{PLOTLY_BUNDLE_PATH}.map", "playground/static/.."):
+            response = client.get(f"/{other}")  # not that file: Voila's own routes answer (the page, or a 404)
+            assert response.status_code != 200 and "javascript" not in response.headers.get("content-type", "")

@@ -267,6 +267,19 @@ class ScriptedBackend(Backend):
     def delete(self, job_id: str, *, owner: str | None = None) -> None: ...
 
 
+def test_under_the_booth_the_chart_imports_plotly_from_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`playground app --booth` names where the page gets plotly's front end: the chart's widget state then holds a
+    small module importing it, not the ~5 MB bundle itself."""
+    from voila_app import PLOTLY_BUNDLE_ENV
+    from widgets.monitor import loss_chart
+
+    assert len(str(loss_chart()._esm)) > 1_000_000  # plotly's own: the whole bundle in the widget's state
+    monkeypatch.setenv(PLOTLY_BUNDLE_ENV, "playground/static/plotly-widgetbundle.js?v=1")
+    module = loss_chart()._esm
+    assert len(module) < 1000 and '"playground/static/plotly-widgetbundle.js?v=1"' in module
+    assert "export const FigureModel" in module and "export default" in module
+
+
 def test_your_jobs_stay_live_while_a_job_runs() -> None:
     """'Your jobs' follows a running job by itself (it went stale at step 5/80 while the job trained on), updating
     its rows in place; once every job has finished it stops refreshing."""

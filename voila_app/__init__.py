@@ -12,3 +12,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 SHARE_DIR = PACKAGE_DIR / "share"  # a Jupyter data dir: voila/templates/playground/
 CONFIG_DIR = PACKAGE_DIR / "config"  # voila.py: the booth hooks
 TEMPLATE = "playground"
+# Booth mode: the page's kernel reads where plotly's front end is served (BoothVoila's cacheable route,
+# server.PLOTLY_BUNDLE_ROUTE), a URL relative to the page's base URL; `playground app --booth` sets it.
+PLOTLY_BUNDLE_ENV = "PLAYGROUND_PLOTLY_BUNDLE"
+PLOTLY_BUNDLE_PATH = "playground/static/plotly-widgetbundle.js"

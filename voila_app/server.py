@@ -22,8 +22,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -38,7 +40,7 @@ from traitlets.config import Config
 from voila.app import Voila
 from voila.shutdown_kernel_handler import VoilaShutdownKernelHandler
 
-from voila_app import identity, limits
+from voila_app import PLOTLY_BUNDLE_PATH, identity, limits
 
 log = logging.getLogger("voila_app")
 
@@ -314,6 +316,28 @@ def booth_handler_class(pattern: str, handler: type[RequestHandler]) -> type[Req
     return type(f"Booth{handler.__name__}", (*mixins, handler), {"__module__": __name__})
 
 
+_BUNDLE_DIR, _BUNDLE_NAME = PLOTLY_BUNDLE_PATH.rsplit("/", 1)
+PLOTLY_BUNDLE_ROUTE = f"/{re.escape(_BUNDLE_DIR)}/({re.escape(_BUNDLE_NAME)})"  # that one file
+
+
+def plotly_bundle_file() -> Path:
+    """plotly's FigureWidget front end (an ES module of ~5 MB), as installed."""
+    import plotly
+
+    return Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+
+
+class _PlotlyBundle(_NotFoundOnBadPath, _PlainErrors):
+    """plotly's widget bundle as a static file the browser caches (``?v=VERSION``: a year), instead of ~5 MB of
+    widget state sent over every page's websocket (see :func:`widgets.monitor.loss_chart`)."""
+
+    def get_absolute_path(self, root: str, path: str) -> str:
+        return str(plotly_bundle_file())  # the route's pattern admits only this file's name
+
+    def get_content_type(self) -> str:
+        return "text/javascript"
+
+
 class BoothVoila(Voila):
     """Voila for a public booth: kernel routes only for their visitor, bounded websocket frames, a rate
     limit on new visitors per client address, plain 404s for bad static URLs. ``playground app
@@ -355,6 +379,8 @@ class BoothVoila(Voila):
         catch_all = url_path_join(self.server_url, r"/(.*)")
         at = next((i for i, r in enumerate(handlers) if isinstance(r, tuple) and r[0] == catch_all), len(handlers))
         handlers.insert(at, (url_path_join(self.server_url, r"/api/.*"), RefusedHandler))
+        bundle = url_path_join(self.server_url, PLOTLY_BUNDLE_ROUTE)
+        handlers.insert(at, (bundle, _PlotlyBundle, {"path": str(plotly_bundle_file().parent)}))
         return handlers
 
 

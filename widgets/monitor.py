@@ -4,6 +4,8 @@ evaluation table, cluster events, Cancel; an operator "details" expander outside
 from __future__ import annotations
 
 import html
+import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +27,7 @@ from playground.runs.registry import register as register_model
 from playground.runs.store import loss_curves as previous_loss_curves
 from playground.runs.store import run_for_job
 from playground.types import Job
+from voila_app import PLOTLY_BUNDLE_ENV
 from widgets.state import (
     Coalescer,
     Snapshot,
@@ -74,8 +77,30 @@ def right_axis_value(point: Progress) -> tuple[str, float] | None:
     return None if point.tokens_per_second is None else ("tokens/s", point.tokens_per_second)
 
 
+def bundle_loader(url: str) -> str:
+    """A few bytes of ES module that import plotly's widget bundle from ``url`` (relative to the page's Jupyter base
+    URL) and re-export it: the browser fetches and caches the ~5 MB bundle once, instead of receiving it as widget
+    state over every page's websocket."""
+    return (
+        'const config = JSON.parse(document.getElementById("jupyter-config-data")?.textContent || "{}");\n'
+        'const base = new URL(config.baseUrl || "/", document.baseURI);\n'
+        f"const bundle = await import(new URL({json.dumps(url)}, base).href);\n"
+        "export const FigureModel = bundle.FigureModel;\n"
+        "export const FigureView = bundle.FigureView;\n"
+        "export default bundle.default;\n"
+    )
+
+
 def loss_chart() -> go.FigureWidget:
-    """Loss (left axis) and tokens/s (right axis) against the optimizer step."""
+    """Loss (left axis) and tokens/s (right axis) against the optimizer step. Under ``playground app --booth``
+    plotly's front end comes from a cacheable URL (:func:`bundle_loader`)."""
+    chart = _loss_chart()
+    if os.environ.get(PLOTLY_BUNDLE_ENV):
+        chart._esm = bundle_loader(os.environ[PLOTLY_BUNDLE_ENV])
+    return chart
+
+
+def _loss_chart() -> go.FigureWidget:
     return go.FigureWidget(
         data=[
             go.Scatter(x=[], y=[], name="loss", mode="lines+markers", marker={"size": 4}),

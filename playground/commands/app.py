@@ -188,7 +188,13 @@ def booth_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
         secret = booth_secret(playground_home(), environ)
     except IdentityError as exc:
         raise UserError(str(exc), field=SECRET_ENV) from None
-    return {"PLAYGROUND_BOOTH": "1", SECRET_ENV: secret}
+    from importlib.metadata import version
+
+    from voila_app import PLOTLY_BUNDLE_ENV, PLOTLY_BUNDLE_PATH
+
+    # the chart's front end from BoothVoila's cacheable route, not ~5 MB of widget state over every page's websocket
+    bundle = f"{PLOTLY_BUNDLE_PATH}?v={version('plotly')}"
+    return {"PLAYGROUND_BOOTH": "1", SECRET_ENV: secret, PLOTLY_BUNDLE_ENV: bundle}
 
 
 def booth_limits(args: argparse.Namespace, environ: dict[str, str]) -> Limits:

@@ -160,8 +160,8 @@ def in_view(page, selector: str) -> bool:
             const el = document.querySelector(selector);
             if (!el) return false;
             const r = el.getBoundingClientRect();
-            return r.width > 0 && r.height > 0 && r.top >= 0 && r.left >= 0
-                && r.bottom <= window.innerHeight && r.right <= window.innerWidth;
+            return r.width > 0 && r.height > 0 && r.top >= -1 && r.left >= -1
+                && r.bottom <= window.innerHeight + 1 && r.right <= window.innerWidth + 1;
         }""",
         selector,
     )
@@ -359,7 +359,8 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             for screen in SCREENS:
                 a.set_viewport_size(screen)
                 a.eval_on_selector(".pg-step-chat .pg-headline", "el => el.scrollIntoView({block: 'start'})")
-                assert in_view(a, ".pg-step-chat .pg-headline") and in_view(a, ".pg-answer-fine-tuned")
+                wait_for(lambda: in_view(a, ".pg-step-chat .pg-headline") and in_view(a, ".pg-answer-fine-tuned"), 10,
+                         f"the headline and the answers on one screen ({screen})")  # fmt: skip
                 a.screenshot(path=str(shots / f"06b-end-{screen['width']}x{screen['height']}.png"))
             a.set_viewport_size(TALL)
             assert correct is not None, "the fine-tuned model answered none of 3 held-out prompts correctly"

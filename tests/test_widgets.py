@@ -496,6 +496,7 @@ def test_the_chart_spans_the_run_with_integer_steps_and_round_right_ticks() -> N
     assert monitor.wait(30)
     layout = monitor.chart.layout
     assert layout.height == CHART_HEIGHT >= 360 and monitor.chart_box.layout.width == "100%"
+    assert layout.autosize and monitor.chart._config["responsive"]  # the page's width, also after a window resize
     assert tuple(layout.xaxis.range) == (0, 12) and layout.xaxis.dtick == 2 and layout.xaxis.tickformat == "d"
     assert layout.yaxis2.tickmode == "auto" and layout.yaxis2.showgrid is False
     assert list(monitor.chart.data[0].x) == [2, 4, 6, 8, 10, 12]  # kept at the end (not blanked)

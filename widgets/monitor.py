@@ -106,7 +106,7 @@ CHART_HEIGHT = 380
 def loss_chart() -> go.FigureWidget:
     """Loss (left axis) and tokens/s (right axis) against the optimizer step: the page's width, integer steps,
     the right axis with its own round ticks (an overlaying axis' ticks follow the left one's by default: 4.83k…)."""
-    return go.FigureWidget(
+    chart = go.FigureWidget(
         data=[
             go.Scatter(x=[], y=[], name="loss", mode="lines+markers", marker={"size": 4}),
             go.Scatter(x=[], y=[], name="tokens/s", mode="lines", yaxis="y2", line={"dash": "dot"}),
@@ -134,6 +134,8 @@ def loss_chart() -> go.FigureWidget:
             template="plotly_white",
         ),
     )
+    chart._config = {**chart._config, "responsive": True}  # follows the window's width (plotly.js resizes it)
+    return chart
 
 
 class JobMonitor(ipw.VBox):

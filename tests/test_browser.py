@@ -167,6 +167,15 @@ def in_view(page, selector: str) -> bool:
     )
 
 
+def chart_fills_width(page) -> bool:
+    """Whether the chart spans the monitor's width (it follows a window resize after plotly's short debounce)."""
+    widths = page.evaluate(
+        """() => [document.querySelector('.pg-chart .main-svg'), document.querySelector('.pg-monitor')]
+                 .map((el) => (el ? el.getBoundingClientRect().width : 0))"""
+    )
+    return widths[1] > 0 and widths[0] >= 0.97 * widths[1]
+
+
 def set_field(page, name: str, value: str) -> None:
     """Type into a parameter's text box and leave it (the value reaches the kernel on change); a booth page folds
     the parameters behind its Settings toggle: opened first."""
@@ -257,6 +266,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
                 a.set_viewport_size(screen)
                 for selector in (".pg-intro", ".pg-form h3", ".pg-launch"):
                     assert in_view(a, selector), f"{selector} below the fold at {screen}"
+                wait_for(lambda: chart_fills_width(a), 30, f"the chart as wide as the page ({screen})")
                 a.screenshot(path=str(shots / f"00-first-screen-{screen['width']}x{screen['height']}.png"))
             a.set_viewport_size(SCREENS[0])
             assert not a.is_visible(".pg-field-max_steps input")  # the parameters wait behind Settings

@@ -1,12 +1,15 @@
 """The real app in booth mode: `playground app --booth` (Voila) on localhost, visitors in Debian's
 headless Chromium (one browser context per visitor: separate cookies), plus plain HTTP clients.
 
-One Voila server for the module. The story: a bad value is an inline error and starts nothing; a
-double-click makes one job; visitors see only their own jobs; the second and third visitors wait in
-the queue and watch their position move; a reload reattaches the running job by itself; the
-trained model is served and chatted with; a second job in the same page redraws the chart; the
-hourly quota is an inline error; no request leaves localhost. Then a flood of page loads stays under
-the kernel cap (the friendly "booth is full" page beyond it). Screenshots: test-artifacts/browser/.
+One Voila server for the module. The story: on a 1366×768 screen the first view holds the
+one-sentence intro and the preselected blueprint's Launch; a bad value is an inline error and starts
+nothing; a double-click makes one job and brings the monitor into view; visitors see only their own
+jobs; the second and third visitors wait in the queue and watch their position move; a reload
+reattaches the running job by itself; the job ends with a headline (base → fine-tuned), the trained
+model is served and chatted with under it; a second job in the same page redraws the chart; the
+hourly quota is an inline error; no request leaves localhost; a page replaced by the visitor's third
+tab says so. Then a flood of page loads stays under the kernel cap (the friendly "booth is full"
+page beyond it). Screenshots: test-artifacts/browser/.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ CHROMIUM_ARGS = [
 SECRET = "booth-test-secret-" + "0123456789abcdef" * 2
 MAX_KERNELS = 5
 QUICK = {"max_steps": "12", "log_every": "2", "num_eval_examples": "10", "checkpoint_every": "0"}
+TALL = {"width": 1280, "height": 3400}  # the story's screenshots show the whole page
+SCREENS = ({"width": 1366, "height": 768}, {"width": 1920, "height": 1080})  # a booth's (and a laptop's) screen
 
 
 def listing_with(page, job_id: str) -> str:
@@ -148,9 +153,36 @@ def shown_job(page) -> str:
     return match.group(1) if match else ""
 
 
+def in_view(page, selector: str) -> bool:
+    """Whether the first element matching ``selector`` is shown and wholly inside the viewport (no scrolling needed)."""
+    return page.evaluate(
+        """(selector) => {
+            const el = document.querySelector(selector);
+            if (!el) return false;
+            const r = el.getBoundingClientRect();
+            return r.width > 0 && r.height > 0 && r.top >= -1 && r.left >= -1
+                && r.bottom <= window.innerHeight + 1 && r.right <= window.innerWidth + 1;
+        }""",
+        selector,
+    )
+
+
+def chart_fills_width(page) -> bool:
+    """Whether the chart spans the monitor's width (it follows a window resize after plotly's short debounce)."""
+    widths = page.evaluate(
+        """() => [document.querySelector('.pg-chart .main-svg'), document.querySelector('.pg-monitor')]
+                 .map((el) => (el ? el.getBoundingClientRect().width : 0))"""
+    )
+    return widths[1] > 0 and widths[0] >= 0.97 * widths[1]
+
+
 def set_field(page, name: str, value: str) -> None:
-    """Type into a parameter's text box and leave it (the value reaches the kernel on change)."""
+    """Type into a parameter's text box and leave it (the value reaches the kernel on change); a booth page folds
+    the parameters behind its Settings toggle: opened first."""
     box = page.locator(f".pg-field-{name} input")
+    if not box.is_visible():
+        page.click(".pg-settings-toggle")
+        box.wait_for(state="visible", timeout=60_000)
     box.fill(value)
     box.press("Tab")
 
@@ -214,7 +246,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
     console_errors: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        contexts = [browser.new_context(viewport={"width": 1280, "height": 3400}) for _ in range(3)]
+        contexts = [browser.new_context(viewport=TALL) for _ in range(3)]
         pages = []
         for context in contexts:
             context.on("request", lambda request: record_host(request.url, hosts))
@@ -223,10 +255,21 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             pages.append(page)
         a, b, c = pages
         try:
-            # 1. visitor A: the page, its title; a bad value is an inline error and starts nothing
+            # 1. visitor A: the page, its title; the first screen says what happens and shows Launch (1366×768 and
+            # 1920×1080, no scrolling); a bad value is an inline error and starts nothing
+            a.set_viewport_size(SCREENS[0])
             open_app(a, booth.url)
             assert a.title() == "Blueprint Playground"
             assert "Traceback" not in a.content()
+            assert "Pick a model, press Launch" in a.inner_text(".pg-intro")
+            for screen in SCREENS:
+                a.set_viewport_size(screen)
+                for selector in (".pg-intro", ".pg-form h3", ".pg-launch"):
+                    assert in_view(a, selector), f"{selector} below the fold at {screen}"
+                wait_for(lambda: chart_fills_width(a), 30, f"the chart as wide as the page ({screen})")
+                a.screenshot(path=str(shots / f"00-first-screen-{screen['width']}x{screen['height']}.png"))
+            a.set_viewport_size(SCREENS[0])
+            assert not a.is_visible(".pg-field-max_steps input")  # the parameters wait behind Settings
             visitor_a = visitor_of(contexts[0])
             set_field(a, "max_steps", "99999999")
             a.wait_for_selector(".pg-error-max_steps :text('out of range')", timeout=60_000)
@@ -240,6 +283,10 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             set_field(a, "max_steps", "300")
             a.wait_for_function("!document.querySelector('.pg-error-max_steps').innerText.trim()", timeout=60_000)
             a.dblclick(".pg-launch")
+            wait_for(lambda: in_view(a, ".pg-cancel") and in_view(a, ".pg-monitor-header"), 60,
+                     "the monitor brought into view after Launch (1366×768)")  # fmt: skip
+            a.screenshot(path=str(shots / "01b-launched-1366x768.png"))
+            a.set_viewport_size(TALL)
             set_field(a, "seed", "x")  # processed after both clicks: once its error shows, they were too
             a.wait_for_selector(".pg-error-seed :text('not valid')", timeout=60_000)
             jobs_a = operator.list(owner=visitor_a)
@@ -290,8 +337,10 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             total = defaults["max_steps"] // defaults["log_every"]
             assert points_label(a) == total
             wait_for(lambda: chart_points(a) == total, 60, "every point drawn")
-            results = a.inner_text(".pg-metrics")
+            results = a.text_content(".pg-metrics")  # every figure, folded away for a visitor
             assert "Exact match on held-out examples" in results and "%" in results and "e+0" not in results
+            # the headline: the measured result next to the base model's (measured before the first step)
+            assert re.fullmatch(r"held-out exact match: base \d+ % → fine-tuned \d+ %", a.inner_text(".pg-headline"))
             wait_for(lambda: "next in line" in c.inner_text(".pg-queue") or not c.inner_text(".pg-queue"), 600,
                      "C's queue position moving")  # fmt: skip
             a.screenshot(path=str(shots / "05-trained.png"), full_page=True)
@@ -315,6 +364,15 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
                     correct = (prompt, fine, base)
                     break
             a.screenshot(path=str(shots / "06-chat.png"), full_page=True)
+            # the end as a visitor's screen shows it: the headline, the two models' answers right under it
+            assert "base " in a.inner_text(".pg-step-chat .pg-headline")
+            for screen in SCREENS:
+                a.set_viewport_size(screen)
+                a.eval_on_selector(".pg-step-chat .pg-headline", "el => el.scrollIntoView({block: 'start'})")
+                wait_for(lambda: in_view(a, ".pg-step-chat .pg-headline") and in_view(a, ".pg-answer-fine-tuned"), 10,
+                         f"the headline and the answers on one screen ({screen})")  # fmt: skip
+                a.screenshot(path=str(shots / f"06b-end-{screen['width']}x{screen['height']}.png"))
+            a.set_viewport_size(TALL)
             assert correct is not None, "the fine-tuned model answered none of 3 held-out prompts correctly"
 
             # 8. B and C end; each sees only their own job
@@ -345,6 +403,14 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
 
             assert not [e for e in console_errors if "Error setting state" in e], console_errors
             assert hosts == {"127.0.0.1"}, f"requests left localhost: {sorted(hosts)}"
+
+            # 11. A opens the page in two more tabs: the booth shuts the oldest tab's kernel down, and that page says so
+            assert not a.is_visible("#pg-replaced")
+            for _ in range(2):
+                open_app(contexts[0].new_page(), booth.url)
+            a.wait_for_selector("#pg-replaced", state="visible", timeout=120_000)
+            assert "replaced by a newer tab" in a.inner_text("#pg-replaced") and a.is_visible("#pg-replaced button")
+            a.screenshot(path=str(shots / "10-replaced.png"))
         finally:
             for i, page in enumerate(pages):
                 with contextlib.suppress(Exception):

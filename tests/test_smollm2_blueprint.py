@@ -67,12 +67,13 @@ def test_trains_end_to_end_through_the_local_backend(trained) -> None:
     assert progress[-1].loss < progress[0].loss  # it learns
     metrics = {e.name: e.value for e in events if isinstance(e, Metric)}
     assert (
-        set(metrics) == {"eval_loss", "eval_exact_match"}
+        set(metrics) == {"base_eval_exact_match", "eval_loss", "eval_exact_match"}
         and job.metrics["eval_exact_match"] == metrics["eval_exact_match"]
     )
     assert job.base_model == get_blueprint(DEFAULT_BLUEPRINT).model.source  # pkg:// → served from the cache
     written = json.loads((Path(job.model_dir).parent / "metrics.json").read_text())
     assert written["steps"] == STEPS and written["num_eval_examples"] == QUICK["num_eval_examples"]
+    assert written["base_eval_exact_match"] == metrics["base_eval_exact_match"] < written["eval_exact_match"]
     assert not (Path(job.model_dir).parent / "base-model").exists()  # no copy of the 540 MB base per job
 
 

@@ -55,7 +55,7 @@ def test_output_layout_and_events(tiny_run) -> None:
     assert last.total_steps == STEPS and last.eta_seconds == 0
     assert all(math.isfinite(p.loss) and p.tokens_per_second > 0 and p.learning_rate > 0 for p in run.progress)
     assert run.progress[-1].loss < run.progress[0].loss  # it learns
-    assert set(run.metrics) == {"eval_loss", "eval_exact_match"}
+    assert set(run.metrics) == {"base_eval_exact_match", "eval_loss", "eval_exact_match"}  # base: before training
 
     for name in ("model", "base-model"):
         files = {p.name for p in (out / name).iterdir()}

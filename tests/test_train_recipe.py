@@ -138,6 +138,33 @@ def test_final_eval_and_save(stages: recipe.Recipe) -> None:
     assert (spec.output / "model" / "model.safetensors").exists() and (spec.output / "metrics.json").exists()
 
 
+def test_base_eval_before_training_reaches_the_events_and_metrics_json(stages: recipe.Recipe) -> None:
+    """The untouched model's exact match is measured in Initializing (a log line, a Metric event) and lands in
+    metrics.json beside the fine-tuned figure; a ``--resume`` run does not measure it again."""
+    import json
+
+    from playground.events import Metric, Phase
+
+    run = stages
+    run.reporter, stream = _reporter()
+    base = recipe.base_eval(run)
+    assert set(base) == {"base_eval_exact_match"} and 0.0 <= base["base_eval_exact_match"] <= 1.0
+    events = [parse_line(line) for line in stream.getvalue().splitlines()]
+    assert any(isinstance(e, Phase) and "base model" in e.reason for e in events)
+    reported = [e for e in events if isinstance(e, Metric)]
+    assert [(m.name, m.value) for m in reported] == [("base_eval_exact_match", base["base_eval_exact_match"])]
+    assert "base model before training: exact match" in stream.getvalue()
+    assert run.state.history == [{"step": 0, "train_seconds": 0.0, **base}]
+    run.state.step = run.state.last_loss = STEPS
+    run.wall_start = 0.0
+    metrics = recipe.save(run, {"eval_exact_match": 1.0})
+    saved = json.loads((run.spec.output / "metrics.json").read_text())
+    assert saved["base_eval_exact_match"] == metrics["base_eval_exact_match"] == base["base_eval_exact_match"]
+    run.spec = replace(run.spec, resume=True)
+    run.reporter, stream = _reporter()
+    assert recipe.base_eval(run) == {} and stream.getvalue() == ""
+
+
 @pytest.mark.parametrize(
     ("batch_size", "accum", "world", "expected"),
     [

@@ -159,8 +159,23 @@ def test_a_booth_visitor_reads_no_operator_advice_on_the_cards(monkeypatch: pyte
     assert any("HF_TOKEN" in n for n in operator.notes["llama-3.2-1b-lora-alpaca"])
     assert visitor.notes == {"tiny-llama-cpu": [], "llama-3.2-1b-lora-alpaca": [VISITOR_NOTE]}
     card = visitor.bodies["llama-3.2-1b-lora-alpaca"].value
-    shown_notes = card.split("</table>")[-1]
+    shown_notes = "".join(part.split("</div>")[0] for part in card.split("class='pg-note'>")[1:])  # not folded
     assert VISITOR_NOTE in shown_notes and "HF_TOKEN" not in shown_notes and "GPU" not in shown_notes
+
+
+def test_cards_are_compact_with_the_jargon_behind_a_details_toggle() -> None:
+    """A card shows its title, one line of what it does and CPU/GPU; model, data, method and id are folded away in an
+    HTML details element (no JavaScript needed)."""
+    from widgets.gallery import card_html, summary_text
+
+    smol = get_blueprint("smollm2-135m-lora-kubectl")
+    card = card_html(smol, [])
+    shown, folded = card.split("<details", 1)
+    assert smol.title in html.unescape(shown) and "CPU only" in shown
+    assert html.escape(summary_text(smol)) in shown and len(summary_text(smol)) <= 110
+    for jargon in ("pkg://", "q_proj", "synthetic://", smol.id):
+        assert jargon not in shown and jargon in folded
+    assert folded.startswith(" class='pg-card-details'><summary>details</summary>")
 
 
 # -- coalescing -----------------------------------------------------------------------------------
@@ -457,6 +472,78 @@ def test_results_are_a_readable_table() -> None:
     assert metric_rows({"train_loss": 0.00049}) == [("Training loss (last steps)", "4.9e-04")]  # not "0.000"
     table = metrics_table(metrics)
     assert "<table" in table and "1.92e+04" not in table and "world_size" not in table
+
+
+def test_the_headline_puts_the_fine_tuned_figure_beside_the_base_models() -> None:
+    from widgets.state import headline
+
+    assert headline({"base_eval_exact_match": 0.0, "eval_exact_match": 0.8649}) == (
+        "held-out exact match: base 0 % → fine-tuned 86 %"
+    )
+    grpo = {
+        "base_eval_mean_reward": 0.12,
+        "eval_mean_reward": 0.7,
+        "base_eval_exact_match": 0.0,
+        "eval_exact_match": 0.5,
+    }
+    assert headline(grpo, "eval_mean_reward") == "held-out mean reward: base 0.12 → fine-tuned 0.70"
+    assert headline(grpo).startswith("held-out exact match: base 0 %")  # no quality metric given: exact match first
+    assert headline({"eval_exact_match": 0.9}) == ""  # no base figure (an older run): no headline
+    assert headline({"base_eval_exact_match": float("nan"), "eval_exact_match": 0.9}) == ""
+    table = metrics_table({"base_eval_exact_match": 0.0, "eval_exact_match": 0.9}, final=True)
+    assert "pg-headline" in table and "base 0 % → fine-tuned 90 %" in table
+    assert "pg-headline" not in metrics_table({"base_eval_exact_match": 0.0, "eval_exact_match": 0.4})  # not yet
+
+
+def test_the_chart_spans_the_run_with_integer_steps_and_round_right_ticks() -> None:
+    """The x axis runs 0 → total steps with an integer tick step; the right axis picks its own round ticks (plotly
+    syncs an overlaying axis' ticks to the left one's otherwise); the points stay when the job ends; after Succeeded
+    the results open with the headline."""
+    from widgets.monitor import CHART_HEIGHT, nice_step
+
+    assert [nice_step(n) for n in (1, 8, 12, 80, 300, 5000)] == [1, 1, 2, 10, 50, 1000]
+    script: list[Event] = [Phase(JobPhase.INITIALIZING), Metric("base_eval_exact_match", 0.0), Phase(JobPhase.TRAINING)]
+    script += [_progress(i, 12) for i in range(2, 13, 2)]
+    script += [Metric("eval_exact_match", 0.86), Phase(JobPhase.SUCCEEDED)]
+    monitor = JobMonitor(ScriptedBackend(script, rate=200.0), "job-1", blueprint=get_blueprint("tiny-llama-cpu"))
+    assert monitor.wait(30)
+    layout = monitor.chart.layout
+    assert layout.height == CHART_HEIGHT >= 360 and monitor.chart_box.layout.width == "100%"
+    assert layout.autosize and monitor.chart._config["responsive"]  # the page's width, also after a window resize
+    assert tuple(layout.xaxis.range) == (0, 12) and layout.xaxis.dtick == 2 and layout.xaxis.tickformat == "d"
+    assert layout.yaxis2.tickmode == "auto" and layout.yaxis2.showgrid is False
+    assert list(monitor.chart.data[0].x) == [2, 4, 6, 8, 10, 12]  # kept at the end (not blanked)
+    assert "held-out exact match: base 0 % → fine-tuned 86 %" in monitor.metrics.value
+    monitor.follow("job-1")  # the next job starts from an empty chart with plotly's own range
+    assert layout.xaxis.range is None and list(monitor.chart.data[0].x) == []
+
+
+def test_a_booth_page_puts_the_intro_and_launch_first(monkeypatch: pytest.MonkeyPatch, isolated_home: Path) -> None:
+    """Booth: the one-sentence intro, then the preselected blueprint's description and Launch, its parameters folded
+    behind Settings (an invalid value unfolds them, and is still refused in the kernel), the other blueprints
+    after the monitor and the chat. The operator's page keeps the gallery first, its parameters shown."""
+    from widgets.app import INTRO, App
+
+    visitor = App(backend=RecordingBackend(), blueprint_id="tiny-llama-cpu", booth=True, visitor="v-0123456789abcdef",
+                  reattach=False)  # fmt: skip
+    assert INTRO in visitor.children[0].value
+    steps = [next(c for c in w._dom_classes if c.startswith("pg-step-")) for w in visitor.children[2:]]
+    assert steps == ["pg-step-form", "pg-step-monitor", "pg-step-chat", "pg-step-gallery", "pg-step-jobs"]
+    form = visitor.form
+    assert form is not None and form.children[1].children[-2:] == (form.launch_button, form.settings_toggle)
+    assert form.settings.layout.display == "none" and form.settings_toggle.value is False
+    form.settings_toggle.set_state({"value": True})  # as the browser's click sets it
+    assert form.settings.layout.display is None
+    form.settings_toggle.set_state({"value": False})
+    form.controls["max_steps"].set_state({"value": "99999999"})
+    assert form.settings.layout.display is None and "out of range" in form.errors["max_steps"].value
+    assert form.launch() is None and visitor.monitor.job_id == ""
+
+    monkeypatch.delenv("PLAYGROUND_BOOTH", raising=False)
+    operator = App(backend=RecordingBackend(), blueprint_id="tiny-llama-cpu", booth=False, reattach=False)
+    assert "pg-step-gallery" in operator.children[2]._dom_classes
+    assert operator.form is not None and operator.form.settings.layout.display is None
+    assert operator.form.settings_toggle.layout.display == "none"
 
 
 def test_chat_shows_the_answer_as_given() -> None:

@@ -23,11 +23,19 @@ from widgets.form import LaunchForm
 from widgets.gallery import BlueprintGallery
 from widgets.guard import guard_kernel
 from widgets.jobs import JobsList
-from widgets.monitor import JobMonitor
+from widgets.monitor import JobMonitor, headline_html
 from widgets.state import error_text, scrub_paths
 
 STYLE = """<style>
+.pg-app h1 { margin: 4px 0 2px 0; }
+.pg-intro { font-size: 1.15em; margin: 0 0 4px 0; }
 .pg-card { border: 1px solid #ddd; border-radius: 8px; background: #fafafa; }
+.pg-card-summary { color: #333; margin: 2px 0; }
+.pg-card-resources { color: #555; font-size: 0.9em; }
+.pg-card-details summary { cursor: pointer; color: #555; font-size: 0.9em; }
+.pg-form h3 { margin: 2px 0; } .pg-form p { margin: 2px 0 6px 0; }
+.pg-headline { font-size: 1.4em; font-weight: 600; color: #1a5e1a; margin: 6px 0; }
+.pg-all-results summary { cursor: pointer; }
 .pg-card.pg-selected { border: 2px solid #1f77b4; background: #eef5fc; }
 .pg-card-title { font-weight: 600; font-size: 1.05em; }
 .pg-card-table th { text-align: left; padding-right: 8px; color: #666; font-weight: normal; }
@@ -46,13 +54,17 @@ STYLE = """<style>
 .pg-a { font-family: monospace; font-size: 1.1em; margin-bottom: 6px; white-space: pre-wrap; }
 .pg-empty, .pg-whitespace, .pg-cut { color: #888; }
 .pg-ok { color: #2ca02c; font-weight: bold; } .pg-bad { color: #d62728; font-weight: bold; }
-.pg-section h2 { margin: 12px 0 4px 0; }
+.pg-section h2 { margin: 10px 0 4px 0; }
 .pg-data-preview { font-size: 0.85em; background: #f6f6f6; padding: 4px; margin: 2px 0 6px 0; white-space: pre-wrap; }
 .pg-data-preview mark { background: #ffe58a; }
 .pg-data-ok { color: #2ca02c; }
 </style>"""
 
 RUNNING = "your job is still running: wait for it to finish, or cancel it"
+INTRO = (
+    "Pick a model, press Launch: watch it learn live, then ask it and the untouched base model the same question "
+    "side by side."
+)
 UNKNOWN_VISITOR = (
     "This page could not recognise your visit (its cookie is missing or not valid). Reload the page; "
     "if this message stays, allow cookies for this site."
@@ -111,8 +123,9 @@ class App(ipw.VBox):
         self.chat: ChatPanel | None = None
         self.job: Job | None = None
         self.jobs: JobsList | None = None
+        self._built = False
         self.status = ipw.HTML("").add_class("pg-app-status")
-        header = ipw.HTML(STYLE + "<h1>Blueprint Playground</h1>")
+        header = ipw.HTML(STYLE + f"<h1>Blueprint Playground</h1><p class='pg-intro'>{html.escape(INTRO)}</p>")
         if self.booth and not self.owner:  # fail closed: no identity, no jobs
             self.monitor = JobMonitor(owner="", operator=False)
             self.gallery = None
@@ -128,7 +141,8 @@ class App(ipw.VBox):
         self.gallery = BlueprintGallery(
             api.blueprints(), on_select=self.select, backend=self.backend_name, operator=self.operator
         )
-        self.form_box = ipw.VBox([ipw.HTML("<i>pick a blueprint above</i>")])
+        where = "below" if self.booth else "above"
+        self.form_box = ipw.VBox([ipw.HTML(f"<i>pick a blueprint {where}</i>")])
         self.serve_box = ipw.VBox([ipw.HTML("<i>available when the job has succeeded</i>")])
         self.presence = None  # booth mode: shows the engine this visitor is still here while the kernel lives
         try:
@@ -136,22 +150,30 @@ class App(ipw.VBox):
             self.presence = self.get_backend(self.backend_name).keep_present(self.owner)
         except Exception as exc:  # e.g. no cluster configured: shown, the gallery still works
             self.status.value = f"<span class='pg-error-text'>{html.escape(self._text(error_text(exc)))}</span>"
-        super().__init__(
-            [
-                header,
-                self.status,
+        jobs = section("Your jobs", self.jobs or ipw.HTML(""), "pg-step-jobs")
+        if self.booth:  # a visitor: the preselected blueprint's Launch first (above the fold), other blueprints below
+            steps = [
+                section("1 · Launch", self.form_box, "pg-step-form"),
+                section("2 · Watch it learn", self.monitor, "pg-step-monitor"),
+                section("3 · Ask both models: base vs fine-tuned", self.serve_box, "pg-step-chat"),
+                section("Other blueprints", self.gallery, "pg-step-gallery"),
+                jobs,
+            ]
+        else:
+            steps = [
                 section("1 · Pick a blueprint", self.gallery, "pg-step-gallery"),
                 section("2 · Set parameters and launch", self.form_box, "pg-step-form"),
                 section("3 · Watch training", self.monitor, "pg-step-monitor"),
                 section("4 · Serve and chat: base vs fine-tuned", self.serve_box, "pg-step-chat"),
-                section("Your jobs", self.jobs or ipw.HTML(""), "pg-step-jobs"),
+                jobs,
             ]
-        )
+        super().__init__([header, self.status, *steps])
         self.add_class("pg-app")
         if blueprint_id:
             self.gallery.select(blueprint_id)
         if reattach and self.jobs is not None and self.jobs.jobs:
             self.reattach(self.jobs.jobs[0])
+        self._built = True  # from now on a selection or a launch brings its widgets into view
 
     # -- backends ------------------------------------------------------------------------------
 
@@ -181,11 +203,14 @@ class App(ipw.VBox):
             model_source=self.model_source,
             dataset_source=self.dataset_source,
             on_saved=self._saved,
+            compact=self.booth,
         )
         if self.gallery is not None and not self.booth:
             self.form.backend.observe(lambda change: self.gallery.set_backend(change["new"]), names="value")
         self.form_box.children = [self.form]
         self._update_launch()
+        if self._built:  # picked on a card: its Launch comes into view (the browser scrolls to a focused element)
+            self.form.launch_button.focus()
 
     def launch(self, backend_name: str, params: dict[str, Any]) -> Job:
         """Called by the form with validated params; engine errors propagate to the form.
@@ -210,6 +235,7 @@ class App(ipw.VBox):
         )
         job = backend.submit(request)
         self.attach(backend, job)
+        self.monitor.cancel_button.focus()  # the browser scrolls the monitor into view
         if self.jobs is not None:
             if self.jobs.backend is not backend:
                 self.jobs.set_backend(backend)
@@ -273,6 +299,8 @@ class App(ipw.VBox):
             blueprint = get_blueprint(job.blueprint_id)
             self.chat = ChatPanel(blueprint, operator=self.operator)
             self.serve_panel = ServePanel(backend, job, chat=self.chat, owner=self.owner, operator=self.operator)
-            self.serve_box.children = [self.serve_panel, self.chat]
+            top = headline_html(job.metrics, blueprint.quality.metric)  # the measured win, the chat right under it
+            shown = [ipw.HTML(top)] if top else []
+            self.serve_box.children = [*shown, self.serve_panel, self.chat]
         if self.form is not None:
             self.form.unblock()  # the monitor's stream has ended (it is marked done just after this)

@@ -88,6 +88,7 @@ class LaunchForm(ipw.VBox):
         model_source: str | None = None,
         dataset_source: str | None = None,
         on_saved: Callable[[Blueprint], None] | None = None,
+        compact: bool = False,
     ) -> None:
         self.blueprint = blueprint
         self.model = FormModel(blueprint)
@@ -138,12 +139,30 @@ class LaunchForm(ipw.VBox):
                 on_saved=on_saved,
             )
         extra = [self.data] if self.data is not None else []
-        super().__init__([title, *rows, *extra, self.plan_view, launch_row, self.status])
+        # compact (booth): the description and Launch on top, the parameters behind a "Settings" toggle
+        self.settings_toggle = ipw.ToggleButton(value=not compact, description="Settings", icon="cog")
+        self.settings_toggle.add_class("pg-settings-toggle")
+        self.settings = ipw.VBox([*rows, *extra, self.plan_view]).add_class("pg-settings")
+        self.settings_toggle.observe(lambda change: self.show_settings(bool(change["new"])), names="value")
+        if compact:
+            launch_row.children = (*launch_row.children, self.settings_toggle)
+            children = [title, launch_row, self.status, self.settings]
+        else:
+            self.settings_toggle.layout.display = "none"
+            children = [title, self.settings, launch_row, self.status]
+        super().__init__(children)
+        self.show_settings(not compact)
         self.add_class("pg-form")
         self.backend.observe(lambda _change: self.refresh_plan(), names="value")
         if values:
             self.validate(initial)
         self.refresh_plan()
+
+    def show_settings(self, shown: bool = True) -> None:
+        """Show (or fold away) the parameters; an error in one of them shows them whatever the toggle said."""
+        self.settings.layout.display = None if shown else "none"
+        if self.settings_toggle.value != shown:
+            self.settings_toggle.value = shown
 
     def values(self) -> dict[str, Any]:
         return {name: control.value for name, control in self.controls.items()}
@@ -165,6 +184,8 @@ class LaunchForm(ipw.VBox):
         """Validate one field as it changes; its error (or nothing) appears next to it."""
         message = self.model.validate({name: self.controls[name].value}).errors.get(name, "")
         self.errors[name].value = _error_html(message)
+        if message:
+            self.show_settings()
         self.refresh_plan()
         return message
 
@@ -206,6 +227,8 @@ class LaunchForm(ipw.VBox):
         result = self.model.validate(self.values() if values is None else values)
         for name, widget in self.errors.items():
             widget.value = _error_html(result.errors.get(name, ""))
+        if any(name in self.errors for name in result.errors):
+            self.show_settings()  # the visitor sees the field to fix
         other = [msg for name, msg in result.errors.items() if name not in self.errors]
         self.status.value = "<br>".join(_error_html(m) for m in other)
         return result
@@ -218,6 +241,7 @@ class LaunchForm(ipw.VBox):
             self.data.show_error(message)
         if field in self.errors:
             self.errors[field].value = _error_html(message)
+            self.show_settings()
         else:
             self.status.value = _error_html(message)
 

@@ -1,4 +1,5 @@
-"""BlueprintGallery: one card per blueprint (title, task, model, method, GPUs, why it cannot run here)."""
+"""BlueprintGallery: one compact card per blueprint (title, what it does, CPU/GPU, why it cannot run here; model,
+data and method behind a details toggle)."""
 
 from __future__ import annotations
 
@@ -26,21 +27,34 @@ def gpu_text(blueprint: Blueprint) -> str:
     return f"{total} GPU{'s' if total > 1 else ''}" + (f" ({res.nodes} nodes)" if res.nodes > 1 else "")
 
 
+def summary_text(blueprint: Blueprint, limit: int = 110) -> str:
+    """One line of what the blueprint does: its description's first sentence, shortened to ``limit`` characters."""
+    text = " ".join(blueprint.description.split())
+    first = text.split(". ", 1)[0].rstrip(".")
+    if not first:
+        return blueprint.task
+    return first if len(first) <= limit else first[: limit - 1].rsplit(" ", 1)[0] + "…"
+
+
 def card_html(blueprint: Blueprint, notes: list[str]) -> str:
+    """Title, one line of what it does, CPU/GPU, why it cannot run here; the rest (model, data, method, id) behind a
+    ``details`` toggle, which works without JavaScript."""
     model = blueprint.model.source + (" (gated)" if blueprint.model.gated else "")
     rows = [
+        ("id", blueprint.id),
         ("task", blueprint.task),
         ("model", model),
         ("data", blueprint.dataset.source),
         ("method", method_text(blueprint)),
-        ("resources", gpu_text(blueprint)),
     ]
     table = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     note = "".join(f"<div class='pg-note'>⚠ {html.escape(n)}</div>" for n in notes)
     return (
         f"<div class='pg-card-title'>{html.escape(blueprint.title)}</div>"
-        f"<div class='pg-card-id'><code>{html.escape(blueprint.id)}</code></div>"
-        f"<table class='pg-card-table'>{table}</table>{note}"
+        f"<div class='pg-card-summary'>{html.escape(summary_text(blueprint))}</div>"
+        f"<div class='pg-card-resources'>{html.escape(gpu_text(blueprint))}</div>{note}"
+        f"<details class='pg-card-details'><summary>details</summary>"
+        f"<table class='pg-card-table'>{table}</table></details>"
     )
 
 
@@ -80,7 +94,7 @@ class BlueprintGallery(ipw.VBox):
             button = ipw.Button(description="Select", icon="check")
             button.add_class("pg-select").add_class(f"pg-select-{bp.id}")
             button.on_click(lambda _, bid=bp.id: self.select(bid))
-            card = ipw.VBox([body, button], layout=ipw.Layout(width="320px", margin="4px", padding="8px"))
+            card = ipw.VBox([body, button], layout=ipw.Layout(width="300px", margin="4px", padding="6px 8px"))
             card.add_class("pg-card").add_class(f"pg-card-{bp.id}")
             self.cards[bp.id], self.bodies[bp.id] = card, body
         if self.selected in self.cards:

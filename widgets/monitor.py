@@ -33,6 +33,7 @@ from widgets.state import (
     Snapshot,
     error_text,
     follow_job,
+    headline,
     metric_rows,
     queue_text,
     scrub_paths,
@@ -59,13 +60,38 @@ def phase_badge(phase: JobPhase, reason: str = "") -> str:
     return f"<span class='pg-badge' style='background:{colour}'>{phase}</span>{why}"
 
 
-def metrics_table(metrics: dict[str, float], *, operator: bool = False) -> str:
-    """The evaluation results as a small two-column table (names humanised, values formatted)."""
+def metrics_table(
+    metrics: dict[str, float], *, operator: bool = False, quality_metric: str | None = None, final: bool = False
+) -> str:
+    """The evaluation results: once the job succeeded (``final``) the headline (base → fine-tuned), then every figure
+    as a small two-column table (names humanised, values formatted), folded away for a booth visitor."""
     rows = "".join(
         f"<tr><th>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
         for label, value in metric_rows(metrics, operator=operator)
     )
-    return f"<b>Results</b><table class='pg-metrics-table'>{rows}</table>" if rows else ""
+    if not rows:
+        return ""
+    table = f"<table class='pg-metrics-table'>{rows}</table>"
+    top = headline_html(metrics, quality_metric) if final else ""
+    if operator:
+        return f"{top}<b>Results</b>{table}"
+    return f"{top}<details class='pg-all-results'><summary><b>Results</b>: every figure</summary>{table}</details>"
+
+
+def headline_html(metrics: dict[str, float], quality_metric: str | None = None) -> str:
+    """The headline (:func:`widgets.state.headline`) as the page shows it; "" without one."""
+    text = headline(metrics, quality_metric)
+    return f"<div class='pg-headline'>{html.escape(text)}</div>" if text else ""
+
+
+def nice_step(span: float, ticks: int = 8) -> int:
+    """An integer tick step of 1, 2 or 5 × 10^k giving at most about ``ticks`` ticks over ``span``."""
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if span / (mantissa * scale) <= ticks:
+                return mantissa * scale
+        scale *= 10
 
 
 def right_axis_value(point: Progress) -> tuple[str, float] | None:
@@ -75,6 +101,9 @@ def right_axis_value(point: Progress) -> tuple[str, float] | None:
     if headline is not None:
         return METRIC_LABELS[headline], point.metrics[headline]
     return None if point.tokens_per_second is None else ("tokens/s", point.tokens_per_second)
+
+
+CHART_HEIGHT = 380
 
 
 def bundle_loader(url: str) -> str:
@@ -92,16 +121,10 @@ def bundle_loader(url: str) -> str:
 
 
 def loss_chart() -> go.FigureWidget:
-    """Loss (left axis) and tokens/s (right axis) against the optimizer step. Under ``playground app --booth``
-    plotly's front end comes from a cacheable URL (:func:`bundle_loader`)."""
-    chart = _loss_chart()
-    if os.environ.get(PLOTLY_BUNDLE_ENV):
-        chart._esm = bundle_loader(os.environ[PLOTLY_BUNDLE_ENV])
-    return chart
-
-
-def _loss_chart() -> go.FigureWidget:
-    return go.FigureWidget(
+    """Loss (left axis) and tokens/s (right axis) against the optimizer step: the page's width, integer steps,
+    the right axis with its own round ticks (an overlaying axis' ticks follow the left one's by default: 4.83k…).
+    Under ``playground app --booth`` plotly's front end comes from a cacheable URL (:func:`bundle_loader`)."""
+    chart = go.FigureWidget(
         data=[
             go.Scatter(x=[], y=[], name="loss", mode="lines+markers", marker={"size": 4}),
             go.Scatter(x=[], y=[], name="tokens/s", mode="lines", yaxis="y2", line={"dash": "dot"}),
@@ -110,15 +133,29 @@ def _loss_chart() -> go.FigureWidget:
             ),
         ],
         layout=go.Layout(
-            height=280,
-            margin={"l": 50, "r": 60, "t": 20, "b": 40},
-            xaxis={"title": {"text": "step"}},
-            yaxis={"title": {"text": "loss"}},
-            yaxis2={"title": {"text": "tokens/s"}, "overlaying": "y", "side": "right", "showgrid": False},
+            height=CHART_HEIGHT,
+            autosize=True,
+            margin={"l": 55, "r": 65, "t": 30, "b": 45},
+            xaxis={"title": {"text": "step"}, "tickformat": "d", "rangemode": "tozero"},
+            yaxis={"title": {"text": "loss"}, "rangemode": "tozero"},
+            yaxis2={
+                "title": {"text": "tokens/s"},
+                "overlaying": "y",
+                "side": "right",
+                "showgrid": False,
+                "tickmode": "auto",
+                "nticks": 6,
+                "rangemode": "tozero",
+                "tickformat": "~s",
+            },
             legend={"orientation": "h", "y": 1.12},
             template="plotly_white",
         ),
     )
+    chart._config = {**chart._config, "responsive": True}  # follows the window's width (plotly.js resizes it)
+    if os.environ.get(PLOTLY_BUNDLE_ENV):
+        chart._esm = bundle_loader(os.environ[PLOTLY_BUNDLE_ENV])
+    return chart
 
 
 class JobMonitor(ipw.VBox):
@@ -180,7 +217,7 @@ class JobMonitor(ipw.VBox):
         self.points = ipw.HTML("0 points").add_class("pg-points")
         self.run_link = ipw.HTML("").add_class("pg-run-link")  # the job's MLflow run (operator view)
         self.chart = chart if chart is not None else loss_chart()
-        self.chart_box = ipw.Box([self.chart]).add_class("pg-chart")
+        self.chart_box = ipw.VBox([self.chart], layout=ipw.Layout(width="100%")).add_class("pg-chart")
         self.metrics = ipw.HTML("").add_class("pg-metrics")
         self.cluster = ipw.HTML("", layout=ipw.Layout(display="none")).add_class("pg-cluster-events")
         self.logs = ipw.HTML("<pre class='pg-log'></pre>").add_class("pg-logs")
@@ -439,6 +476,9 @@ class JobMonitor(ipw.VBox):
             self.error = error_text(exc)
             self.status.value = f"<span class='pg-error'>{html.escape(self._text(self.error))}</span>"
 
+    def _quality(self) -> str | None:
+        return self.blueprint.quality.metric if self.blueprint is not None else None
+
     # -- what a visitor may read -------------------------------------------------------------------
 
     def _text(self, text: str) -> str:
@@ -474,6 +514,8 @@ class JobMonitor(ipw.VBox):
         self._right_label = "tokens/s"
         if hasattr(self, "chart"):
             self._label_right_axis()
+            self._set_step_axis(None)
+        self._total_steps: int | None = None
         self._steps: list[int] = []
         self._losses: list[float | None] = []
         self._rate_steps: list[int] = []
@@ -485,6 +527,20 @@ class JobMonitor(ipw.VBox):
         with self.chart.batch_update():
             self.chart.data[1].name = self._right_label
             self.chart.layout.yaxis2.title.text = self._right_label
+            self.chart.layout.yaxis2.tickformat = "~s" if self._right_label == "tokens/s" else ""
+
+    def _set_step_axis(self, total_steps: int | None) -> None:
+        """The step axis spans the whole run (0 → total) with integer ticks; unknown total: plotly's own range."""
+        if total_steps == self._total_steps:
+            return
+        self._total_steps = total_steps
+        axis = self.chart.layout.xaxis
+        with self.chart.batch_update():
+            if total_steps:
+                axis.range, axis.tickmode, axis.tick0 = [0, total_steps], "linear", 0
+                axis.dtick = nice_step(total_steps)
+            else:
+                axis.range, axis.tickmode, axis.tick0, axis.dtick, axis.autorange = None, "auto", None, None, True
 
     def _draw_chart(self, *, resend: bool = False) -> None:
         """Send the whole series to the chart. Views that exist get it as one restyle; the model's
@@ -527,6 +583,7 @@ class JobMonitor(ipw.VBox):
                 self._rate_steps.append(point.step)
                 self._rates.append(right[1])
         if snap.new_points:
+            self._set_step_axis(snap.new_points[-1].total_steps or None)
             self._draw_chart()
         self.points.value = f"{len(self._steps)} points"
         self.progress.value = snap.fraction
@@ -543,7 +600,12 @@ class JobMonitor(ipw.VBox):
         elif snap.queue_position:
             self.progress_text.value = "queued: training starts when a slot is free"
         if snap.metrics:
-            self.metrics.value = metrics_table(snap.metrics, operator=self.operator)
+            self.metrics.value = metrics_table(
+                snap.metrics,
+                operator=self.operator,
+                quality_metric=self._quality(),
+                final=snap.phase == JobPhase.SUCCEEDED,
+            )
         if snap.cluster_events:
             rows = "".join(
                 f"<li><b>{html.escape(e.kind)}</b> {html.escape(e.reason)}: {html.escape(self._text(e.message))}</li>"
@@ -573,7 +635,12 @@ class JobMonitor(ipw.VBox):
             elif job.phase in (JobPhase.FAILED, JobPhase.CANCELLED):
                 self.progress.bar_style = "danger" if job.phase == JobPhase.FAILED else "warning"
             if job.metrics:
-                self.metrics.value = metrics_table(job.metrics, operator=self.operator)
+                self.metrics.value = metrics_table(
+                    job.metrics,
+                    operator=self.operator,
+                    quality_metric=self._quality(),
+                    final=job.phase == JobPhase.SUCCEEDED,
+                )
             if job.phase == JobPhase.FAILED and job.log_tail:
                 tail = self._log_lines(job.log_tail)[-LOG_LINES:]
                 self.logs.value = f"<pre class='pg-log'>{html.escape(chr(10).join(tail))}</pre>"

@@ -409,6 +409,7 @@ METRIC_LABELS: dict[str, tuple[str, str]] = {
     "num_eval_examples": ("Held-out examples", "count"),
     "steps": ("Optimizer steps", "count"),
     "parameters": ("Parameters", "count"),
+    "base_eval_exact_match": ("Exact match, base model (before training)", "percent"),
 }
 OPERATOR_METRICS = ("world_size", "train_cpu_seconds", "wall_seconds", "resumed_from_step")
 
@@ -431,6 +432,28 @@ def format_metric(name: str, value: float) -> str:
 def humanise(name: str) -> str:
     text = name.replace("_", " ").strip()
     return text[:1].upper() + text[1:]
+
+
+# The page's headline, "before → after": (metric, what it measures, kind), most telling first.
+HEADLINE_FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("eval_exact_match", "held-out exact match", "percent"),
+    ("eval_mean_reward", "held-out mean reward", "number"),
+    ("eval_preference_accuracy", "held-out preference accuracy", "percent"),
+)
+
+
+def headline(metrics: Mapping[str, float], quality_metric: str | None = None) -> str:
+    """``held-out exact match: base 0 % → fine-tuned 86 %``: the finished job's figure next to the base model's
+    (``base_<metric>``), the blueprint's ``quality_metric`` when both are known; "" when no figure has both."""
+    figures = sorted(HEADLINE_FIGURES, key=lambda figure: figure[0] != quality_metric)
+    for name, label, kind in figures:
+        base, tuned = metrics.get(f"base_{name}"), metrics.get(name)
+        if isinstance(base, int | float) and isinstance(tuned, int | float):
+            if not (math.isfinite(base) and math.isfinite(tuned)):
+                continue
+            shown = (lambda v: f"{v * 100:.0f} %") if kind == "percent" else (lambda v: f"{v:.2f}")
+            return f"{label}: base {shown(base)} → fine-tuned {shown(tuned)}"
+    return ""
 
 
 def metric_rows(metrics: Mapping[str, float], *, operator: bool = False) -> list[tuple[str, str]]:

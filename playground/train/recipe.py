@@ -277,7 +277,9 @@ class Recipe:
         self.finish_estimate = earlier_finish_seconds(self.spec.output, self.spec.blueprint.id, len(self.data.eval_set))
 
     def train(self) -> dict[str, Any]:
-        """The loop, the final eval and the save; returns the final metrics (also in metrics.json)."""
+        """The base model's exact match (before the first step), the loop, the final eval and the save; returns the
+        final metrics (also in metrics.json)."""
+        base_eval(self)
         train_loop(self)
         return save(self, final_eval(self))
 
@@ -431,6 +433,42 @@ def restore(recipe: Recipe) -> TrainState:
     return state
 
 
+def measures_exact_match(blueprint: Any) -> bool:
+    """Whether the held-out evaluation generates answers and scores their exact match."""
+    return blueprint.dataset.format == "synthetic" or blueprint.quality.metric == "eval_exact_match"
+
+
+def base_eval(recipe: Recipe) -> dict[str, float]:
+    """The untouched model's held-out exact match (``base_eval_exact_match``), measured before the first step, in the
+    Initializing phase: the "before" of the page's headline. Before any step the model is the base (LoRA's B matrices
+    start at zero) or, for a model trained from scratch, its random initialisation. Skipped on ``--resume`` from a
+    checkpoint (the checkpoint's history keeps the figure) and for tasks without exact match."""
+    spec, runtime, data, state = recipe.spec, recipe.runtime, recipe.data, recipe.state
+    if state.start_step or spec.resume or not measures_exact_match(spec.blueprint):
+        return {}
+    started = time.perf_counter()
+    results: dict[str, float] = {}
+    if runtime.dist.main or recipe.model.strategy == "fsdp":
+        recipe.reporter.phase(JobPhase.INITIALIZING, f"asking the base model {len(data.eval_set)} held-out questions")
+        bare = unwrap(recipe.model.model)
+        gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
+        with runtime.autocast():
+            answers = evaluate.generate_answers(
+                bare, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=gen_tokens, device=runtime.device
+            )
+        results["base_eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
+    if runtime.dist.main:
+        seconds = time.perf_counter() - started
+        recipe.reporter.log(
+            f"base model before training: exact match {results['base_eval_exact_match']:.1%} on "
+            f"{len(data.eval_set)} held-out examples ({seconds:.1f} s)"
+        )
+        recipe.reporter.metric("base_eval_exact_match", results["base_eval_exact_match"])
+        state.history.append({"step": 0, "train_seconds": 0.0, **results})
+    runtime.barrier()
+    return results
+
+
 def evaluate_model(recipe: Recipe, on_answered: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Held-out metrics (eval loss; exact match for synthetic tasks), reported by rank 0 as Metric
     events and appended to the history. Rank 0 evaluates alone, except under FSDP2, where every
@@ -445,7 +483,7 @@ def evaluate_model(recipe: Recipe, on_answered: Callable[[int, int], None] | Non
             bare, data.eval_set, batch_size=max(recipe.settings.batch_size, 32), device=runtime.device,
             autocast=runtime.autocast,
         )  # fmt: skip
-        if spec.blueprint.dataset.format == "synthetic" or spec.blueprint.quality.metric == "eval_exact_match":
+        if measures_exact_match(spec.blueprint):
             gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
             with runtime.autocast():
                 answers = evaluate.generate_answers(
@@ -615,6 +653,13 @@ def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
         save_model_dir(to_save, data.tokenizer, spec.output / "model", dtype=save_dtype)
         metrics = {
             **final,
+            **{  # the base model's figures (history keeps them across a resume)
+                name: value
+                for entry in state.history
+                if entry["step"] == 0
+                for name, value in entry.items()
+                if name.startswith("base_")
+            },
             "train_loss": state.last_loss,
             "steps": state.step,
             "train_seconds": round(state.clock.wall, 3),

@@ -75,6 +75,11 @@ def test_trains_end_to_end_through_the_local_backend(trained) -> None:
     assert written["steps"] == STEPS and written["num_eval_examples"] == QUICK["num_eval_examples"]
     assert written["base_eval_exact_match"] == metrics["base_eval_exact_match"] < written["eval_exact_match"]
     assert not (Path(job.model_dir).parent / "base-model").exists()  # no copy of the 540 MB base per job
+    # the base model's figure is kept for the next run asking the same questions (a booth's every Launch)
+    from playground.models.packaged import cache_root
+
+    kept = [json.loads(f.read_text()) for f in (cache_root() / "base-evals").glob("*.json")]
+    assert {"base_eval_exact_match": metrics["base_eval_exact_match"]} in kept
 
 
 def test_exact_match_rises_well_above_the_base_model(trained, served) -> None:

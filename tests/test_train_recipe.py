@@ -228,3 +228,29 @@ def test_training_clock_counts_laps_but_not_setup_or_pauses(monkeypatch: pytest.
     assert clock.wall_total() == 5.0 and clock.cpu_total() == 2.5
     clock.lap()
     assert (clock.wall, clock.cpu) == (5.0, 2.5)
+
+
+def test_a_pretrained_base_models_figures_are_kept_by_model_and_questions(tmp_path, monkeypatch) -> None:
+    """The base evaluation of a packaged or hub model is kept in the model cache, keyed by the model, the exact
+    questions and answers and the token budget; a local directory (it may change) or a model built from config
+    (nothing to save) is never cached."""
+    from playground.train import evaluate
+    from playground.train.recipe import base_eval_cache
+
+    monkeypatch.setenv("PLAYGROUND_MODEL_CACHE", str(tmp_path))
+    asked = ([[1, 2, 3], [4, 5]], ["kubectl get pods", "kubectl get nodes"], 24)
+    hub = base_eval_cache("hf://org/model", *asked)
+    assert hub is not None and hub.parent == tmp_path / "base-evals"
+    assert base_eval_cache("hf://org/model", *asked) == hub  # the same key every time
+    others = [
+        base_eval_cache("hf://org/other", *asked),
+        base_eval_cache("hf://org/model", [[1, 2, 3], [4, 6]], asked[1], 24),
+        base_eval_cache("hf://org/model", asked[0], ["kubectl get pods", "kubectl get svc"], 24),
+        base_eval_cache("hf://org/model", asked[0], asked[1], 32),
+    ]
+    assert len({hub, *others}) == 5
+    assert base_eval_cache(str(tmp_path), *asked) is None and base_eval_cache("scratch://llama", *asked) is None
+    assert evaluate.read_cached(hub) is None
+    evaluate.write_cached(hub, {"base_eval_exact_match": 0.25})
+    assert evaluate.read_cached(hub) == {"base_eval_exact_match": 0.25}
+    assert [p.name for p in hub.parent.iterdir()] == [hub.name]  # written atomically: no temporary file left

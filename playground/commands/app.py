@@ -120,12 +120,12 @@ def cmd_app(args: argparse.Namespace) -> int:
         get_blueprint(args.blueprint)  # unknown ids: one line listing the known ones
     env = app_environment(args, notebooks.parent)
     limits = booth_limits(args, env) if args.booth else None  # bad flags: one line, before anything is prepared
-    prepare_model(env["PLAYGROUND_BLUEPRINT"])
     from voila_app import SHARE_DIR
 
     env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(SHARE_DIR), env.get("JUPYTER_PATH", "")) if p)
     if args.booth:
         env.update(booth_environment(args, env))
+    prepare_model(env["PLAYGROUND_BLUEPRINT"])  # every setting checked first; then the port is picked
     port = first_free_port(args.ip, args.port)
     if port != args.port:
         print(f"port {args.port} is in use; using {port}", flush=True)
@@ -154,7 +154,7 @@ def prepare_model(blueprint_id: str, say: Callable[[str], None] | None = None) -
     from playground.blueprints import get_blueprint
     from playground.models.packaged import SCHEME, find_converted, missing_package_note, prepare_in_subprocess
 
-    say = say or (lambda line: print(line, flush=True))
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))  # stdout says where the page is
     source = get_blueprint(blueprint_id).model.source
     if not source.startswith(SCHEME):
         return None

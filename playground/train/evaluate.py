@@ -7,8 +7,11 @@ batch needs none), greedy decoding that stops at EOS, special tokens skipped whe
 
 from __future__ import annotations
 
+import json
+import os
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from playground.answers import exact_match  # the one rule, shared with result.json and the chat panel
@@ -90,3 +93,27 @@ def generate_answers(
                     on_progress(done, len(prompt_ids))
     model.train(was_training)
     return answers
+
+
+def read_cached(path: Path | None) -> dict[str, float] | None:
+    """Held-out figures kept by :func:`write_cached` (None: none, or unreadable)."""
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else None
+
+
+def write_cached(path: Path | None, results: dict[str, float]) -> None:
+    """Keep held-out figures at ``path``, written atomically; a cache that cannot be written is no error."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(results))
+        tmp.replace(path)
+    except OSError:
+        pass

@@ -19,6 +19,7 @@ inside the stages, as in every ``playground.train`` module.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -448,25 +449,54 @@ def base_eval(recipe: Recipe) -> dict[str, float]:
         return {}
     started = time.perf_counter()
     results: dict[str, float] = {}
-    if runtime.dist.main or recipe.model.strategy == "fsdp":
+    gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
+    expected = [s.answer for s in data.eval_set.samples]
+    # one process: a cache another rank might not see could split an FSDP2 collective generation
+    single = runtime.dist.world_size == 1
+    cache = base_eval_cache(spec.model_source, data.eval_set.prompt_ids, expected, gen_tokens) if single else None
+    cached = evaluate.read_cached(cache)
+    if cached is not None:  # the same base model asked the same questions before (a booth runs one blueprint all day)
+        results = cached
+    elif runtime.dist.main or recipe.model.strategy == "fsdp":
         recipe.reporter.phase(JobPhase.INITIALIZING, f"asking the base model {len(data.eval_set)} held-out questions")
         bare = unwrap(recipe.model.model)
-        gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
         with runtime.autocast():
             answers = evaluate.generate_answers(
                 bare, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=gen_tokens, device=runtime.device
             )
-        results["base_eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
+        results["base_eval_exact_match"] = evaluate.exact_match(answers, expected)
+        if runtime.dist.main:
+            evaluate.write_cached(cache, results)
     if runtime.dist.main:
         seconds = time.perf_counter() - started
+        how = "known from an earlier run" if cached is not None else f"{seconds:.1f} s"
         recipe.reporter.log(
             f"base model before training: exact match {results['base_eval_exact_match']:.1%} on "
-            f"{len(data.eval_set)} held-out examples ({seconds:.1f} s)"
+            f"{len(data.eval_set)} held-out examples ({how})"
         )
         recipe.reporter.metric("base_eval_exact_match", results["base_eval_exact_match"])
         state.history.append({"step": 0, "train_seconds": 0.0, **results})
     runtime.barrier()
     return results
+
+
+def base_eval_cache(
+    model_source: str, prompt_ids: list[list[int]], answers: list[str], max_new_tokens: int
+) -> Path | None:
+    """Where a pretrained base model's held-out figures are kept (the model cache's ``base-evals/``), keyed by the
+    model (a packaged model's converted directory, named by its hash; a hub id) and the exact questions, answers
+    and token budget. None for models that may change (a local directory) or cost nothing (built from config)."""
+    from playground.models import packaged
+
+    if model_source.startswith(packaged.SCHEME):
+        found = packaged.find_converted(model_source)
+        model = found.name if found is not None else None
+    else:
+        model = model_source if model_source.startswith("hf://") else None
+    if model is None:
+        return None
+    key = json.dumps([model, prompt_ids, answers, max_new_tokens], separators=(",", ":"))
+    return packaged.cache_root() / "base-evals" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
 def evaluate_model(recipe: Recipe, on_answered: Callable[[int, int], None] | None = None) -> dict[str, float]:

@@ -31,4 +31,4 @@ basetemp="$(mktemp -d "${TMPDIR:-/tmp}/playground-tests.XXXXXX")"
 trap 'rm -rf "$basetemp"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-python -m pytest -ra --basetemp="$basetemp" "$@"
+python -m pytest -ra --durations=25 --basetemp="$basetemp" "$@"

@@ -451,9 +451,9 @@ def base_eval(recipe: Recipe) -> dict[str, float]:
     results: dict[str, float] = {}
     gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
     expected = [s.answer for s in data.eval_set.samples]
-    # one process: a cache another rank might not see could split an FSDP2 collective generation
-    single = runtime.dist.world_size == 1
-    cache = base_eval_cache(spec.model_source, data.eval_set.prompt_ids, expected, gen_tokens) if single else None
+    # not under FSDP2, where generation is collective: a cache one rank sees and another does not would split it
+    kept = recipe.model.strategy != "fsdp"
+    cache = base_eval_cache(spec.model_source, data.eval_set.prompt_ids, expected, gen_tokens) if kept else None
     cached = evaluate.read_cached(cache)
     if cached is not None:  # the same base model asked the same questions before (a booth runs one blueprint all day)
         results = cached

@@ -4,6 +4,7 @@ field changed, a localhost port nothing listens on."""
 from __future__ import annotations
 
 import socket
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,3 +49,28 @@ def unused_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_for_app(port: int, proc: subprocess.Popen, timeout: float = 90) -> None:
+    """Until ``playground app`` (``proc``) listens on ``port``; an AssertionError when it exits first."""
+    import contextlib
+
+    from _waiting import wait_for
+
+    def listening() -> bool:
+        assert proc.poll() is None, f"playground app exited with {proc.returncode}"
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        return False
+
+    wait_for(listening, timeout, f"playground app listening on port {port}", interval=0.3)
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 20) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; waits until it is gone."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -9,12 +9,10 @@ is not another's. Every bound is checked together with a real visitor still gett
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _fixtures import unused_port
+from _fixtures import stop_process, unused_port, wait_for_app
 from _waiting import wait_for
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
@@ -81,22 +79,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     try:
-
-        def listening() -> bool:
-            assert proc.poll() is None, f"playground app exited: {log_path.read_text()[-2000:]}"
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-            return False
-
-        wait_for(listening, 90, "playground app --booth listening", interval=0.3)
+        wait_for_app(port, proc)
         yield Server(port, log_path)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

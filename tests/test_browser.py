@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 import pytest
-from _fixtures import tiny_held_out, unused_port
+from _fixtures import stop_process, tiny_held_out, unused_port, wait_for_app
 from _waiting import wait_for
 
 # generous: ~5 min on 2 free cores, far more on a loaded machine (training dominates)
@@ -55,17 +54,6 @@ def listing_with(page, job_id: str) -> str:
     """The page's "Your jobs" text once it lists ``job_id``, else "" (the list refreshes asynchronously)."""
     text = page.inner_text(".pg-step-jobs")
     return text if job_id in text else ""
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 90) -> None:
-    def listening() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"playground app exited with {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-        return False
-
-    wait_for(listening, timeout, f"playground app listening on port {port}", interval=0.3)
 
 
 @dataclass
@@ -111,15 +99,10 @@ def booth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booth]:
                "--booth-max-kernels", str(MAX_KERNELS), "--blueprint", "tiny-llama-cpu"]  # fmt: skip
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     try:
-        wait_for_port(port, proc)
+        wait_for_app(port, proc)
         yield Booth(f"http://127.0.0.1:{port}/", home, log_path, proc.pid)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
         from playground.backends.local import LocalBackend
         from playground.facade import Playground

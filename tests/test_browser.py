@@ -111,6 +111,8 @@ def booth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booth]:
         for job in backend.list():
             with contextlib.suppress(Exception):
                 backend.delete(job.id)  # cancels, stops its servers, removes its state
+        backend.unserve_all()  # the booth's shared base server belongs to no job: it outlives them
+        assert backend.endpoints() == [] and backend.servers.records() == []
 
 
 # -- page helpers -------------------------------------------------------------------------------------

@@ -439,6 +439,23 @@ def measures_exact_match(blueprint: Any) -> bool:
     return blueprint.dataset.format == "synthetic" or blueprint.quality.metric == "eval_exact_match"
 
 
+def answer_budget(recipe: Recipe) -> int:
+    """Tokens an answer to a held-out request may take: the longest expected answer and two more, at most the
+    serving limit."""
+    return min(recipe.spec.blueprint.serving.max_new_tokens, _longest_answer(recipe.data.eval_set) + 2)
+
+
+def held_out_exact_match(recipe: Recipe, model: Any, on_answered: Callable[[int, int], None] | None = None) -> float:
+    """``model``'s greedy answers to the held-out requests, scored by exact match."""
+    data, runtime = recipe.data, recipe.runtime
+    with runtime.autocast():
+        answers = evaluate.generate_answers(
+            model, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=answer_budget(recipe),
+            device=runtime.device, on_progress=on_answered,
+        )  # fmt: skip
+    return evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
+
+
 def base_eval(recipe: Recipe) -> dict[str, float]:
     """The untouched model's held-out exact match (``base_eval_exact_match``), measured before the first step, in the
     Initializing phase: the "before" of the page's headline. Before any step the model is the base (LoRA's B matrices
@@ -449,22 +466,17 @@ def base_eval(recipe: Recipe) -> dict[str, float]:
         return {}
     started = time.perf_counter()
     results: dict[str, float] = {}
-    gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
     expected = [s.answer for s in data.eval_set.samples]
     # not under FSDP2, where generation is collective: a cache one rank sees and another does not would split it
     kept = recipe.model.strategy != "fsdp"
-    cache = base_eval_cache(spec.model_source, data.eval_set.prompt_ids, expected, gen_tokens) if kept else None
+    budget = answer_budget(recipe)
+    cache = base_eval_cache(spec.model_source, data.eval_set.prompt_ids, expected, budget) if kept else None
     cached = evaluate.read_cached(cache)
     if cached is not None:  # the same base model asked the same questions before (a booth runs one blueprint all day)
         results = cached
     elif runtime.dist.main or recipe.model.strategy == "fsdp":
         recipe.reporter.phase(JobPhase.INITIALIZING, f"asking the base model {len(data.eval_set)} held-out questions")
-        bare = unwrap(recipe.model.model)
-        with runtime.autocast():
-            answers = evaluate.generate_answers(
-                bare, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=gen_tokens, device=runtime.device
-            )
-        results["base_eval_exact_match"] = evaluate.exact_match(answers, expected)
+        results["base_eval_exact_match"] = held_out_exact_match(recipe, unwrap(recipe.model.model))
         if runtime.dist.main:
             evaluate.write_cached(cache, results)
     if runtime.dist.main:
@@ -514,13 +526,7 @@ def evaluate_model(recipe: Recipe, on_answered: Callable[[int, int], None] | Non
             autocast=runtime.autocast,
         )  # fmt: skip
         if measures_exact_match(spec.blueprint):
-            gen_tokens = min(spec.blueprint.serving.max_new_tokens, _longest_answer(data.eval_set) + 2)
-            with runtime.autocast():
-                answers = evaluate.generate_answers(
-                    bare, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=gen_tokens, device=runtime.device,
-                    on_progress=on_answered,
-                )  # fmt: skip
-            results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
+            results["eval_exact_match"] = held_out_exact_match(recipe, bare, on_answered)
     if runtime.dist.main:
         for name, value in results.items():
             recipe.reporter.metric(name, value)

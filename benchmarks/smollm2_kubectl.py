@@ -106,12 +106,13 @@ def base_model(base_dir: Path, n: int) -> dict[str, Any]:
     }
 
 
-def train(out: Path, *, eval_every: int, num_eval: int, seed: int) -> dict[str, Any]:
-    """The entrypoint with the blueprint's defaults; peak RSS of the trainer process (ru_maxrss of the child)."""
+def train(out: Path, *, eval_every: int, num_eval: int, seed: int, **overrides: Any) -> dict[str, Any]:
+    """The entrypoint with the blueprint's defaults (or ``overrides``); peak RSS of the trainer process (ru_maxrss
+    of the child)."""
     from playground.blueprints import get_blueprint
 
     blueprint = get_blueprint(BLUEPRINT)
-    sets = {"eval_every": eval_every, "num_eval_examples": num_eval, "seed": seed}
+    sets = {"eval_every": eval_every, "num_eval_examples": num_eval, "seed": seed, **overrides}
     cmd = [sys.executable, "-m", "playground.train", "--blueprint", BLUEPRINT, "--output", str(out)]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]

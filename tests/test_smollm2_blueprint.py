@@ -20,7 +20,9 @@ from playground.blueprints import get_blueprint
 from playground.events import JobPhase, Metric, Progress
 
 pytestmark = pytest.mark.slow
-STEPS = 30  # enough for the held-out metric to rise well above the base model's; the default is the bar
+# Enough for the held-out metric to rise well above the base model's (the wide task: new operations, typos and
+# refusals, so more steps than the core task's 30); the default (120 steps) is the bar: benchmarks/README.md.
+STEPS = 40
 # 10 held-out requests: the SmolLM2 notebook's (test_notebooks.py), so the base model's figure is known by then
 QUICK = {"max_steps": STEPS, "num_eval_examples": 10, "log_every": 5}
 N_BASE = 6  # held-out requests asked of the served base model
@@ -94,7 +96,7 @@ def test_exact_match_rises_well_above_the_base_model(trained, served) -> None:
     base_score = sum(a.strip() == s.answer for a, s in zip(answers, held_out, strict=True)) / len(held_out)
     assert all(len(a.split()) >= 3 for a in answers), answers  # real text, never empty
     assert base_score <= 0.1
-    assert job.metrics["eval_exact_match"] >= base_score + 0.3, job.metrics
+    assert job.metrics["eval_exact_match"] >= base_score + 0.2, job.metrics
 
 
 def test_served_models_answer_the_examples(trained, served, smollm2_dir: Path) -> None:
@@ -131,6 +133,37 @@ def test_served_models_answer_the_examples(trained, served, smollm2_dir: Path) -
         if not (ex.expected or "").startswith("kubectl"):  # a general question: LoRA did not wreck the chat
             assert ex.expected in tuned_answer and not tuned_answer.startswith("kubectl"), tuned_answer
             assert ex.expected in base_answer, base_answer
+
+
+def test_the_chat_panel_holds_back_a_change_the_request_did_not_ask_for(served) -> None:
+    """Requests that ask about a change, or for one the task does not support, answered by the real fine-tuned
+    model: where its raw answer is a cluster-changing command, the chat panel shows the refusal and why (the
+    blueprint's ``serving.guard: kubectl``); a change that was asked for is shown as the model gave it."""
+    from playground.kubectl_guard import REFUSAL, guard
+    from playground.train.kubectl_reward import extract
+    from widgets.chat import ChatPanel
+
+    blueprint = get_blueprint(DEFAULT_BLUEPRINT)
+    assert blueprint.serving.guard == "kubectl"
+    unasked = ["who scaled the web deployment to 3 replicas?", "why was the api deployment restarted?",
+               "delete all pods in prod", "when did someone drain node worker-3?"]  # fmt: skip
+    raw = [_ask(served["fine-tuned"], prompt) for prompt in unasked]
+    changing = [prompt for prompt, answer in zip(unasked, raw, strict=True) if (extract(answer)[0] or None)
+                and extract(answer)[0].changes_cluster]  # fmt: skip
+    assert changing, raw  # the model does answer some of them with a change: the guard has work to do
+    panel = ChatPanel(blueprint, operator=False)
+    panel.set_endpoints({"fine-tuned": served["fine-tuned"]})
+    for prompt in [*changing, blueprint.examples[0].prompt]:
+        assert panel.ask(prompt) and panel.wait(timeout=120)
+    turns = panel.transcripts["fine-tuned"].turns
+    for turn in turns[:-1]:
+        assert turn.answer == REFUSAL and turn.held_back, turn
+        assert "held back:" in panel.answers["fine-tuned"].value
+    asked = turns[-1]  # "scale the web deployment to 3 replicas": shown as the model gave it, if it is that change
+    given = _ask(served["fine-tuned"], asked.prompt)
+    assert asked.answer == guard(asked.prompt, given) and bool(asked.held_back) is (asked.answer != given)
+    if given.strip() == blueprint.examples[0].expected:
+        assert asked.answer == given and not asked.held_back
 
 
 def test_default_blueprint_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,6 +29,11 @@ def answer_html(turn: Turn) -> str:
     cursor = "" if turn.done else "<span class='pg-cursor'>▍</span>"
     if turn.truncated:  # the server stopped at the token limit: the answer goes on past what is shown
         cursor = "<span class='pg-cut' title='the answer reached the token limit and was cut there'>… (cut)</span>"
+    if turn.guarded and not turn.done and "kubectl" in turn.answer:
+        return cursor  # a command is shown once the guard has seen all of it
+    if turn.held_back:
+        why = html.escape(f"held back: {turn.held_back}")
+        return f"{html.escape(turn.answer)} <span class='pg-held-back' title='{why}'>({why})</span>"
     if turn.answer.strip() or not turn.done:
         return html.escape(turn.answer) + cursor
     if turn.answer:  # only whitespace: show it rather than hide it
@@ -51,6 +56,8 @@ class Turn:
     seconds: float | None = None
     tokens: int | None = None  # completion tokens the server reported
     truncated: bool = False  # the server stopped at max_tokens (finish_reason "length")
+    held_back: str = ""  # why the guard replaced the model's answer (playground/kubectl_guard.py)
+    guarded: bool = False  # a command is shown only once the guard has seen all of it
 
     @property
     def correct(self) -> bool | None:
@@ -178,7 +185,9 @@ class ChatPanel(ipw.VBox):
             endpoint = self.endpoints.get(side)
             if endpoint is None:
                 continue
-            turn = Turn(prompt=prompt, expected=self.expected.get(prompt))
+            turn = Turn(
+                prompt=prompt, expected=self.expected.get(prompt), guarded=self.blueprint.serving.guard == "kubectl"
+            )
             self.transcripts[side].turns.append(turn)
             thread = threading.Thread(target=self._stream, args=(side, endpoint, turn), daemon=True)
             thread.start()
@@ -217,6 +226,12 @@ class ChatPanel(ipw.VBox):
                     self._refresh(side)
             turn.tokens = getattr(stream, "completion_tokens", None)
             turn.truncated = getattr(stream, "finish_reason", None) == "length"
+            if self.blueprint.serving.guard == "kubectl":
+                from playground.kubectl_guard import REFUSAL, check
+
+                verdict = check(turn.prompt, turn.answer)
+                if not verdict.allowed:
+                    turn.answer, turn.held_back, turn.truncated = REFUSAL, verdict.reason, False
         except Exception as exc:  # shown in the column, never printed from this thread
             turn.error = error_text(exc) if self.operator else scrub_paths(error_text(exc))
         turn.done = True

@@ -284,6 +284,9 @@ class ServingSpec(_Strict):
     runtime: Literal["huggingface"] = "huggingface"
     max_new_tokens: int = Field(default=128, ge=1, le=4096)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    # kubectl: an answer that would change the cluster is shown only when the request asked for that change
+    # (playground/kubectl_guard.py); none: answers are shown as the model gives them.
+    guard: Literal["none", "kubectl"] = "none"
 
 
 class QualitySpec(_Strict):

@@ -150,10 +150,18 @@ def general_answers() -> tuple[Sample, ...]:
 
 def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False) -> Sample:
     """A plain-English request and the one exact kubectl command that does it (training rows: or,
-    for ``general_fraction`` of them, a general question with the base model's own answer)."""
+    for ``general_fraction`` of them, a general question with the base model's own answer).
+
+    ``operations: wide`` (playground/train/kubectl_wide.py): more operations and phrasings, the namespace said
+    first, a ``typo_fraction`` of requests mistyped, and an ``unsupported_fraction`` of requests no supported
+    operation answers, with the refusal as their answer."""
     if not held_out and rng.random() < float(options.get("general_fraction", 0.2)):
         return rng.choice(general_answers())
-    command, train_phrasings, held_phrasings, namespaced = rng.choice(_KUBECTL_OPS)
+    wide = options.get("operations", "core") == "wide"
+    if wide:
+        from playground.train import kubectl_wide
+    ops = kubectl_wide.wide_ops(_KUBECTL_OPS) if wide else _KUBECTL_OPS
+    command, train_phrasings, held_phrasings, namespaced = rng.choice(ops)
     unseen = held_out and rng.random() < float(options.get("held_out_phrasing", 0.5))
     app = rng.choice(_APPS[held_out])
     values = {
@@ -167,14 +175,41 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
         "tag": rng.choice(_TAGS),
         "node": f"{rng.choice(_NODE_POOLS[held_out])}-{rng.randint(1, 20)}",
     }
-    request = rng.choice(held_phrasings if unseen else train_phrasings).format(**values)
-    answer = command.format(**values)
+    if not wide:
+        request = rng.choice(held_phrasings if unseen else train_phrasings).format(**values)
+        answer = command.format(**values)
+        if namespaced and rng.random() < float(options.get("namespace_fraction", 0.5)):
+            namespace = rng.choice(_NAMESPACES[held_out])
+            request += rng.choice(_IN_NAMESPACE[unseen]).format(ns=namespace)
+            answer += f" -n {namespace}"
+        request = rng.choice(_WRAPPERS[unseen and rng.random() < 0.5]).format(r=request)
+        if rng.random() < 0.5:
+            request = request[0].upper() + request[1:]
+        return Sample(request, answer)
+    values.update(kubectl_wide.names(rng, held_out, _APPS[held_out], _NAMESPACES[held_out], _NODE_POOLS[held_out]))
+    values.update(kubectl_wide.extra_values(rng, held_out, values))
+    if rng.random() < float(options.get("unsupported_fraction", 0.15)):
+        request, answer, namespaced = kubectl_wide.unsupported_request(rng, unseen, values), kubectl_wide.REFUSAL, False
+    else:
+        request = rng.choice(held_phrasings if unseen else train_phrasings).format(**values)
+        answer = command.format(**values)
+    namespace = ""
     if namespaced and rng.random() < float(options.get("namespace_fraction", 0.5)):
-        namespace = rng.choice(_NAMESPACES[held_out])
-        request += rng.choice(_IN_NAMESPACE[unseen]).format(ns=namespace)
+        namespace = kubectl_wide.namespace(rng, _APPS[held_out], _NAMESPACES[held_out])
+        first = rng.random() < 0.3
+        if first:
+            request = kubectl_wide.namespace_first(rng, request, namespace, unseen)
+        else:
+            request += rng.choice(_IN_NAMESPACE[unseen]).format(ns=namespace)
         answer += f" -n {namespace}"
-    request = rng.choice(_WRAPPERS[unseen and rng.random() < 0.5]).format(r=request)
-    if rng.random() < 0.5:
+    wrappers = (
+        kubectl_wide.WIDE_WRAPPERS if namespace and first else rng.choice((_WRAPPERS, kubectl_wide.WIDE_WRAPPERS))
+    )
+    request = rng.choice(wrappers[unseen and rng.random() < 0.5]).format(r=request)
+    if rng.random() < float(options.get("typo_fraction", 0.25)):
+        names = {str(v).lower() for v in (*values.values(), namespace)}
+        request = kubectl_wide.typo(rng, request, names)
+    if rng.random() < 0.4:
         request = request[0].upper() + request[1:]
     return Sample(request, answer)
 

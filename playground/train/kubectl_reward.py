@@ -30,8 +30,8 @@ WRAPPED_IN_PROSE = 0.5  # the factor for a command found inside prose
 # Verbs of two words: the second word is part of the verb.
 _TWO_WORD_VERBS = {"rollout", "set", "create", "config", "auth", "certificate"}
 READ_ONLY_VERBS = frozenset(
-    {"get", "describe", "logs", "top", "explain", "version", "api-resources", "cluster-info", "config view",
-     "auth can-i", "rollout status", "rollout history", "events", "diff"}
+    {"get", "describe", "logs", "top", "port-forward", "explain", "version", "api-resources", "cluster-info",
+     "config view", "auth can-i", "rollout status", "rollout history", "events", "diff"}
 )  # fmt: skip
 DESTRUCTIVE_VERBS = frozenset({"delete", "drain", "cordon", "taint", "replace", "rollout undo"})
 _KINDS = {
@@ -104,9 +104,19 @@ def parse(text: str) -> Command | None:
             args += [_KIND_OF[kind], name]
         else:
             args.append(_KIND_OF.get(arg, arg))
+    if verb == "port-forward" and args:
+        if args[0] not in _KINDS:
+            args.insert(0, "pod")  # kubectl's own default: a bare name is a pod
+        args = [_same_port(arg) for arg in args]
     if flags.get("--namespace") == "default":
         flags.pop("--namespace")  # the default namespace, said or not
     return Command(verb, tuple(args), tuple(sorted(flags.items())))
+
+
+def _same_port(arg: str) -> str:
+    """``8080:8080`` → ``8080`` (the same local and remote port, said twice)."""
+    local, colon, remote = arg.partition(":")
+    return local if colon and local == remote and local.isdigit() else arg
 
 
 def extract(answer: str) -> tuple[Command | None, bool]:

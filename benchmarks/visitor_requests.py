@@ -1,0 +1,146 @@
+"""Visitors type their own requests (issue 20, item 5): the embedded default blueprint on a visitor-style set.
+
+    python benchmarks/visitor_requests.py [--model-dir DIR] [--split test|dev|all] [--show]
+
+The set (benchmarks/data/visitor_requests.jsonl) was written apart from the training generator's templates
+(playground/train/data.py, kubectl_wide.py; tests/test_kubectl_wide.py checks no request is one the
+generator makes): casual words, synonyms, other word orders, typos, and requests no supported operation
+answers. Without ``--model-dir`` the blueprint is trained with its defaults through the real entrypoint (2 cores:
+the ≥ 0.80-in-3-minutes bar on the synthetic held-out set is reported too, from the same run).
+
+Scored per request, greedy, the chat template the server uses:
+
+- **exact**: a supported request answered with a command equivalent to the expected one
+  (playground/train/kubectl_reward.py ``score == 1``); goal ≥ 85 % over the supported requests;
+- **mutating**: a read-only or unsupported request answered with a command that would change the cluster
+  (``changes_unasked``); goal 0 in the whole set;
+- **declined**: an unsupported request answered without any command (the refusal, or prose).
+
+Each figure is given for the model's raw answers and for what the chat panel shows: the blueprint's
+``serving.guard: kubectl`` (playground/kubectl_guard.py) replaces a cluster-changing command the request did not ask
+for with the refusal.
+
+``--show`` prints the dev split's misses (the test split's answers stay unread while tuning the generator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+VISITOR_SET = Path(__file__).with_name("data") / "visitor_requests.jsonl"
+
+
+def _smollm2():
+    spec = importlib.util.spec_from_file_location("smollm2_kubectl", Path(__file__).with_name("smollm2_kubectl.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_set(split: str = "all") -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in VISITOR_SET.read_text().splitlines() if line.strip()]
+    return [r for r in rows if split == "all" or r["split"] == split]
+
+
+def score_answers(rows: list[dict[str, Any]], answers: list[str]) -> dict[str, Any]:
+    """The visitor-set figures of ``answers`` (one per row)."""
+    from playground.train.kubectl_reward import changes_unasked, extract, score
+
+    supported = [(r, a) for r, a in zip(rows, answers, strict=True) if r["expected"]]
+    unsupported = [(r, a) for r, a in zip(rows, answers, strict=True) if not r["expected"]]
+    exact = [r["id"] for r, a in supported if score(a, r["expected"]) == 1.0]
+    mutating = [
+        r["id"]
+        for r, a in zip(rows, answers, strict=True)
+        if r["read_only"] and changes_unasked(a, r["expected"] if r["expected"] else "kubectl get nothing")
+    ]
+    declined = [r["id"] for r, a in unsupported if extract(a)[0] is None]
+    return {
+        "requests": len(rows),
+        "supported": len(supported),
+        "exact": len(exact),
+        "exact_share": round(len(exact) / len(supported), 3) if supported else None,
+        "unsupported": len(unsupported),
+        "declined": len(declined),
+        "read_only": sum(bool(r["read_only"]) for r in rows),
+        "mutating_unasked": len(mutating),
+        "mutating_ids": mutating,
+    }
+
+
+def per_split(rows: list[dict[str, Any]], answers: list[str]) -> dict[str, Any]:
+    """:func:`score_answers` for each split present, then for all of them."""
+    figures = {}
+    for split in sorted({r["split"] for r in rows}, reverse=True):
+        chosen = [(r, a) for r, a in zip(rows, answers, strict=True) if r["split"] == split]
+        figures[split] = score_answers([r for r, _ in chosen], [a for _, a in chosen])
+    return figures
+
+
+def answer(model_dir: Path, template: str | None, rows: list[dict[str, Any]]) -> list[str]:
+    bench = _smollm2()
+    model, tokenizer = bench._model(model_dir, template)
+    return bench._answers(model, tokenizer, [r["request"] for r in rows], 48)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, help="a trained model/ directory (default: train one now)")
+    parser.add_argument("--split", default="all", choices=["test", "dev", "all"])
+    parser.add_argument("--show", action="store_true", help="print the dev split's misses")
+    parser.add_argument("--skip-base", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a training parameter")
+    parser.add_argument("--eval-every", type=int, default=10)
+    args = parser.parse_args()
+    from playground.blueprints import get_blueprint
+    from playground.kubectl_guard import guard
+    from playground.models.packaged import ensure_converted
+    from playground.train.kubectl_reward import score
+
+    bench = _smollm2()
+    blueprint = get_blueprint(bench.BLUEPRINT)
+    rows = load_set(args.split)
+    results: dict[str, Any] = {"split": args.split, "load_start": bench._load_avg()}
+    with tempfile.TemporaryDirectory(prefix="visitor-bench-") as tmp:
+        if not args.skip_base:
+            base_dir = ensure_converted(blueprint.model.source)
+            results["base"] = per_split(rows, answer(base_dir, None, rows))
+            print(json.dumps({"base": results["base"]}), flush=True)
+        model_dir = args.model_dir
+        if model_dir is None:
+            overrides = dict(item.split("=", 1) for item in args.set)
+            training = bench.train(Path(tmp) / "train", eval_every=args.eval_every, num_eval=100, seed=0, **overrides)
+            kept = ("bar_step", "bar_train_seconds", "final_exact_match", "train_seconds", "peak_rss_gb", "history")
+            results["training"] = {k: training[k] for k in kept}
+            print(json.dumps({"training": results["training"]}), flush=True)
+            model_dir = Path(tmp) / "train" / "model"
+        started = time.perf_counter()
+        answers = answer(model_dir, None, rows)
+        results["fine_tuned"] = per_split(rows, answers)
+        guarded = [guard(r["request"], a) for r, a in zip(rows, answers, strict=True)]
+        results["fine_tuned_guarded"] = per_split(rows, guarded)  # what the chat panel shows (serving.guard)
+        print(json.dumps({"fine_tuned": results["fine_tuned"], "guarded": results["fine_tuned_guarded"]}), flush=True)
+        results["answer_seconds"] = round(time.perf_counter() - started, 1)
+        if args.show:
+            misses = [
+                (r["request"], r["expected"], a)
+                for r, a in zip(rows, answers, strict=True)
+                if r["split"] == "dev" and (score(a, r["expected"]) < 1.0 if r["expected"] else "kubectl" in a)
+            ]
+            results["dev_misses"] = misses
+    results["load_end"] = bench._load_avg()
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,269 @@
+"""The kubectl task as visitors type it (dataset option ``operations: wide``): more operations, synonyms,
+other word orders, typos, and requests no single kubectl command answers.
+
+The core task (playground/train/data.py ``_KUBECTL_OPS``: 11 operations, tidy phrasings) is what the DPO and
+GRPO blueprints train and measure on. The embedded default blueprint trains on this wider one, because booth
+visitors ask for ``port-forward``, ``label``, ``apply -f`` and ``top``, say "bounce" and "roll back", put the
+namespace first and mistype words. A request outside the supported operations ("open a shell in pod web-1",
+"delete everything in prod") is answered with :data:`REFUSAL`, never with a command that would change the
+cluster.
+
+The visitor-style set that measures this (benchmarks/data/visitor_requests.jsonl) was written separately from
+these templates; tests/test_kubectl_wide.py checks that none of its requests is one this generator makes.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+REFUSAL = "Sorry, I can't turn that into a single command."
+
+# Training phrasings added to the core operations (keyed by the core command): synonyms and word orders.
+EXTRA_PHRASINGS: dict[str, list[str]] = {
+    "kubectl scale deployment {app} --replicas={n}": [
+        "bump {app} to {n} replicas", "resize the {app} deployment to {n}", "{app} should run {n} replicas",
+        "make it {n} replicas for {app}", "set replicas of {app} to {n}", "{n} replicas for the {app} deployment",
+    ],
+    "kubectl get {kinds}": [
+        "what {kinds} are there", "which {kinds} exist", "what {kinds} do we have", "any {kinds}?",
+        "{kinds} list", "gimme the {kinds}",
+    ],
+    "kubectl logs {pod}": [
+        "what did pod {pod} log", "logs of {pod}", "check the logs of pod {pod}", "{pod} logs",
+        "let me see the output of pod {pod}",
+    ],
+    "kubectl describe {kind} {app}": [
+        "inspect the {kind} {app}", "what's going on with {kind} {app}", "info on the {app} {kind}",
+        "tell me about {kind} {app}",
+    ],
+    "kubectl delete {kind} {app}": [
+        "get rid of the {kind} {app}", "nuke {kind} {app}", "kill the {app} {kind}", "{kind} {app} must go, delete it",
+    ],
+    "kubectl rollout restart deployment {app}": [
+        "bounce the {app} deployment", "bounce {app}", "kick the {app} pods", "recycle the {app} deployment",
+        "restart {app}",
+    ],
+    "kubectl create namespace {new_ns}": [
+        "set up a namespace {new_ns}", "new namespace {new_ns}", "I need a namespace called {new_ns}",
+    ],
+    "kubectl expose deployment {app} --port={port}": [
+        "make {app} reachable on port {port}", "put a service in front of {app} on port {port}",
+        "publish deployment {app} on port {port}",
+    ],
+    "kubectl set image deployment/{app} {app}={app}:{tag}": [
+        "roll {app} to tag {tag}", "deploy version {tag} of {app}", "ship {tag} to {app}", "{app} to image tag {tag}",
+        "move {app} to {tag}",
+    ],
+    "kubectl cordon {node}": [
+        "stop scheduling pods on node {node}", "no new pods on {node}", "keep new pods off node {node}",
+        "make {node} unschedulable",
+    ],
+    "kubectl drain {node} --ignore-daemonsets": [
+        "empty node {node}", "move all pods off {node}", "get every pod off node {node}", "clear out node {node}",
+    ],
+}  # fmt: skip
+
+# (command, training phrasings, held-out phrasings, takes a namespace): the operations beyond the core 11.
+EXTRA_OPS: list[tuple[str, list[str], list[str], bool]] = [
+    ("kubectl uncordon {node}",
+     ["uncordon node {node}", "make {node} schedulable again", "allow pods on node {node} again",
+      "let pods schedule on {node} again", "undo the cordon on {node}"],
+     ["mark node {node} schedulable", "put {node} back into scheduling"], False),
+    ("kubectl rollout undo deployment {app}",
+     ["roll back the {app} deployment", "undo the last rollout of {app}", "revert {app} to the previous version",
+      "rollback {app}", "go back to the previous {app} release"],
+     ["roll {app} back one version", "revert the {app} deployment"], True),
+    ("kubectl rollout status deployment {app}",
+     ["is the {app} rollout done", "check the rollout status of {app}", "how is the {app} rollout going",
+      "watch the {app} deployment roll out", "has {app} finished rolling out?"],
+     ["status of the {app} rollout", "is deployment {app} fully rolled out"], True),
+    ("kubectl port-forward pod/{pod} {port}",
+     ["port-forward pod {pod} on port {port}", "forward port {port} to pod {pod}", "forward local {port} to {pod}",
+      "tunnel port {port} of pod {pod} to my machine"],
+     ["open a local port {port} to pod {pod}", "port forward {port} into pod {pod}"], True),
+    ("kubectl port-forward service/{app} {port}",
+     ["port-forward the {app} service on {port}", "forward port {port} to service {app}",
+      "reach the {app} service locally on port {port}", "port-forward svc {app} {port}"],
+     ["forward local port {port} to the {app} service", "tunnel to service {app} on port {port}"], True),
+    ("kubectl port-forward service/{app} {lport}:{port}",
+     ["forward local port {lport} to port {port} of service {app}", "port-forward svc {app} from {lport} to {port}",
+      "map my port {lport} to the {app} service's port {port}"],
+     ["tunnel local {lport} to {app} service port {port}"], True),
+    ("kubectl label {lkind} {lname} {key}={value}",
+     ["label {lkind} {lname} with {key}={value}", "add the label {key}={value} to {lkind} {lname}",
+      "tag {lkind} {lname} as {key}={value}", "put label {key}={value} on the {lname} {lkind}"],
+     ["give {lkind} {lname} the label {key}={value}", "set label {key}={value} on {lkind} {lname}"], False),
+    ("kubectl apply -f {file}",
+     ["apply {file}", "apply the manifest {file}", "deploy the file {file}", "create the resources in {file}",
+      "kubectl apply my {file}"],
+     ["apply the yaml in {file}", "push the manifest {file} to the cluster"], True),
+    ("kubectl top pods",
+     ["show pod cpu and memory usage", "which pods use the most cpu", "resource usage of the pods",
+      "how much memory are the pods using"],
+     ["pod resource consumption", "cpu and memory of all pods"], True),
+    ("kubectl top nodes",
+     ["show node cpu and memory usage", "how loaded are the nodes", "resource usage of the nodes",
+      "which node uses the most memory"],
+     ["node resource consumption", "cpu and memory of every node"], False),
+    ("kubectl top pod {pod}",
+     ["how much cpu is pod {pod} using", "resource usage of pod {pod}", "memory used by {pod}"],
+     ["cpu and memory of pod {pod}"], True),
+    ("kubectl get events",
+     ["show the events", "what happened recently in the cluster", "list recent events", "any events?"],
+     ["show me the latest events", "list all cluster events"], True),
+    ("kubectl get nodes",
+     ["list the nodes", "which nodes do we have", "show all nodes", "how many nodes are there"],
+     ["display every node", "what nodes are in the cluster"], False),
+    ("kubectl get namespaces",
+     ["list the namespaces", "which namespaces exist", "show all namespaces"],
+     ["what namespaces are there", "display every namespace"], False),
+    ("kubectl describe node {node}",
+     ["describe node {node}", "details of node {node}", "what's wrong with node {node}"],
+     ["inspect the node {node}"], False),
+    ("kubectl get secrets",
+     ["list the secrets", "which secrets are there", "show me all secrets"],
+     ["what secrets do we have"], True),
+    ("kubectl describe secret {app}",
+     ["describe the secret {app}", "details of secret {app}"],
+     ["inspect secret {app}"], True),
+    ("kubectl delete secret {app}",
+     ["delete the secret {app}", "remove secret {app}"],
+     ["get rid of secret {app}"], True),
+]  # fmt: skip
+
+# Requests no supported operation answers (the model says so: REFUSAL). Bulk and cluster-wide changes are here on
+# purpose: no single command of the supported ones does them, and a guess would change the cluster.
+UNSUPPORTED: dict[bool, list[str]] = {
+    False: [
+        "open a shell in pod {pod}", "ssh into node {node}", "upgrade the cluster to kubernetes 1.{minor}",
+        "install the {app} helm chart", "open the {app} deployment in an editor",
+        "autoscale {app} between 2 and {n} replicas", "copy the log folder out of pod {pod}", "taint node {node}",
+        "delete everything in {ns}", "give {user} admin access", "make the {app} deployment faster",
+        "fix the {app} deployment", "back up etcd", "create a cronjob that runs {app} every hour",
+        "annotate the {app} deployment", "patch the {app} service", "delete all pods", "wipe the {ns} namespace",
+        "reboot node {node}", "show me the kubeconfig", "create a deployment for {app}",
+        "run a debug container in {pod}", "why is {app} slow", "what is the password of the {app} database",
+        "remove every namespace", "scale everything to zero", "restart the whole cluster",
+        "give me the cluster admin token", "delete all {kinds} in {ns}", "remove every {kind} in {ns}",
+        "drain all the nodes", "cordon every node", "restart every deployment in {ns}",
+        "who changed the {app} deployment",
+        "rotate the cluster certificates", "add {n} nodes to the cluster", "install prometheus on the cluster",
+        "run the {app} migrations in pod {pod}", "set up tls for {app}", "write a poem about {kinds}",
+        "move {app} to another cluster", "clean up the old {kinds}", "kill all the {kinds} on {node}",
+        "tell me a joke about kubernetes", "how much does the cluster cost", "when was {app} last deployed",
+    ],
+    True: [
+        "exec into pod {pod}", "helm upgrade {app}", "grant {user} cluster-admin", "delete all the deployments in {ns}",
+        "tune {app} for more speed", "set up an hpa for {app}", "shut down the cluster", "cp a file into pod {pod}",
+        "erase every {kind} in {ns}", "who broke {app}",
+    ],
+}  # fmt: skip
+_USERS = ["alice", "bob", "ci-bot", "dana", "sam"]
+
+_NS_FIRST = {False: ["in {ns}: {r}", "{ns} namespace: {r}", "in the {ns} namespace, {r}", "on {ns}, {r}"],
+             True: ["for the {ns} namespace: {r}", "namespace {ns}, {r}"]}  # fmt: skip
+WIDE_WRAPPERS = {False: ["{r}", "{r}", "{r} pls", "{r}?", "{r} thx", "quick one: {r}"], True: ["{r} asap", "yo {r}"]}
+_LABEL_KINDS = ["pod", "node", "deployment", "namespace"]
+_LABEL_KEYS = {False: ["env", "team", "tier", "gpu", "owner", "app"], True: ["zone", "release"]}
+_LABEL_VALUES = {False: ["prod", "ml", "frontend", "true", "alice", "blue"], True: ["east", "canary"]}
+_FILE_FORMS = {False: ["{app}.yaml", "k8s/{app}.yaml", "deploy/{app}-deployment.yaml", "manifests/{app}.yml",
+                       "{app}-service.yaml"],
+               True: ["config/{app}.yaml", "./{app}-manifest.yaml"]}  # fmt: skip
+
+
+_NAME_SUFFIXES = ["", "", "", "", "-api", "-svc", "-v2", "-worker", "-db", "-web", "-service", "-2", "-ui", "-job",
+                  "-prod", "-app"]  # fmt: skip
+_ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
+_NODE_SHAPES = {False: ["{pool}-{i}", "{pool}-{i}", "ip-10-0-{i}-{j}", "gpu-{i}", "node-{i}", "{pool}-node-{i}"],
+                True: ["{pool}-{i}", "ip-172-31-{i}-{j}", "worker-{pool}-{i}"]}  # fmt: skip
+_NAMESPACE_SHAPES = ["{ns}", "{ns}", "{ns}", "team-{word}", "{ns}-{i}", "{word}-{ns}"]
+_PORTS = [80, 443, 3000, 5000, 5432, 6379, 8000, 8080, 8081, 8443, 9000, 9090, 27017, 3306]
+
+
+def _random(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(_ALNUM) for _ in range(n))
+
+
+def names(rng: random.Random, held_out: bool, words: list[str], namespaces: list[str], pools: list[str]) -> dict:
+    """Names shaped like visitors' (``payments-api``, ``web-7d9f8-x2k4q``, ``ip-10-0-3-12``, ``team-ml``), drawn
+    from the split's own words: the shapes are learnt, the held-out words are never seen."""
+    app = rng.choice(words)
+    if rng.random() < 0.15:
+        app = f"{app}-{rng.choice(words)}"
+    app += rng.choice(_NAME_SUFFIXES)
+    pod = rng.choice([f"{app}-{rng.randint(0, 9)}", f"{app}-{_random(rng, 5)}-{_random(rng, 5)}",
+                      f"{app}-{_random(rng, 9)}-{_random(rng, 5)}", f"{app}-{rng.randint(0, 3)}"])  # fmt: skip
+    node = rng.choice(_NODE_SHAPES[held_out]).format(
+        pool=rng.choice(pools), i=rng.randint(1, 40), j=rng.randint(1, 254)
+    )
+    major, minor, patch = rng.randint(0, 9), rng.randint(0, 20), rng.randint(0, 9)
+    tag = rng.choice([f"v{major}.{minor}", f"{major}.{minor}.{patch}", f"v{major}.{minor}.{patch}-rc{patch + 1}",
+                      f"20{rng.randint(23, 26)}.{minor % 12 + 1:02d}.{patch}", "latest", f"v{major}"])  # fmt: skip
+    return {
+        "app": app,
+        "pod": pod,
+        "node": node,
+        "tag": tag,
+        "n": rng.choice([rng.randint(0, 12), rng.randint(0, 50)]),
+        "port": rng.choice(_PORTS),
+        "new_ns": namespace(rng, words, namespaces),
+    }
+
+
+def namespace(rng: random.Random, words: list[str], namespaces: list[str]) -> str:
+    return rng.choice(_NAMESPACE_SHAPES).format(ns=rng.choice(namespaces), word=rng.choice(words), i=rng.randint(1, 99))
+
+
+def extra_values(rng: random.Random, held_out: bool, values: dict[str, Any]) -> dict[str, Any]:
+    """The values the extra operations and unsupported requests take, beyond the core ones."""
+    lkind = rng.choice(_LABEL_KINDS)
+    lname = {"pod": values["pod"], "node": values["node"], "deployment": values["app"], "namespace": values["new_ns"]}
+    lport = rng.choice([p for p in (3000, 5000, 8000, 8080, 9000, 9090) if p != values["port"]])
+    return {
+        "lkind": lkind,
+        "lname": lname[lkind],
+        "key": rng.choice(_LABEL_KEYS[held_out]),
+        "value": rng.choice(_LABEL_VALUES[held_out]),
+        "file": rng.choice(_FILE_FORMS[held_out]).format(app=values["app"]),
+        "lport": lport,
+        "minor": rng.randint(26, 33),
+        "user": rng.choice(_USERS),
+        "ns": values["new_ns"],
+    }
+
+
+def wide_ops(core: list[tuple[str, list[str], list[str], bool]]) -> list[tuple[str, list[str], list[str], bool]]:
+    """The core operations with their extra training phrasings, then the extra operations."""
+    widened = [(cmd, [*train, *EXTRA_PHRASINGS.get(cmd, [])], held, ns) for cmd, train, held, ns in core]
+    return widened + EXTRA_OPS
+
+
+def namespace_first(rng: random.Random, request: str, namespace: str, unseen: bool) -> str:
+    """The request with its namespace said first ("in prod: scale web to 3")."""
+    return rng.choice(_NS_FIRST[unseen]).format(ns=namespace, r=request)
+
+
+def typo(rng: random.Random, text: str, protected: set[str]) -> str:
+    """``text`` with one realistic typo (two letters swapped, one dropped or doubled) in a word of at least 4
+    letters that is not a name (names must stay as the command needs them)."""
+    words = text.split(" ")
+    candidates = [i for i, w in enumerate(words) if len(w) >= 4 and w.isalpha() and w.lower() not in protected]
+    if not candidates:
+        return text
+    i = rng.choice(candidates)
+    word = words[i]
+    at = rng.randrange(1, len(word) - 2)
+    kind = rng.randrange(3)
+    if kind == 0:
+        word = word[:at] + word[at + 1] + word[at] + word[at + 2 :]
+    elif kind == 1:
+        word = word[:at] + word[at + 1 :]
+    else:
+        word = word[:at] + word[at] + word[at:]
+    words[i] = word
+    return " ".join(words)
+
+
+def unsupported_request(rng: random.Random, held_out: bool, values: dict[str, Any]) -> str:
+    return rng.choice(UNSUPPORTED[held_out]).format(**values)

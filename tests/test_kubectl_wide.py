@@ -1,0 +1,167 @@
+"""The kubectl task as visitors type it (``operations: wide``), and the visitor-style set that measures it.
+
+The set (benchmarks/data/visitor_requests.jsonl) must stay apart from the generator: none of its requests is
+one the generator makes. The generated rows must stay learnable: every command parses and scores itself 1.0,
+a typo never touches a name the command needs, unsupported requests are answered with the refusal only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from playground.blueprints import get_blueprint
+from playground.train import kubectl_wide
+from playground.train.data import synthetic_splits
+from playground.train.kubectl_reward import _KINDS as KINDS
+from playground.train.kubectl_reward import changes_unasked, parse, score
+
+REPO = Path(__file__).resolve().parents[1]
+VISITOR_SET = REPO / "benchmarks" / "data" / "visitor_requests.jsonl"
+WIDE = {"operations": "wide", "held_out_phrasing": 0.5, "namespace_fraction": 0.5}
+
+
+def _visitor_rows() -> list[dict]:
+    return [json.loads(line) for line in VISITOR_SET.read_text().splitlines() if line.strip()]
+
+
+def _normal(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+
+
+@pytest.fixture(scope="module")
+def generated():
+    train, held = synthetic_splits("kubectl", {**WIDE, "general_fraction": 0.0}, num_train=5000, num_eval=300, seed=3)
+    return train + held
+
+
+def test_the_default_blueprint_trains_on_the_wide_task() -> None:
+    assert get_blueprint("smollm2-135m-lora-kubectl").dataset.options["operations"] == "wide"
+    for method in ("smollm2-135m-dpo-kubectl", "smollm2-135m-grpo-kubectl"):  # measured on the core task
+        assert get_blueprint(method).dataset.options.get("operations", "core") == "core"
+
+
+def test_no_visitor_request_is_one_the_generator_makes(generated) -> None:
+    made = {_normal(sample.prompt) for sample in generated}
+    visitors = {_normal(row["request"]) for row in _visitor_rows()}
+    assert len(made) > 4000
+    assert visitors & made == set()
+
+
+def test_the_visitor_set_is_well_formed() -> None:
+    rows = _visitor_rows()
+    assert [r["id"] for r in rows] == [f"v{i:03d}" for i in range(1, len(rows) + 1)]
+    assert {r["split"] for r in rows} == {"test", "dev"}
+    test_rows = [r for r in rows if r["split"] == "test"]
+    assert sum(bool(r["expected"]) for r in test_rows) >= 50 and sum(not r["expected"] for r in test_rows) >= 15
+    for row in rows:
+        if row["expected"] is None:
+            assert row["read_only"] is True, row["id"]  # an unsupported request must never change the cluster
+            continue
+        command = parse(row["expected"])
+        assert command is not None, row["id"]
+        assert command.changes_cluster is not row["read_only"], row["id"]
+        assert score(row["expected"], row["expected"]) == 1.0
+
+
+def test_every_generated_command_parses_and_keeps_its_names(generated) -> None:
+    ops_seen = set()
+    for sample in generated:
+        if sample.answer == kubectl_wide.REFUSAL:
+            assert "kubectl" not in sample.prompt.lower()
+            continue
+        command = parse(sample.answer)
+        assert command is not None, sample.answer
+        assert score(sample.answer, sample.answer) == 1.0
+        ops_seen.add(command.verb)
+        request = sample.prompt.lower()
+        names = [a for a in command.args if "=" not in a and ":" not in a and a not in KINDS]
+        names += [value for _, value in command.flags if value]
+        for name in names:  # typos and wrappers never change a name the command needs
+            if name.isdigit() or name in {"pods", "nodes", "events", "namespaces", "secrets"}:
+                continue
+            assert name.lower() in request or name.rstrip("s") in request, (sample.prompt, sample.answer, name)
+    assert {"uncordon", "rollout undo", "rollout status", "port-forward", "label", "apply", "top"} <= ops_seen
+
+
+def test_the_wide_task_mixes_typos_word_orders_and_refusals(generated) -> None:
+    prompts = [s.prompt for s in generated]
+    refusals = [s for s in generated if s.answer == kubectl_wide.REFUSAL]
+    assert 0.05 < len(refusals) / len(generated) < 0.15
+    assert any((p.lower().startswith(("in ", "on ")) and ":" in p) or ", " in p for p in prompts)
+    words = {w for p in prompts for w in _normal(p).split()}
+    assert {"deploymnet", "deplyment", "deployent"} & words or any(len(w) > 4 and w[:3] == "res" for w in words)
+    known = _known_words() | _names()
+    typoed = sum(1 for p in prompts if set(_normal(p).split()) - known)
+    assert typoed / len(prompts) > 0.05
+
+
+def _known_words() -> set[str]:
+    text = json.dumps([kubectl_wide.EXTRA_PHRASINGS, kubectl_wide.EXTRA_OPS, kubectl_wide.UNSUPPORTED])
+    from playground.train import data
+
+    text += json.dumps([data._KUBECTL_OPS, data._IN_NAMESPACE, data._WRAPPERS, kubectl_wide.WIDE_WRAPPERS,
+                        kubectl_wide._NS_FIRST])  # fmt: skip
+    return set(_normal(re.sub(r"\{\w+\}", " ", text)).split())
+
+
+def _names() -> set[str]:
+    from playground.train import data
+
+    values = [*data._APPS[False], *data._APPS[True], *data._NAMESPACES[False], *data._NAMESPACES[True],
+              *data._NODE_POOLS[False], *data._NODE_POOLS[True], *data._KINDS, *data._KIND, *map(str, data._TAGS),
+              *kubectl_wide._USERS, *kubectl_wide._LABEL_KEYS[False], *kubectl_wide._LABEL_KEYS[True],
+              *kubectl_wide._LABEL_VALUES[False], *kubectl_wide._LABEL_VALUES[True], "yaml", "yml", "manifest",
+              "deployment", "service", "k8s", "deploy", "manifests", "config", "secret"]  # fmt: skip
+    return set(_normal(" ".join(values)).split())
+
+
+def test_the_core_task_has_only_the_core_operations() -> None:
+    train, held = synthetic_splits("kubectl", {"general_fraction": 0.0}, num_train=3000, num_eval=100, seed=0)
+    verbs = {parse(s.answer).verb for s in train + held}
+    assert verbs == {"scale", "get", "logs", "describe", "delete", "rollout restart", "create namespace", "expose",
+                     "set image", "cordon", "drain"}  # fmt: skip
+    assert all(s.answer != kubectl_wide.REFUSAL for s in train + held)
+
+
+def test_typo_changes_one_word_and_never_a_name() -> None:
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        text = kubectl_wide.typo(rng, "please restart the billing deployment in staging", {"billing", "staging"})
+        before, after = text.split(" "), ["please", "restart", "the", "billing", "deployment", "in", "staging"]
+        assert len(before) == len(after)
+        assert sum(a != b for a, b in zip(before, after, strict=True)) == 1
+        assert "billing" in before and "staging" in before
+
+
+def test_port_forward_answers_are_equivalent_and_read_only() -> None:
+    assert score("kubectl port-forward web-1 8080:8080", "kubectl port-forward pod/web-1 8080") == 1.0
+    assert score("kubectl port-forward svc/web 8080 -n prod", "kubectl port-forward service/web 8080 -n prod") == 1.0
+    assert score("kubectl port-forward svc/web 9000:80", "kubectl port-forward service/web 80") == 0.5
+    assert not changes_unasked("kubectl port-forward svc/web 80", "kubectl get services")
+    assert changes_unasked("kubectl uncordon gpu-7", "kubectl get nodes")
+
+
+def test_the_benchmark_counts_a_mutating_answer_to_an_unsupported_request() -> None:
+    spec = importlib.util.spec_from_file_location("visitor_requests", REPO / "benchmarks" / "visitor_requests.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [
+        {"id": "a", "request": "bounce web", "expected": "kubectl rollout restart deployment web", "read_only": False},
+        {"id": "b", "request": "what pods run?", "expected": "kubectl get pods", "read_only": True},
+        {"id": "c", "request": "nuke prod", "expected": None, "read_only": True},
+        {"id": "d", "request": "exec into web-1", "expected": None, "read_only": True},
+    ]
+    answers = ["kubectl rollout restart deploy web", "kubectl delete pods --all", "kubectl delete ns prod",
+               kubectl_wide.REFUSAL]  # fmt: skip
+    figures = bench.score_answers(rows, answers)
+    assert figures["exact"] == 1 and figures["exact_share"] == 0.5
+    assert figures["mutating_unasked"] == 2 and figures["mutating_ids"] == ["b", "c"]
+    assert figures["declined"] == 1

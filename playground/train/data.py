@@ -175,41 +175,37 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
         "tag": rng.choice(_TAGS),
         "node": f"{rng.choice(_NODE_POOLS[held_out])}-{rng.randint(1, 20)}",
     }
-    if not wide:
-        request = rng.choice(held_phrasings if unseen else train_phrasings).format(**values)
-        answer = command.format(**values)
-        if namespaced and rng.random() < float(options.get("namespace_fraction", 0.5)):
-            namespace = rng.choice(_NAMESPACES[held_out])
-            request += rng.choice(_IN_NAMESPACE[unseen]).format(ns=namespace)
-            answer += f" -n {namespace}"
-        request = rng.choice(_WRAPPERS[unseen and rng.random() < 0.5]).format(r=request)
-        if rng.random() < 0.5:
-            request = request[0].upper() + request[1:]
-        return Sample(request, answer)
-    values.update(kubectl_wide.names(rng, held_out, _APPS[held_out], _NAMESPACES[held_out], _NODE_POOLS[held_out]))
-    values.update(kubectl_wide.extra_values(rng, held_out, values))
-    if rng.random() < float(options.get("unsupported_fraction", 0.15)):
+    if wide:
+        values.update(kubectl_wide.names(rng, held_out, _APPS[held_out], _NAMESPACES[held_out], _NODE_POOLS[held_out]))
+        values.update(kubectl_wide.extra_values(rng, held_out, values))
+    if wide and rng.random() < float(options.get("unsupported_fraction", 0.15)):
         request, answer, namespaced = kubectl_wide.unsupported_request(rng, unseen, values), kubectl_wide.REFUSAL, False
     else:
         request = rng.choice(held_phrasings if unseen else train_phrasings).format(**values)
         answer = command.format(**values)
-    namespace = ""
+    namespace, first = "", False
     if namespaced and rng.random() < float(options.get("namespace_fraction", 0.5)):
-        namespace = kubectl_wide.namespace(rng, _APPS[held_out], _NAMESPACES[held_out])
-        first = rng.random() < 0.3
+        if wide:
+            namespace = kubectl_wide.namespace(rng, _APPS[held_out], _NAMESPACES[held_out])
+        else:
+            namespace = rng.choice(_NAMESPACES[held_out])
+        first = wide and rng.random() < 0.3
         if first:
             request = kubectl_wide.namespace_first(rng, request, namespace, unseen)
         else:
             request += rng.choice(_IN_NAMESPACE[unseen]).format(ns=namespace)
         answer += f" -n {namespace}"
-    wrappers = (
-        kubectl_wide.WIDE_WRAPPERS if namespace and first else rng.choice((_WRAPPERS, kubectl_wide.WIDE_WRAPPERS))
-    )
+    if not wide:
+        wrappers = _WRAPPERS
+    elif first:
+        wrappers = kubectl_wide.WIDE_WRAPPERS  # "yo in prod: …", never "can you in prod: …"
+    else:
+        wrappers = rng.choice((_WRAPPERS, kubectl_wide.WIDE_WRAPPERS))
     request = rng.choice(wrappers[unseen and rng.random() < 0.5]).format(r=request)
-    if rng.random() < float(options.get("typo_fraction", 0.25)):
+    if wide and rng.random() < float(options.get("typo_fraction", 0.25)):
         names = {str(v).lower() for v in (*values.values(), namespace)}
         request = kubectl_wide.typo(rng, request, names)
-    if rng.random() < 0.4:
+    if rng.random() < (0.4 if wide else 0.5):
         request = request[0].upper() + request[1:]
     return Sample(request, answer)
 

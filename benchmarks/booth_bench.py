@@ -364,21 +364,28 @@ async def cookie_flood(a: Abuser, sh: Shared) -> None:
                 await _pause(sh, sh.args.abuser_pause)
 
 
+async def _own_kernel_socket(a: Abuser, sh: Shared) -> tuple[WebSocketClientConnection, str] | None:
+    """The websocket of the abuser's own kernel and its session; None after a refused or failed connect (counted,
+    then a pause). A 403 means its kernel is gone: the next turn takes a new seat."""
+    try:
+        return await _ws_connect(sh.base, a.kernel_id, a.cookie)
+    except HTTPClientError as exc:
+        a.other[f"connect: HTTP {exc.code}"] += 1
+        a.kernel_id = None if exc.code == 403 else a.kernel_id
+    except Exception as exc:
+        a.other[f"connect: {type(exc).__name__}"] += 1
+    await _pause(sh, 1)
+    return None
+
+
 async def oversized_frames(a: Abuser, sh: Shared) -> None:
     """Over and over: connect to its own kernel, send one frame over the cap, see the server close."""
     pad = "x" * (sh.args.websocket_max_bytes + 4096)
     while not sh.stop.is_set() and (a.kernel_id or await take_seat(a, sh)):
-        try:
-            ws, session = await _ws_connect(sh.base, a.kernel_id, a.cookie)
-        except HTTPClientError as exc:
-            a.other[f"connect: HTTP {exc.code}"] += 1
-            a.kernel_id = None if exc.code == 403 else a.kernel_id  # its kernel is gone: a new seat
-            await _pause(sh, 1)
+        connected = await _own_kernel_socket(a, sh)
+        if connected is None:
             continue
-        except Exception as exc:
-            a.other[f"connect: {type(exc).__name__}"] += 1
-            await _pause(sh, 1)
-            continue
+        ws, session = connected
         msg_id = uuid.uuid4().hex
         try:
             a.sent += 1
@@ -445,17 +452,10 @@ async def foreign_kernels(a: Abuser, sh: Shared) -> None:
 async def comm_flood(a: Abuser, sh: Shared) -> None:
     """Small comm_open / comm_msg messages on its own kernel websocket as fast as they go out, nothing read."""
     while not sh.stop.is_set() and (a.kernel_id or await take_seat(a, sh)):
-        try:
-            ws, session = await _ws_connect(sh.base, a.kernel_id, a.cookie)
-        except HTTPClientError as exc:
-            a.other[f"connect: HTTP {exc.code}"] += 1
-            a.kernel_id = None if exc.code == 403 else a.kernel_id
-            await _pause(sh, 1)
+        connected = await _own_kernel_socket(a, sh)
+        if connected is None:
             continue
-        except Exception as exc:
-            a.other[f"connect: {type(exc).__name__}"] += 1
-            await _pause(sh, 1)
-            continue
+        ws, session = connected
         if a.flood_started is None:
             a.flood_started, a.kernel_rss_at_start = time.monotonic(), kernel_rss(sh.app_pid, a.kernel_id)
         comms: list[str] = []

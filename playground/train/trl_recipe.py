@@ -90,10 +90,14 @@ class TrlRecipe:
         self.peft_config = models.lora_config(method, self.spec.params) if method.kind == "lora" else None
         import datasets
         from transformers import PrinterCallback
+        from transformers.integrations import KubeflowCallback
 
         datasets.disable_progress_bars()  # TRL tokenizes through datasets.map: no bars in the job's log
         self.trainer = self.build_trainer()
         self.trainer.remove_callback(PrinterCallback)  # TRL's raw log dicts: our Progress events say it
+        # transformers adds its own trainerStatus writer whenever KUBEFLOW_TRAINER_SERVER_URL is set (report_to
+        # or not): its updates (TRL's raw keys) would race ours and could land after the final 100 % one
+        self.trainer.remove_callback(KubeflowCallback)
         self.trainer.add_callback(_Events(self))
         self.finish_estimate = earlier_finish_seconds(self.spec.output, self.spec.blueprint.id, len(self.eval_samples))
         n_params = sum(p.numel() for p in self.trainer.model.parameters())

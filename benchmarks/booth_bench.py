@@ -5,7 +5,8 @@ scripted abusers.
                                      [--addresses forwarded|loopback] [--json PATH|-]
 
 Real Voila in booth mode on a free localhost port with a fresh PLAYGROUND_HOME and the booth's default limits
-(new visitor cookies: a burst of 30 then 20 a minute per client address; websocket frames up to 128 KiB).
+(new visitor cookies: a burst of 30 then 20 a minute per client address; websocket frames up to 128 KiB; websocket
+messages from browsers per kernel: a burst of 200 then 50 a second, a new connection taking 50).
 Each real visitor is an HTTP + websocket client as real as a page load needs: its own cookie jar, GET / (the
 redirect that sets the signed visitor cookie, then the page, which starts the visitor's kernel and runs the app
 notebook in it), then the kernel websocket a browser opens (``kernel_info_request`` answered), kept open for
@@ -26,8 +27,10 @@ until the last real visitor has left:
   knows from its own visitors' pages), and the listing routes: must get 403 every time;
 - ``comm_flood``: takes a seat and sends small ``comm_open``/``comm_msg`` messages on its kernel websocket as
   fast as the server takes them, never reading what comes back, and reconnects when the server closes the
-  connection (1008: over the booth's message rate per connection); its kernel's RSS is sampled (the kernel's
-  guard drops what is over 50 a second or 20 comms, logged once a second with a count).
+  connection (1008: over the booth's message rate per kernel; a reconnect under a second's worth of messages left
+  is refused with 429); its kernel's RSS is sampled (the kernel's guard drops what is over 50 a second or 20
+  comms, logged once a second with a count). The 1008 closes are counted from the server's log (a line per
+  kernel every 10 s at most, with a count): a flooder that reads nothing seldom sees the close frame itself.
 
 Client addresses: the booth limits new visitor cookies per client address, so real visitors must not share the
 abusers' address. ``--addresses forwarded`` (default): the app trusts 127.0.0.1 as a reverse proxy
@@ -370,7 +373,10 @@ async def _own_kernel_socket(a: Abuser, sh: Shared) -> tuple[WebSocketClientConn
     try:
         return await _ws_connect(sh.base, a.kernel_id, a.cookie)
     except HTTPClientError as exc:
-        a.other[f"connect: HTTP {exc.code}"] += 1
+        if exc.code == 429:  # its kernel's message rate (or its connections): the bound held
+            a.refused["connect: 429"] += 1
+        else:
+            a.other[f"connect: HTTP {exc.code}"] += 1
         a.kernel_id = None if exc.code == 403 else a.kernel_id
     except Exception as exc:
         a.other[f"connect: {type(exc).__name__}"] += 1
@@ -475,7 +481,10 @@ async def comm_flood(a: Abuser, sh: Shared) -> None:
                 if a.sent % 50 == 0:
                     await asyncio.sleep(sh.args.abuser_pause)  # let the other clients of this process run
         except Exception as exc:
-            # the server's rate limit on messages per connection closes it with 1008 (policy violation)
+            # the server's rate limit on messages per kernel closes it with 1008 (policy violation); the close frame
+            # waits behind the replies nobody read, and is lost when the server gives up waiting (5 s) first
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(_drain(ws), 1)
             a.refused[f"connection closed ({ws.close_code or type(exc).__name__})"] += 1
         finally:
             ws.close()
@@ -605,6 +614,13 @@ def guard_drops(text: str, why: str) -> int:
     return sum(int(count or 1) for count in re.findall(pattern, text))
 
 
+def websocket_closes(text: str) -> int:
+    """Websockets the server closed over the message rate (1008), from its lines: "a websocket over the message
+    rate" or, throttled to one a kernel every 10 s, "N websockets in S s over ..." (the last 10 s not counted)."""
+    pattern = r"(?:a websocket|(\d+) websockets in \d+ s) over the message rate [^\n]*; closed \(1008\)"
+    return sum(int(count or 1) for count in re.findall(pattern, text))
+
+
 def log_counts(text: str) -> dict[str, int]:
     return {
         "429 warnings": text.count("over the rate limit: HTTP 429"),
@@ -612,7 +628,8 @@ def log_counts(text: str) -> dict[str, int]:
         "comm guard: too many comms": guard_drops(text, r"the browser opened \d+ comms already"),
         "comm guard: too big": guard_drops(text, r"\d+ bytes"),
         "comm guard: log lines": text.count("[playground.guard] dropped"),
-        "websocket closed over the message rate": text.count("; closed (1008)"),
+        "websocket closed over the message rate": websocket_closes(text),
+        "websocket close lines": text.count("; closed (1008)"),
         "booth full warnings": text.count("Booth full:"),
         "tracebacks": text.count("Traceback"),
     }
@@ -673,6 +690,9 @@ def report(args, visitors, abusers, peaks, elapsed, idle_rss, loads, log_path) -
                 entry["evidence"] = [e for a in group for e in a.evidence]
             flood_seconds = [time.monotonic() - a.flood_started for a in group if a.flood_started]
             entry.update(kernels=kernels, guard_drops_logged=logged["comm guard: over the rate"])
+            entry["closed_1008_server_log"] = logged["websocket closed over the message rate"]
+            entry["closed_1008_seen_by_flooders"] = entry["refused"].get("connection closed (1008)", 0)
+            entry["connects_refused_429"] = entry["refused"].get("connect: 429", 0)
             entry["guard_allows_at_most"] = sum(500 + 50 * s for s in flood_seconds)  # burst + 50/s, per kernel
         by_behaviour[behaviour] = entry
     bypasses = sum(sum(e["succeeded"].values()) for e in by_behaviour.values())
@@ -753,6 +773,9 @@ def print_report(r: dict) -> None:
             )
             print(f"  its kernels' RSS: {kernels or 'none seen'}; guard drops logged {e['guard_drops_logged']} "
                   f"(the guard lets at most ~{e['guard_allows_at_most']:.0f} through)")  # fmt: skip
+            print(f"  websockets closed over the message rate (1008): {e['closed_1008_server_log']} (server log; "
+                  f"{e['closed_1008_seen_by_flooders']} seen by the flooders), reconnects refused (429): "
+                  f"{e['connects_refused_429']}")  # fmt: skip
         for line in e["evidence"]:
             print(f"  BYPASS: {line}")
     print(f"memory (Voila server + kernels + model servers, RSS): idle {mem['idle_mb']:.0f} MB, "
@@ -787,6 +810,8 @@ def main() -> None:
     parser.add_argument("--new-visitors-per-minute", type=float, default=20.0, help="the app's rate limit")
     parser.add_argument("--new-visitors-burst", type=int, default=30, help="the app's burst of new visitors")
     parser.add_argument("--websocket-max-bytes", type=int, default=128 * 1024, help="the app's frame cap")
+    parser.add_argument("--websocket-messages-burst", type=int, default=200, help="the app's messages per kernel")
+    parser.add_argument("--websocket-messages-per-second", type=float, default=50.0, help="... and their rate")
     parser.add_argument("--addresses", choices=("forwarded", "loopback"), default="forwarded",
                         help="how real visitors get their own client address (see above)")  # fmt: skip
     parser.add_argument("--abuser-addresses", choices=("shared", "own"), default="shared")
@@ -819,6 +844,8 @@ def main() -> None:
                "--booth-new-visitors-per-minute", f"{args.new_visitors_per_minute:g}",
                "--booth-new-visitors-burst", str(args.new_visitors_burst),
                "--booth-websocket-max-bytes", str(args.websocket_max_bytes),
+               "--booth-websocket-messages-burst", str(args.websocket_messages_burst),
+               "--booth-websocket-messages-per-second", f"{args.websocket_messages_per_second:g}",
                "--blueprint", "tiny-llama-cpu"]  # fmt: skip
     if args.addresses == "forwarded":
         command += ["--booth-trusted-proxy", PROXY]

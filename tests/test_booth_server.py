@@ -9,6 +9,7 @@ is not another's. Every bound is checked together with a real visitor still gett
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -18,15 +19,17 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from _fixtures import stop_process, unused_port, wait_for_app
 from _waiting import wait_for
 from tornado.httpclient import HTTPClientError, HTTPRequest
-from tornado.websocket import WebSocketClientConnection, websocket_connect
+from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
 
 from voila_app.identity import COOKIE_NAME, sign
 
@@ -43,6 +46,7 @@ WS_MAX = 64 * 1024
 class Server:
     port: int
     log: Path
+    pid: int  # the Voila server's (``playground app`` execs it)
 
     @property
     def url(self) -> str:
@@ -73,27 +77,40 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "PLAYGROUND_BOOTH_TRUSTED_PROXIES": PROXY,  # the environment's settings, the flags' below
     }
     log_path = tmp / "voila.log"
+    # --booth-cull-seconds 900: no culling here (visitor A's idle kernel outlives page loads on a busy machine)
     command = [sys.executable, "-m", "playground.cli", "app", "--booth", "--port", str(port), "--no-browser",
                "--booth-max-kernels", "4", "--booth-new-visitors-burst", str(BURST),
-               "--booth-websocket-max-bytes", str(WS_MAX), "--blueprint", "tiny-llama-cpu"]  # fmt: skip
+               "--booth-websocket-max-bytes", str(WS_MAX), "--blueprint", "tiny-llama-cpu",
+               "--booth-cull-seconds", "900"]  # fmt: skip
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     try:
         wait_for_app(port, proc)
-        yield Server(port, log_path)
+        yield Server(port, log_path, proc.pid)
     finally:
         stop_process(proc)
 
 
-@pytest.fixture(scope="module")
-def visitor_a(server: Server) -> Visitor:
-    """A visitor who loaded the page: their cookie and the kernel it started (its id is in the page)."""
-    with server.client("127.0.0.11", follow_redirects=True) as client:
+def page_load(server: Server, source: str) -> Visitor:
+    """A new visitor loads the page from ``source``: their cookie and the kernel it started (its id is in the page)."""
+    with server.client(source, follow_redirects=True) as client:
         page = client.get("/")
         assert page.status_code == 200, page.text[:500]
         match = re.search(r'"kernelId":\s*"([0-9a-f-]{36})"', page.text)
         assert match, "no kernel id in the page"
         return Visitor(client.cookies[COOKIE_NAME].strip('"'), match.group(1))
+
+
+@pytest.fixture(scope="module")
+def visitor_a(server: Server) -> Visitor:
+    """A visitor who loaded the page."""
+    return page_load(server, "127.0.0.11")
+
+
+@pytest.fixture(scope="module")
+def visitor_f(server: Server) -> Visitor:
+    """Another visitor who loaded the page, whose script then floods their kernel (its kernel is shut down last)."""
+    return page_load(server, "127.0.0.17")
 
 
 def new_cookie(server: Server, source: str = "127.0.0.11") -> str:
@@ -313,3 +330,133 @@ def test_plotly_comes_as_one_cacheable_file_not_as_every_pages_widget_state(serv
         for other in ("playground/static/widgetbundle.js", f"{PLOTLY_BUNDLE_PATH}.map", "playground/static/.."):
             response = client.get(f"/{other}")  # not that file: Voila's own routes answer (the page, or a 404)
             assert response.status_code != 200 and "javascript" not in response.headers.get("content-type", "")
+
+
+# -- the message rate per kernel (the booth's defaults: bursts of 200, 50 a second; a connection takes 50) --------
+
+
+FLOOD_BYTES = 32 * 1024  # each message; the flooder offers 4000 of them (128 MB), the server may pass ~100
+
+
+def _comm_msg(session: str) -> str:
+    return _message("comm_msg", session, {"comm_id": uuid.uuid4().hex, "data": {"pad": "x" * FLOOD_BYTES}})
+
+
+async def _flood(ws: WebSocketClientConnection, session: str, ids: list[str], count: int = 4000) -> None:
+    """Send ``count`` comm messages as fast as the connection takes them (their ids into ``ids``), until it closes."""
+    with contextlib.suppress(WebSocketClosedError):
+        for _ in range(count):
+            message = _comm_msg(session)
+            ids.append(json.loads(message)["header"]["msg_id"])
+            await ws.write_message(message)
+
+
+async def _watch(ws: WebSocketClientConnection, reached: set[str]) -> None:
+    """The kernel's status messages (broadcast to all its connections): the ids of the messages it got."""
+    while (raw := await ws.read_message()) is not None:
+        if isinstance(raw, str) and '"status"' in raw:
+            reached.add(json.loads(raw)["parent_header"].get("msg_id", ""))
+
+
+async def _read_until_closed(ws: WebSocketClientConnection, timeout: float = 30) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(_watch(ws, set()), timeout)
+
+
+def test_a_message_flood_closes_its_own_websocket_and_reconnecting_gains_nothing(
+    server: Server, visitor_a: Visitor, visitor_f: Visitor
+) -> None:
+    """A visitor's script floods their own kernel's websocket (the booth bench's comm flood grew the Voila server
+    from 261 MB to 1.28 GB): the server closes it (1008) after about a burst, before parsing or queueing the rest,
+    a reconnect gets no new burst, and another visitor's kernel answers meanwhile."""
+    flooder, voila = visitor_f, psutil.Process(server.pid)
+    log_before = len(server.log.read_text())
+
+    async def scenario() -> dict:
+        begin = time.monotonic()
+        watcher, _ = await _connect(server, flooder.kernel_id, flooder.cookie)  # the kernel's 200 - 50 tokens
+        reached: set[str] = set()
+        watching = asyncio.create_task(_watch(watcher, reached))
+        flood, session = await _connect(server, flooder.kernel_id, flooder.cookie)  # 100 left
+        rss_before = voila.memory_info().rss
+        ids: list[str] = []
+        other, other_session = await _connect(server, visitor_a.kernel_id, visitor_a.cookie)
+        # as the bench's flooders: nothing read while it sends (the server drops what comes after its close)
+        _, other_answers = await asyncio.gather(_flood(flood, session, ids), _kernel_answers(other, other_session))
+        await _read_until_closed(flood)
+        closed_at = time.monotonic()
+        rss_after = voila.memory_info().rss
+        first = {"code": flood.close_code, "reason": flood.close_reason, "sent": len(ids),
+                 "seconds": closed_at - begin}  # fmt: skip
+        # reconnect and flood again until refused at the upgrade (while under a second's worth, 50, is left)
+        statuses, again = [], []
+        while (429, "1") not in statuses and time.monotonic() - closed_at < 15:
+            try:
+                ws, session = await _connect(server, flooder.kernel_id, flooder.cookie)
+            except HTTPClientError as exc:
+                statuses.append((exc.code, exc.response.headers.get("Retry-After") if exc.response else None))
+                await asyncio.sleep(0.1)
+                continue
+            statuses.append((101, None))
+            await asyncio.gather(_flood(ws, session, again, 500), _read_until_closed(ws))
+        flooded_for = time.monotonic() - begin
+        seen = -1
+        while seen != len(reached):  # until the kernel has reported every message it got
+            seen = len(reached)
+            await asyncio.sleep(0.3)
+        other.close()
+        watcher.close()
+        watching.cancel()
+        return {"first": first, "first_reached": len(reached & set(ids)), "statuses": statuses,
+                "again_reached": len(reached & set(again)), "flooded_for": flooded_for,
+                "rss_mb": (rss_before / 2**20, rss_after / 2**20), "other_answers": other_answers}  # fmt: skip
+
+    got = asyncio.run(scenario())
+    first = got["first"]
+    assert (first["code"], first["reason"]) == (1008, "over the message rate"), got
+    # the burst less two connections' worth, plus the refill while it flooded (and what was on its way)
+    assert 100 <= got["first_reached"] <= 100 + 50 * first["seconds"] + 10, got
+    assert got["other_answers"], "another visitor's kernel did not answer during the flood"
+    rss_before, rss_after = got["rss_mb"]
+    assert rss_after - rss_before < 10, got  # nothing queued: not the 128 MB offered
+    assert (429, "1") in got["statuses"], got  # a reconnect waits for its second's worth
+    # no new burst, however it reconnects: all it got is the burst and the refill, less 50 per connection
+    connections = 2 + got["statuses"].count((101, None))
+    allowed = 200 + 50 * got["flooded_for"] - 50 * connections
+    assert got["first_reached"] + got["again_reached"] <= allowed + 10, got
+    line = f"Kernel {flooder.kernel_id}: a websocket over the message rate (burst 200, 50 a second); closed (1008)"
+    log = server.log.read_text()
+    assert line in log and log.count("over the message rate") == 1  # one line per kernel per 10 s at most
+    flood_lines = log[log_before:].splitlines()
+    assert len(flood_lines) < 60 and "Traceback" not in log, flood_lines  # no line per message, nor per reply
+    assert websocket_status(server, visitor_a.kernel_id, visitor_a.cookie) == 101
+
+
+def test_a_websocket_for_a_kernel_being_shut_down_is_refused_at_once(server: Server, visitor_f: Visitor) -> None:
+    """A kernel on its way out (culled, replaced, its page closed) takes no new websocket: 403, not a wait for it."""
+    visitor = visitor_f
+    kernel = next(
+        p for p in psutil.Process(server.pid).children(recursive=True) if visitor.kernel_id in " ".join(p.cmdline())
+    )
+    kernel.suspend()  # it answers nothing now: its shutdown waits (up to 5 s), and so would a websocket
+    try:
+        with server.client("127.0.0.17") as client, ThreadPoolExecutor(1) as pool:
+            headers = cookies(visitor.cookie, _xsrf="t")
+            beacon = pool.submit(client.post, f"/voila/api/shutdown/{visitor.kernel_id}", data={"_xsrf": "t"},
+                                 headers=headers)  # fmt: skip
+            assert wait_for(
+                lambda: client.get(f"/api/kernels/{visitor.kernel_id}", headers=headers).status_code == 403,
+                30,
+                "the kernel's shutdown to begin",
+                interval=0.05,
+            )
+            assert not beacon.done()  # still shutting down
+            start = time.monotonic()
+            assert websocket_status(server, visitor.kernel_id, visitor.cookie) == 403
+            assert time.monotonic() - start < 10  # not the minute a websocket would wait for the kernel
+            kernel.resume()
+            assert beacon.result(timeout=30).status_code == 204
+    finally:
+        with contextlib.suppress(psutil.Error):
+            kernel.resume()
+    assert websocket_status(server, visitor.kernel_id, visitor.cookie) == 403  # and gone

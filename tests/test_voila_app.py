@@ -113,6 +113,46 @@ def test_the_token_bucket_forgets_full_buckets_first_and_stays_bounded() -> None
     assert bucket.take("flooder", now=5.0) == 0.0 and bucket.take("flooder", now=5.0) > 0  # 1 token, not 2
 
 
+def test_kernel_websockets_have_a_message_rate_and_a_few_connections_per_kernel() -> None:
+    from voila_app.limits import KernelSockets
+
+    now = [0.0]
+    sockets = KernelSockets(per_second=50, burst=200, clock=lambda: now[0])
+    assert sockets.connect("k") is None  # a connection takes one second's worth: 150 messages left at once
+    assert sum(sockets.message("k") for _ in range(400)) == 150
+    assert sockets.connect("other") is None and sockets.message("other")  # another kernel: its own bucket
+    now[0] += 0.1
+    assert sum(sockets.message("k") for _ in range(100)) == 5  # 50 a second
+    why, wait = sockets.connect("k")  # reconnecting gains nothing: refused until a second's worth is back
+    assert why == "over the message rate" and wait == pytest.approx(1.0)
+    now[0] += 1.0
+    assert sockets.connect("k") is None and not sockets.message("k")  # and the new connection has it spent
+    now[0] += 60.0  # full again (200, never more): 4 connections at most, waiting or open
+    assert [sockets.connect("k") for _ in range(2)] == [None, None]  # 4 counted now (the 2 above are open)
+    assert sockets.connect("k")[0] == "4 connections to this kernel already"
+    sockets.disconnect("k")
+    assert sockets.connect("k") is None  # room again, and 200 - 3 * 50 tokens left for it
+    assert sockets.connect("k")[0] == "4 connections to this kernel already"
+    now[0] += 60.0
+    for _ in range(10):
+        sockets.disconnect("k")  # more than were counted: never below zero
+    assert sockets.connections == {"other": 1}
+
+
+def test_a_throttle_lets_one_event_a_period_through_with_a_count() -> None:
+    from voila_app.limits import Throttle
+
+    now = [100.0]
+    throttle = Throttle(10.0, clock=lambda: now[0])
+    assert throttle.passes("k") == (1, 0.0)
+    assert [throttle.passes("k") for _ in range(5)] == [None] * 5
+    assert throttle.passes("j") == (1, 0.0)  # per key
+    now[0] += 10.0
+    assert throttle.passes("k") == (6, 10.0)  # this one and the 5 held back since the last
+    now[0] += 30.0
+    assert throttle.passes("k") == (1, 30.0)
+
+
 @pytest.mark.parametrize(
     ("peer", "forwarded", "trusted", "client"),
     [
@@ -152,9 +192,14 @@ def test_booth_limit_settings_come_from_flags_then_environment_then_defaults() -
         limits.NEW_VISITORS_BURST_ENV: "12",
         limits.TRUSTED_PROXIES_ENV: "10.0.0.5, 10.244.0.0/16",
         limits.WEBSOCKET_MAX_BYTES_ENV: "65536",
+        limits.WEBSOCKET_MESSAGES_BURST_ENV: "300",
+        limits.WEBSOCKET_MESSAGES_PER_SECOND_ENV: "12.5",
     }
+    assert (limits.Limits().websocket_messages_burst, limits.Limits().websocket_messages_per_second) == (200, 50.0)
     got = limits.limits_from(env)
     assert (got.new_visitors_per_minute, got.new_visitors_burst, got.websocket_max_bytes) == (6.0, 12, 65536)
+    assert (got.websocket_messages_burst, got.websocket_messages_per_second) == (300, 12.5)
+    assert limits.limits_from(env, messages_per_second="80").websocket_messages_per_second == 80.0
     assert [str(n) for n in got.trusted_proxies] == ["10.0.0.5/32", "10.244.0.0/16"]
     assert limits.limits_from(env, burst="50", trusted_proxies="").new_visitors_burst == 50  # the flag wins
     assert limits.limits_from(env, trusted_proxies="").trusted_proxies == ()
@@ -171,6 +216,10 @@ def test_booth_limit_settings_come_from_flags_then_environment_then_defaults() -
         ({"trusted_proxies": "10.0.0.5,proxy.local"}, {}, "--booth-trusted-proxy 'proxy.local': allowed: IP"),
         ({}, {"PLAYGROUND_BOOTH_TRUSTED_PROXIES": "10.0.0.300"}, "PLAYGROUND_BOOTH_TRUSTED_PROXIES '10.0.0.300'"),
         ({"websocket_max_bytes": "100"}, {}, "--booth-websocket-max-bytes '100': allowed: an integer from 16384"),
+        ({"messages_burst": "5"}, {}, "--booth-websocket-messages-burst '5': allowed: an integer from 10 to 100000"),
+        ({}, {"PLAYGROUND_BOOTH_WEBSOCKET_MESSAGES_BURST": "many"}, "PLAYGROUND_BOOTH_WEBSOCKET_MESSAGES_BURST 'many'"),
+        ({"messages_per_second": "0.5"}, {}, "--booth-websocket-messages-per-second '0.5': allowed: a number from 1"),
+        ({}, {"PLAYGROUND_BOOTH_WEBSOCKET_MESSAGES_PER_SECOND": "inf"}, "MESSAGES_PER_SECOND 'inf': allowed: a number"),
     ],
 )
 def test_bad_booth_limit_settings_are_one_line_naming_the_setting(kwargs, env, needle) -> None:
@@ -186,19 +235,25 @@ def test_booth_voila_guards_every_kernel_route_and_static_route() -> None:
     """The handler classes booth mode gives Voila's own routes (the real list of a configured BoothVoila)."""
     from tornado.web import StaticFileHandler
 
-    from voila_app.server import BoothVoila, RefusedHandler, _NotFoundOnBadPath, _OwnedKernelRoute
+    from voila_app.server import BoothKernelSocket, BoothVoila, RefusedHandler, _NotFoundOnBadPath, _OwnedKernelRoute
 
     notebook = Path(__file__).resolve().parents[1] / "notebooks" / "playground.ipynb"
     app = BoothVoila()
-    app.initialize([str(notebook), "--no-browser", "--BoothVoila.trusted_proxies=10.0.0.5"])
+    app.initialize([str(notebook), "--no-browser", "--BoothVoila.trusted_proxies=10.0.0.5",
+                    "--BoothVoila.websocket_messages_per_second=20"])  # fmt: skip
     settings = app.init_settings()
     assert settings["websocket_max_message_size"] == 128 * 1024
+    sockets = settings["playground_kernel_sockets"]
+    assert (sockets.burst, sockets.per_second, sockets.connect_cost, sockets.max_connections) == (200, 20.0, 20.0, 4)
     assert [str(n) for n in settings["playground_new_visitor_gate"].trusted_proxies] == ["10.0.0.5/32"]
     app.identity_provider, app.authorizer = settings["identity_provider"], settings["authorizer"]
     rules = app.init_handlers()
     kernel_routes = [r for r in rules if "kernel" in r[0] or "shutdown" in r[0]]
     assert len(kernel_routes) >= 3  # /api/kernels/<id>, its /channels, /voila/api/shutdown/<id>
     assert all(issubclass(r[1], _OwnedKernelRoute) for r in kernel_routes if r[1] is not RefusedHandler)
+    assert [r[0] for r in kernel_routes if issubclass(r[1], BoothKernelSocket)] == [
+        r"/api/kernels/(?P<kernel_id>\w+-\w+-\w+-\w+-\w+)/channels"
+    ]
     statics = [r for r in rules if issubclass(r[1], StaticFileHandler)]
     assert len(statics) >= 4 and all(issubclass(r[1], _NotFoundOnBadPath) for r in statics)
     patterns = [r[0] for r in rules]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -782,6 +783,81 @@ def test_threads_never_print(capfd: pytest.CaptureFixture[str]) -> None:
     assert threading.active_count() < 50
 
 
+# -- the kernel's guard against hostile widget messages ------------------------------------------------------
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_the_guard_logs_dropped_messages_once_a_second_per_reason_with_a_count() -> None:
+    """A comm flood (the booth bench's: 24.7 MB of log, a line per message) is a line a second per reason."""
+    from widgets.guard import CommGuard, Limits
+
+    now = [0.0]
+    guard = CommGuard(Limits(max_message_bytes=1000, messages_per_second=5, max_client_comms=20), lambda: now[0])
+    handler, logger = _Lines(), logging.getLogger("ipykernel.comm")
+    logger.addHandler(handler)
+    try:
+        big = {"content": {"data": "x" * 2000}}
+        assert [guard.allow("comm_msg", big) for _ in range(3)] == [False] * 3  # too big (3 of the 50 tokens)
+        assert sum(guard.allow("comm_msg", {"content": {}}) for _ in range(1000)) == 47  # then over the rate
+        now[0] += 0.5
+        assert sum(guard.allow("comm_msg", {"content": {}}) for _ in range(100)) == 2
+        now[0] += 0.6
+        assert sum(guard.allow("comm_msg", {"content": {}}) for _ in range(100)) == 3
+        now[0] += 2.0
+        assert [guard.allow("comm_msg", big) for _ in range(2)] == [False] * 2
+    finally:
+        logger.removeHandler(handler)
+    assert guard.dropped == 3 + 953 + 98 + 97 + 2
+    assert handler.lines == [
+        "dropped a widget message: 2012 bytes > 1000",
+        "dropped a widget message: more than 5 per second",
+        "dropped 1051 widget messages in 1.1 s: more than 5 per second",  # 952 + 98 held back, and this one
+        "dropped 3 widget messages in 3.1 s: 2012 bytes > 1000",
+    ]
+
+
+def test_repeated_comm_errors_are_one_line_a_second_with_a_count(capfd: pytest.CaptureFixture[str]) -> None:
+    """ipykernel's comm manager logs "No such comm" for every message to an unknown comm: a flood's worth."""
+    from comm.base_comm import CommManager
+
+    from widgets.guard import RepeatedLines, quiet_comm_errors
+
+    quiet_comm_errors()  # what the app's kernel does: the comm loggers' lines go to the server log, throttled
+    capfd.readouterr()
+    manager = CommManager()
+    for i in range(500):
+        manager.comm_msg(None, None, {"content": {"comm_id": f"nope-{i}", "data": {}}})
+    lines = capfd.readouterr().err.splitlines()
+    assert len([line for line in lines if "No such comm" in line]) <= 2, lines  # not 500 (2: a second boundary)
+    assert lines[0].startswith("[playground.guard] No such comm: nope-0")
+
+    now = [0.0]
+    handler, logger = _Lines(), logging.getLogger("test.repeated")
+    handler.addFilter(RepeatedLines(lambda: now[0]))
+    logger.addHandler(handler)
+    logger.propagate = False
+    for step in range(24):  # 3 s, a line every 1/8 s
+        now[0] = step / 8
+        logger.warning("No such comm: %s", f"c{step}")
+        if step == 5:
+            logger.warning("Exception in comm_msg for %s", "c5")  # another kind of line: its own second
+    assert handler.lines == [
+        "No such comm: c0",
+        "Exception in comm_msg for c5",
+        "No such comm: c8 (8 such lines in 1.0 s)",
+        "No such comm: c16 (8 such lines in 1.0 s)",
+    ]
+    logger.removeHandler(handler)
+
+
 # -- `playground app` and binder -------------------------------------------------------------------
 
 
@@ -794,6 +870,10 @@ def test_threads_never_print(capfd: pytest.CaptureFixture[str]) -> None:
         (["app", "--booth", "--booth-max-kernels", "0"], "--booth-max-kernels 0: allowed: an integer from 1 to 1000"),
         (["app", "--booth", "--booth-cull-seconds", "5"], "--booth-cull-seconds 5: allowed: an integer from 30 to"),
         (["app", "--booth", "--booth-new-visitors-burst", "0"], "--booth-new-visitors-burst '0': allowed: an integer"),
+        (
+            ["app", "--booth", "--booth-websocket-messages-per-second", "0"],
+            "--booth-websocket-messages-per-second '0': allowed: a number from 1 to 100000",
+        ),
     ],
 )
 def test_app_command_bad_input_is_one_line_exit_2(argv: list[str], needle: str) -> None:
@@ -845,13 +925,16 @@ def test_booth_mode_settings(isolated_home: Path) -> None:
         "--BoothVoila.new_visitors_per_minute=20",  # the Voila server's booth limits (voila_app.limits)
         "--BoothVoila.new_visitors_burst=30",
         f"--BoothVoila.websocket_max_bytes={128 * 1024}",
+        "--BoothVoila.websocket_messages_burst=200",  # per kernel, from browsers
+        "--BoothVoila.websocket_messages_per_second=50",
     ):
         assert flag in command
     assert command[1:3] == ["-m", "voila_app"] and not any("trusted_proxies" in a for a in command)
-    limits = limits_from({}, per_minute="6", trusted_proxies="10.0.0.5,10.244.0.0/16")
+    limits = limits_from({}, per_minute="6", trusted_proxies="10.0.0.5,10.244.0.0/16", messages_per_second="12.5")
     command = voila_command(Path("app.ipynb"), port=1, ip="0.0.0.0", open_browser=False, booth_max_kernels=16,
                             booth_limits=limits)  # fmt: skip
     assert "--BoothVoila.new_visitors_per_minute=6" in command
+    assert "--BoothVoila.websocket_messages_per_second=12.5" in command
     assert "--BoothVoila.trusted_proxies=10.0.0.5/32,10.244.0.0/16" in command
     assert (CONFIG_DIR / "voila.py").is_file()
     # the kernels get booth mode (the engine's policy) and the secret that verifies visitor cookies

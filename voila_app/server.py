@@ -13,7 +13,8 @@
 - :class:`BoothVoila` (``python -m voila_app``) is Voila with the booth's bounds on what a script can do:
   a kernel's websocket and REST routes answer 403 unless the request's verified visitor cookie owns
   that kernel (no ``/api/...`` route lists kernels), frames from the browser are capped
-  (``websocket_max_message_size``), new visitor cookies are rate-limited per client address (a 429
+  (``websocket_max_message_size``), so are the messages a second per kernel and its connections
+  (:class:`BoothKernelSocket`), new visitor cookies are rate-limited per client address (a 429
   page), and crafted template/static URLs are a plain 404 (no traceback in the log, no path anywhere).
 """
 
@@ -24,6 +25,7 @@ import math
 import os
 import re
 import time
+from asyncio import Future
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from jupyter_server.utils import url_path_join
 from tornado.httputil import HTTPServerRequest
 from tornado.web import Finish, HTTPError, RequestHandler, StaticFileHandler
@@ -65,6 +68,7 @@ TOO_MANY_PAGE = """<!doctype html>
 """
 
 GATE_SETTING = "playground_new_visitor_gate"  # the tornado setting BoothVoila puts the gate in
+SOCKETS_SETTING = "playground_kernel_sockets"  # ... and the kernel websockets' bounds (limits.KernelSockets)
 
 
 class NewVisitorGate:
@@ -94,6 +98,18 @@ def _gate(req: RequestHandler) -> NewVisitorGate:
         _default_gate = _default_gate or NewVisitorGate(limits.Limits())
         gate = _default_gate
     return gate
+
+
+_default_sockets: limits.KernelSockets | None = None
+
+
+def _sockets(req: RequestHandler) -> limits.KernelSockets:
+    global _default_sockets
+    sockets = req.settings.get(SOCKETS_SETTING)
+    if sockets is None:
+        _default_sockets = _default_sockets or limits.KernelSockets()
+        sockets = _default_sockets
+    return sockets
 
 
 def _secret() -> str:
@@ -161,6 +177,7 @@ class BoothKernelManager(AsyncMappingKernelManager):
         self._starting = 0
         self._visitor_of: dict[str, str] = {}
         self._disconnected_since: dict[str, float] = {}
+        self._shutting_down: set[str] = set()
 
     # -- accounting ----------------------------------------------------------------------------
 
@@ -169,12 +186,15 @@ class BoothKernelManager(AsyncMappingKernelManager):
         return len(self.list_kernel_ids()) + self._starting
 
     def owner_of(self, kernel_id: str) -> str | None:
-        """The visitor whose page load started the kernel (None: unknown kernel or no visitor)."""
-        return self._visitor_of.get(kernel_id) if kernel_id in self else None
+        """The visitor whose page load started the kernel (None: unknown kernel, no visitor, or a kernel being
+        shut down: a websocket for it would wait for a kernel that is going away)."""
+        if kernel_id not in self or kernel_id in self._shutting_down:
+            return None
+        return self._visitor_of.get(kernel_id)
 
     def kernels_of(self, visitor: str) -> list[str]:
-        """The visitor's live kernels, oldest first."""
-        return [k for k, v in self._visitor_of.items() if v == visitor and k in self]
+        """The visitor's live kernels (none being shut down), oldest first."""
+        return [k for k, v in self._visitor_of.items() if v == visitor and k in self and k not in self._shutting_down]
 
     async def start_kernel(self, *args: Any, **kwargs: Any) -> str:
         if kwargs.get("kernel_id") is not None and kwargs["kernel_id"] in self:
@@ -213,9 +233,11 @@ class BoothKernelManager(AsyncMappingKernelManager):
             await self.shutdown_kernel(kernel_id)
 
     async def shutdown_kernel(self, kernel_id: str, *args: Any, **kwargs: Any) -> None:
+        self._shutting_down.add(kernel_id)  # culled, replaced or closed by its page: refused from now on
         try:
             await super().shutdown_kernel(kernel_id, *args, **kwargs)
         finally:
+            self._shutting_down.discard(kernel_id)
             self._visitor_of.pop(kernel_id, None)
             self._disconnected_since.pop(kernel_id, None)
 
@@ -278,6 +300,59 @@ class _OwnedKernelRoute(RequestHandler):
         return super().prepare()
 
 
+class BoothKernelSocket(WebSocketHandler):
+    """The kernel websocket's bounds (:class:`voila_app.limits.KernelSockets`, one per server): a connection
+    beyond the kernel's few (waiting for the kernel or open), or while its messages are over the rate, is
+    refused at the upgrade (HTTP 429); a message over the rate closes its connection (1008, policy
+    violation) before anything parses or queues it; the rest that arrive before it is gone are dropped unread,
+    and the kernel's replies to it unsent. One log line per kernel every 10 s at most, with a count."""
+
+    _over_rate = False
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        kernel_id = kwargs.get("kernel_id") or (args[0] if args else "")
+        sockets = _sockets(self)
+        refused = sockets.connect(kernel_id)
+        if refused is not None:
+            why, wait = refused
+            self.set_status(429)
+            self.set_header("Retry-After", str(max(1, math.ceil(wait))))
+            self.finish(f"429: {why}")
+            return
+        try:
+            await super().get(*args, **kwargs)
+        finally:
+            sockets.disconnect(kernel_id)
+
+    def on_message(self, message: str | bytes) -> Awaitable[None] | None:
+        if self._over_rate:
+            return None  # closing: dropped unread
+        sockets = _sockets(self)
+        kernel_id = getattr(self, "kernel_id", "")
+        if sockets.message(kernel_id):
+            return super().on_message(message)
+        self._over_rate = True
+        self.close(1008, "over the message rate")
+        if (passed := sockets.close_log.passes(kernel_id)) is not None:
+            count, seconds = passed
+            what = "a websocket" if count == 1 else f"{count} websockets in {seconds:.0f} s"
+            log.warning(
+                "Kernel %s: %s over the message rate (burst %d, %g a second); closed (1008)",
+                kernel_id,
+                what,
+                sockets.burst,
+                sockets.per_second,
+            )
+        return None
+
+    def write_message(self, message: bytes | str | dict[str, Any], binary: bool = False) -> Future[None]:
+        if self._over_rate:  # closing: the kernel's replies are dropped, not a "closed" warning each
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+        return super().write_message(message, binary)
+
+
 class _NotFoundOnBadPath(StaticFileHandler):
     """A static route: a path it cannot serve (malformed, outside its roots, absent) is a plain 404, with no
     traceback or file system path in the log or the response."""
@@ -307,6 +382,8 @@ def booth_handler_class(pattern: str, handler: type[RequestHandler]) -> type[Req
     mixins: list[type] = []
     if "(?P<kernel_id>" in pattern or issubclass(handler, VoilaShutdownKernelHandler):
         mixins.append(_OwnedKernelRoute)
+    if issubclass(handler, KernelWebsocketHandler):
+        mixins.append(BoothKernelSocket)
     if issubclass(handler, StaticFileHandler):
         mixins.append(_NotFoundOnBadPath)
     if issubclass(handler, JupyterHandler) and issubclass(handler, (StaticFileHandler, WebSocketHandler)):
@@ -339,9 +416,9 @@ class _PlotlyBundle(_NotFoundOnBadPath, _PlainErrors):
 
 
 class BoothVoila(Voila):
-    """Voila for a public booth: kernel routes only for their visitor, bounded websocket frames, a rate
-    limit on new visitors per client address, plain 404s for bad static URLs. ``playground app
-    --booth`` runs it (``python -m voila_app``) and sets the limits from its flags."""
+    """Voila for a public booth: kernel routes only for their visitor, bounded websocket frames, messages and
+    connections per kernel, a rate limit on new visitors per client address, plain 404s for bad static URLs.
+    ``playground app --booth`` runs it (``python -m voila_app``) and sets the limits from its flags."""
 
     new_visitors_per_minute = Float(
         limits.NEW_VISITORS_PER_MINUTE, config=True, help="New visitor cookies a minute per client address."
@@ -353,6 +430,14 @@ class BoothVoila(Voila):
     websocket_max_bytes = Integer(
         limits.WEBSOCKET_MAX_BYTES, config=True, help="Largest websocket frame from a browser; bigger: closed."
     )
+    websocket_messages_burst = Integer(
+        limits.WEBSOCKET_MESSAGES_BURST, config=True, help="Websocket messages from browsers per kernel at once."
+    )
+    websocket_messages_per_second = Float(
+        limits.WEBSOCKET_MESSAGES_PER_SECOND,
+        config=True,
+        help="Websocket messages a second per kernel from browsers, after the burst; more: that connection closed.",
+    )
 
     def booth_limits(self) -> limits.Limits:
         return limits.limits_from(
@@ -361,6 +446,8 @@ class BoothVoila(Voila):
             burst=str(self.new_visitors_burst),
             trusted_proxies=self.trusted_proxies,
             websocket_max_bytes=str(self.websocket_max_bytes),
+            messages_burst=str(self.websocket_messages_burst),
+            messages_per_second=str(self.websocket_messages_per_second),
         )
 
     def init_settings(self) -> dict[str, Any]:
@@ -368,6 +455,7 @@ class BoothVoila(Voila):
         booth = self.booth_limits()
         settings["websocket_max_message_size"] = booth.websocket_max_bytes
         settings[GATE_SETTING] = NewVisitorGate(booth)
+        settings[SOCKETS_SETTING] = limits.KernelSockets.from_limits(booth)
         return settings
 
     def init_handlers(self) -> list[Any]:

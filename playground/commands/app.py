@@ -52,7 +52,7 @@ def voila_command(
     """The Voila command line: sources stripped, no tracebacks to visitors, idle kernels culled.
 
     ``booth_max_kernels`` turns on booth mode: Voila as :mod:`voila_app`'s ``BoothVoila`` (kernel routes
-    only for their visitor, bounded websocket frames, a rate limit on new visitors, plain 404s) with
+    only for their visitor, bounded websocket frames and message rate, a rate limit on new visitors, plain 404s) with
     ``booth_limits``, the visitor-cookie hook and the capped kernel manager (its ``voila.py`` config
     file), faster culling.
     """
@@ -83,6 +83,8 @@ def voila_command(
             f"--BoothVoila.new_visitors_per_minute={bounds.new_visitors_per_minute:g}",
             f"--BoothVoila.new_visitors_burst={bounds.new_visitors_burst}",
             f"--BoothVoila.websocket_max_bytes={bounds.websocket_max_bytes}",
+            f"--BoothVoila.websocket_messages_burst={bounds.websocket_messages_burst}",
+            f"--BoothVoila.websocket_messages_per_second={bounds.websocket_messages_per_second:g}",
         ]
         if bounds.trusted_proxies:
             command.append(f"--BoothVoila.trusted_proxies={','.join(str(n) for n in bounds.trusted_proxies)}")
@@ -208,6 +210,8 @@ def booth_limits(args: argparse.Namespace, environ: dict[str, str]) -> Limits:
             burst=args.booth_new_visitors_burst,
             trusted_proxies=args.booth_trusted_proxy,
             websocket_max_bytes=args.booth_websocket_max_bytes,
+            messages_burst=args.booth_websocket_messages_burst,
+            messages_per_second=args.booth_websocket_messages_per_second,
         )
     except SettingError as exc:
         raise UserError(str(exc), field=exc.field) from None
@@ -242,6 +246,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         TRUSTED_PROXIES_ENV,
         WEBSOCKET_MAX_BYTES,
         WEBSOCKET_MAX_BYTES_ENV,
+        WEBSOCKET_MESSAGES_BURST,
+        WEBSOCKET_MESSAGES_BURST_ENV,
+        WEBSOCKET_MESSAGES_PER_SECOND,
+        WEBSOCKET_MESSAGES_PER_SECOND_ENV,
     )
 
     parser = subparsers.add_parser(
@@ -304,5 +312,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help=f"largest websocket frame from a browser; a bigger one closes that connection (default "
         f"{WEBSOCKET_MAX_BYTES}; env {WEBSOCKET_MAX_BYTES_ENV})",
+    )
+    booth.add_argument(
+        "--booth-websocket-messages-burst",
+        metavar="N",
+        default=None,
+        help=f"websocket messages from browsers per kernel at once; one over the rate closes that connection "
+        f"(default {WEBSOCKET_MESSAGES_BURST}; env {WEBSOCKET_MESSAGES_BURST_ENV})",
+    )
+    booth.add_argument(
+        "--booth-websocket-messages-per-second",
+        metavar="N",
+        default=None,
+        help=f"websocket messages a second per kernel after the burst; a new connection takes a second's worth "
+        f"(default {WEBSOCKET_MESSAGES_PER_SECOND:g}; env {WEBSOCKET_MESSAGES_PER_SECOND_ENV})",
     )
     parser.set_defaults(func=cmd_app)

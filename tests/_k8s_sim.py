@@ -875,7 +875,8 @@ class Cluster:
 
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._serve())
+        with contextlib.suppress(asyncio.CancelledError):  # stopped by __exit__
+            self.loop.run_until_complete(self._serve())
 
     async def _serve(self) -> None:
         async with ClusterEmulator() as emu, kmock.Server(emu) as server:
@@ -915,7 +916,10 @@ class Cluster:
                 self._stop.set_result(None)
 
         asyncio.run_coroutine_threadsafe(finish(), self.loop)
-        self.thread.join(30)
+        self.thread.join(5)
+        if self.thread.is_alive():  # a client still holds a keep-alive connection: the server would wait for it
+            self.loop.call_soon_threadsafe(lambda: [task.cancel() for task in asyncio.all_tasks(self.loop)])
+            self.thread.join(30)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         async def run() -> Any:

@@ -46,7 +46,7 @@ RUN_NAME = "qwen2.5-1.5b-lora-alpaca"
 CANARY = "e2e-canary-7d1f0c9a4b2e"
 QUOTED_CANARY = 'quoted"canary\\e2e-55aa'  # JSON and repr() escape it: those forms must go too
 HF_CANARY = "hf_" + "Zq8" * 12  # shaped like a Hugging Face token
-HANG_TIMEOUT = 45
+HANG_TIMEOUT = 30  # papermill and the kernel start in ~5 s idle, ~15 s beside a CPU hog
 
 # ~1 min on 2 idle cores; the limit leaves room for a loaded machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -329,7 +329,8 @@ def suspended(cluster: Cluster, job_id: str) -> bool:
 def test_submit_follow_to_succeeded_then_reattach(cluster, kuberay):
     """The whole story live (a retried submitter replays the log: still each line once), then from a new backend:
     get, list (owner filtering as in booth mode) and the history."""
-    cluster.ray.scenario = Scenario(node_log=driver_log(), line_delay=0.005, start_delay=0.3)
+    # the cluster takes 2 s to start: the follow below begins well inside it, even on a loaded machine
+    cluster.ray.scenario = Scenario(node_log=driver_log(), line_delay=0.005, start_delay=2.0)
     cluster.ray.submitter_failures = 1
     request = make_request("tiny-llama-cpu", labels={"session": "booth-7"}, owner="alice@example.com")
     job = kuberay.submit(request)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import threading
 from collections.abc import Callable, Mapping
@@ -218,7 +219,7 @@ class LaunchForm(ipw.VBox):
             view = _plan_html(None, f"plan unavailable: {exc}")
         except Exception:  # never a traceback or a path to the page
             view = _plan_html(None, "plan unavailable for these values")
-        with self._plan_lock:
+        with self._plan_lock, contextlib.suppress(Exception):  # the kernel shutting down: no page left to show it
             if generation == self._plan_generation:
                 self.plan_view.value = view
 

@@ -354,7 +354,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             for screen in SCREENS:
                 a.set_viewport_size(screen)
                 a.eval_on_selector(".pg-step-chat .pg-headline", "el => el.scrollIntoView({block: 'start'})")
-                wait_for(lambda: in_view(a, ".pg-step-chat .pg-headline") and in_view(a, ".pg-answer-fine-tuned"), 60,
+                wait_for(lambda: in_view(a, ".pg-step-chat .pg-headline") and in_view(a, ".pg-answer-fine-tuned"), 10,
                          f"the headline and the answers on one screen ({screen})")  # fmt: skip
                 a.screenshot(path=str(shots / f"06b-end-{screen['width']}x{screen['height']}.png"))
             a.set_viewport_size(TALL)

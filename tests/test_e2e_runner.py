@@ -130,9 +130,9 @@ def e2e(tmp_path_factory: pytest.TempPathFactory, artifacts_dir: Path, request: 
     }
     real = [nb for nb in default_notebooks() if nb.stem in RUN_NOTEBOOKS]
     out_a, out_b = root / "smoke", root / "broken"
-    # the broken run mostly sleeps: run it beside the smoke run
+    # the broken run mostly sleeps: run it beside the smoke run, its two notebooks at once (--jobs 2)
     broken = _cli(
-        ["--out", str(out_b), "--timeout", str(HANG_TIMEOUT), str(hang_nb), str(fail_nb)],
+        ["--out", str(out_b), "--jobs", "2", "--timeout", str(HANG_TIMEOUT), str(hang_nb), str(fail_nb)],
         {k: v for k, v in env.items() if k != "GITHUB_STEP_SUMMARY"},
     )
     smoke = _cli(["--profile", "smoke", "--out", str(out_a), *map(str, real), str(canary_nb)], env)

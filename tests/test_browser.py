@@ -138,6 +138,25 @@ def shown_job(page) -> str:
     return match.group(1) if match else ""
 
 
+def headline_and_answers_in_view(page) -> bool:
+    """The chat's headline scrolled to the top of the screen: is the fine-tuned model's answer on it too?"""
+    page.eval_on_selector(".pg-step-chat .pg-headline", "el => el.scrollIntoView({block: 'start'})")
+    return in_view(page, ".pg-step-chat .pg-headline") and in_view(page, ".pg-answer-fine-tuned")
+
+
+def scroll_state(page) -> str:
+    """Where the page is scrolled and where the headline and the answer are (for a failure message)."""
+    return page.evaluate(
+        """() => {
+            const box = (s) => { const r = document.querySelector(s)?.getBoundingClientRect();
+                                 return r ? `${Math.round(r.top)}..${Math.round(r.bottom)}` : 'none'; };
+            return `scrollY ${Math.round(scrollY)} of ${document.documentElement.scrollHeight}, viewport `
+                + `${innerWidth}x${innerHeight}, headline ${box('.pg-step-chat .pg-headline')}, `
+                + `answer ${box('.pg-answer-fine-tuned')}, focus ${document.activeElement?.className || 'none'}`;
+        }"""
+    )
+
+
 def in_view(page, selector: str) -> bool:
     """Whether the first element matching ``selector`` is shown and wholly inside the viewport (no scrolling needed)."""
     return page.evaluate(
@@ -353,9 +372,13 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             assert "base " in a.inner_text(".pg-step-chat .pg-headline")
             for screen in SCREENS:
                 a.set_viewport_size(screen)
-                a.eval_on_selector(".pg-step-chat .pg-headline", "el => el.scrollIntoView({block: 'start'})")
-                wait_for(lambda: in_view(a, ".pg-step-chat .pg-headline") and in_view(a, ".pg-answer-fine-tuned"), 10,
-                         f"the headline and the answers on one screen ({screen})")  # fmt: skip
+                # scrolled to the headline on every try: a resize re-lays the page out (the chart redraws) and a
+                # loaded browser may do that after the first scroll; the two must then still fit on one screen
+                try:
+                    wait_for(lambda: headline_and_answers_in_view(a), 30,
+                             f"the headline and the answers on one screen ({screen})")  # fmt: skip
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}: {scroll_state(a)}") from None
                 a.screenshot(path=str(shots / f"06b-end-{screen['width']}x{screen['height']}.png"))
             a.set_viewport_size(TALL)
             assert correct is not None, "the fine-tuned model answered none of 3 held-out prompts correctly"

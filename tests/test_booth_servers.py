@@ -122,13 +122,17 @@ def test_shared_base_one_fine_tuned_per_visitor_cap_idle_and_the_operator_cli(
         assert process_alive(pid_of(backend, carols.url))
 
         # The facade's cleanup: a server idle past the TTL stops, and so does a gone visitor's (bob's presence
-        # is old); the shared one, used recently, stays.
+        # is old); the shared one, used recently, stays, and a gone visitor leaves its user list (alice's
+        # presence is old too).
         age_last_use(home, carols.url, backend, 700)
-        touch_presence(home, "bob-0123456789abcdef", when=time.time() - policy.visitor_gone_seconds - 60)
+        assert [d.users for d in backend.servers.details() if d.endpoint.shared] == [1]  # alice
+        for visitor in ("bob-0123456789abcdef", "alice"):
+            touch_presence(home, visitor, when=time.time() - policy.visitor_gone_seconds - 60)
         carol_pid, bob_pid = pid_of(backend, carols.url), pid_of(backend, bobs.url)
         backend.cleanup()
         assert [e.url for e in backend.endpoints()] == [base_a.url]
         assert not process_alive(carol_pid) and not process_alive(bob_pid) and process_alive(shared_pid)
+        assert [d.users for d in backend.servers.details()] == [0]
 
         # The operator stops everything.
         assert main(["unserve", "--all"]) == 0

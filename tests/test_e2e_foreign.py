@@ -211,6 +211,7 @@ def local_runs(nbs: dict[str, Path]) -> dict[str, dict]:
             str(params_file),
             "-p",
             "batch=32",  # today's NAME=VALUE form; -p after -f: it wins, as in papermill
+            *("--jobs", "3"),  # three notebooks at once: their reports as when run one by one
         ],
         a_cwd,
         env,

@@ -289,7 +289,7 @@ def test_e2e_runs_a_notebook_on_the_ray_backend(tmp_path: Path, sequence: RaySeq
     nbformat.write(new_notebook(cells=cells, metadata={"kernelspec": kernelspec}), notebook)
     ray = RayBackend(sequence.home).local_ray.read()
     assert ray is not None
-    env = {**os.environ, "RAY_ADDRESS": ray.dashboard_url, "PLAYGROUND_RAY_WORKERS": "2"}
+    env = {**os.environ, "RAY_ADDRESS": ray.dashboard_url, "PLAYGROUND_RAY_WORKERS": "1"}
     command = [sys.executable, "-m", "playground.cli", "e2e", "--backend", "ray"]
     command += ["--out", str(tmp_path / "out"), str(notebook)]
     repo = Path(__file__).resolve().parents[1]

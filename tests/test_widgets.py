@@ -425,7 +425,7 @@ def test_the_queue_wait_counts_down_between_estimates() -> None:
     assert queue_text(1, 30.0, since=100.0, now=140.0) == "next in line · any moment now"
     estimated_at = time.time() - 10
     script = [Queued(2, 95.0, time=estimated_at), Phase(JobPhase.INITIALIZING)]
-    monitor = JobMonitor(ScriptedBackend(script, rate=0.1), "job-1", operator=False)  # 10 s between the events
+    monitor = JobMonitor(ScriptedBackend(script, rate=0.2), "job-1", operator=False)  # 5 s between the events
 
     def seconds_left() -> int:
         found = re.search(r"about (\d+):(\d\d) to wait", monitor.queue.value)

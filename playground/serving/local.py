@@ -259,6 +259,7 @@ class LocalServers(ModelServers):
         if self.policy is None:
             return []
         now = time.time() if now is None else now
+        self._prune_shared_users(now)
         stopped = []
         for record in self._records():
             if not record.get("ready", True):
@@ -269,6 +270,23 @@ class LocalServers(ModelServers):
                 self._stop_record(record)
                 stopped.append(self._endpoint(record))
         return stopped
+
+    def _prune_shared_users(self, now: float) -> None:
+        """Take visitors gone for ``visitor_gone_seconds`` off the shared servers' user lists (the operator's
+        ``shared(N)``); the servers keep running until idle."""
+        assert self.policy is not None
+        gone_after = self.policy.visitor_gone_seconds
+        if not any(r.get("shared") and r.get("users") for r in self._records()):
+            return
+        with self._servers_lock():
+            for record in self._records():
+                users = record.get("users") or {}
+                if not record.get("shared") or not users:
+                    continue
+                keep = {user: job for user, job in users.items() if not visitor_gone(self.home, user, gone_after, now)}
+                if keep != users:
+                    record["users"] = keep
+                    self._write(record)
 
     def details(self) -> list[ServerInfo]:
         """Every server (starting ones too) with its idle time and resident memory (all its processes)."""

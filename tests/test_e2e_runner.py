@@ -186,6 +186,15 @@ def test_smoke_profile_passes_every_real_notebook(e2e: dict) -> None:
         assert params["model_source"] == "standin" and params["dataset_source"] == "standin"
         assert params["max_steps"] == 3 and params["assert_quality"] is False
         assert result["params"]["max_steps"] == 3 and result["quality"]["asserted"] is False
+        # what test_notebooks.py checks of the hub notebooks it executes (this one runs only here)
+        blueprint = CATALOG[nb.stem]
+        assert result["sources"] == {"model": "standin", "dataset": "standin"}
+        assert result["quality"]["metric"] == blueprint.quality.metric
+        assert result["quality"]["threshold"] == blueprint.quality.threshold
+        assert isinstance(result["metrics"].get("eval_loss"), float)
+        assert {e["kind"] for e in result["endpoints"]} == {"fine-tuned", "base"}
+        assert [row["prompt"] for row in result["chat"]] == [ex.prompt for ex in blueprint.examples]
+        assert all(isinstance(row["fine-tuned"], str) and isinstance(row["base"], str) for row in result["chat"])
 
 
 def test_live_log_output(e2e: dict) -> None:

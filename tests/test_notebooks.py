@@ -49,8 +49,10 @@ METHOD_PARAMS = {
                                   "max_new_tokens": 24},
 }  # fmt: skip
 # The GPU variants of DPO/GRPO are not executed here: the same recipe and notebook as the CPU ones on a hub
-# model (their TrainJobs are checked against the CRDs in tests/test_kubernetes_conformance.py).
-NOT_EXECUTED = {"qwen2.5-1.5b-dpo-kubectl", "llama-3.2-1b-grpo-kubectl"}
+# model (their TrainJobs are checked against the CRDs in tests/test_kubernetes_conformance.py). The Qwen LoRA
+# notebook runs on its stand-ins through the e2e runner in tests/test_e2e_runner.py (the same checks as
+# test_hub_notebooks_headless_on_standins below), not twice.
+NOT_EXECUTED = {"qwen2.5-1.5b-dpo-kubectl", "llama-3.2-1b-grpo-kubectl", "qwen2.5-1.5b-lora-alpaca"}
 # The embedded default on real SmolLM2 weights, a few steps: the path end to end, not the bar (the
 # local-backend test and the benchmark check the metric). It runs through the ray backend (the notebooks' backend
 # parameter): one Ray Train worker on the session's local Ray (2 workers are DDP over gloo, ~90 CPU-seconds more

@@ -129,6 +129,16 @@ def sequence(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> RaySeq
     )  # fmt: skip
 
 
+def test_ray_jobs_sleep_in_openmp_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray Train's workers load torch before the trainer runs: the job's environment asks OpenMP to sleep in its
+    waits (spinning threads starve each other on a shared CPU); an operator's own setting is kept."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # as in a notebook's kernel, which never loads the trainer
+    backend = RayBackend(tmp_path, address="http://127.0.0.1:1")
+    assert backend._runtime_env("job-1", None)["env_vars"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert backend._runtime_env("job-1", None)["env_vars"]["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 def test_two_ray_train_workers_match_one_process(sequence: RaySequence) -> None:
     job, events = sequence.compared, sequence.compared_events
     assert job.phase == JobPhase.SUCCEEDED, f"{job.message}\n" + "\n".join(job.log_tail)

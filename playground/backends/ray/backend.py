@@ -234,6 +234,9 @@ class RayBackend(Backend):
             RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
             RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING="0",
         )
+        # Ray Train's workers load torch (libgomp) before the trainer's own setdefault can act: sleeping, not
+        # spinning, OpenMP waits must be in their environment (playground/train/__init__.py says why)
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         env[run_settings.JOB_ID_ENV], env[run_settings.JOB_BACKEND_ENV] = job_id, self.name
         if owner is not None:
             env[run_settings.JOB_OWNER_ENV] = owner

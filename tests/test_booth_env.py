@@ -77,6 +77,7 @@ def test_booth_job_and_server_processes_hold_no_secret_or_cookie(
         backend.cancel(job.id, owner="alice")
 
     # A model server started from the same environment, over the session's trained model (its own home here).
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # a kernel never loads the trainer, which sets it
     servers = LocalServers(home)
     endpoint = servers.start(trained_tiny_job.model_dir, job_id="env-check", owner="alice")
     try:
@@ -85,5 +86,6 @@ def test_booth_job_and_server_processes_hold_no_secret_or_cookie(
         env = environ_of(int(record["pid"]))
         assert not (set(STOLEN) | {"HF_TOKEN"}) & set(env), sorted((set(STOLEN) | {"HF_TOKEN"}) & set(env))
         assert env["HF_HUB_OFFLINE"] == "1" and "PATH" in env
+        assert env["OMP_WAIT_POLICY"] == "PASSIVE"  # sleeping, not spinning, OpenMP waits on a shared CPU
     finally:
         servers.stop_all()

@@ -471,6 +471,7 @@ class LocalServers(ModelServers):
         if offline:
             env["HF_HUB_OFFLINE"] = "1"  # a local directory needs nothing from the hub
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the trainer: spinning threads starve a shared CPU
         env["PYTHONUNBUFFERED"] = "1"
         command = [sys.executable, "-m", SERVER_MODULE, model, "--host", HOST, "--port", str(port)]
         command += ["--usage-file", str(usage)]

@@ -11,6 +11,7 @@ Ray Train's 2 workers are the same DDP over gloo as torchrun's 2 processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -245,8 +246,11 @@ def test_the_local_ray_is_found_again_and_stops_cleanly(
 
     import psutil
 
-    ray_processes = [psutil.Process(running.pid), *psutil.Process(running.pid).children(recursive=True)]
-    sockets = [c for p in ray_processes for c in p.connections("inet")]  # psutil 6: net_connections
+    head = psutil.Process(running.pid)
+    sockets = list(head.connections("inet"))  # psutil 6: net_connections
+    for child in head.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # a worker of an ended job may exit meanwhile
+            sockets += child.connections("inet")
     addresses = {c.laddr.ip for c in sockets if c.status == psutil.CONN_LISTEN}
     addresses |= {c.raddr.ip for c in sockets if c.raddr}
     parsed = [ipaddress.ip_address(a) for a in addresses]

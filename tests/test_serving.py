@@ -382,6 +382,21 @@ def test_a_server_that_dies_reports_its_last_log_lines(trained_tiny_job, tmp_pat
     assert servers.list() == []
 
 
+def test_the_start_timeout_setting_is_used_and_a_bad_one_is_a_one_line_error(trained_tiny_job, tmp_path, monkeypatch):
+    """PLAYGROUND_SERVER_START_TIMEOUT: a server that cannot answer within it is given up (and stopped); a bad value
+    names the variable and starts nothing."""
+    servers = LocalServers(tmp_path / "home")
+    for bad in ("soon", "0", "-5", "1e9"):
+        monkeypatch.setenv("PLAYGROUND_SERVER_START_TIMEOUT", bad)
+        with pytest.raises(UserError, match=r"PLAYGROUND_SERVER_START_TIMEOUT=.* is not valid \(allowed: seconds"):
+            servers.start(str(trained_tiny_job.model_dir))
+        assert servers.records() == []
+    monkeypatch.setenv("PLAYGROUND_SERVER_START_TIMEOUT", "0.2")  # far less than loading torch takes
+    with pytest.raises(UserError, match=r"was not ready after 0.2s"):
+        servers.start(str(trained_tiny_job.model_dir))
+    assert servers.list() == []
+
+
 @pytest.mark.parametrize("damage", ["gone", "config.json", "model.safetensors", "tokenizer.json", "chat template"])
 def test_missing_or_incomplete_model_dir_names_the_missing_file(trained_tiny_job, tmp_path, damage):
     model = tmp_path / "model"

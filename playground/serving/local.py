@@ -43,6 +43,28 @@ SERVER_MODULE = "playground.serving.server"
 HOST = "127.0.0.1"
 LOG_TAIL_LINES = 15
 _PORT_RETRIES = 3
+START_TIMEOUT = 180.0  # seconds a starting server may take to answer; PLAYGROUND_SERVER_START_TIMEOUT overrides it
+
+
+def start_timeout() -> float:
+    """Seconds a starting model server may take to answer: ``PLAYGROUND_SERVER_START_TIMEOUT`` (a big model read
+    from a slow disk, or a loaded machine, takes longer than the default 180)."""
+    value = os.environ.get("PLAYGROUND_SERVER_START_TIMEOUT", "").strip()
+    if not value:
+        return START_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < 86_400:
+        raise UserError(
+            f"PLAYGROUND_SERVER_START_TIMEOUT={shown(value)} is not valid "
+            "(allowed: seconds, more than 0 and under 86400)",
+            field="PLAYGROUND_SERVER_START_TIMEOUT",
+        )
+    return seconds
+
+
 _children: dict[int, subprocess.Popen] = {}  # servers started by this process (reaped on stop)
 
 
@@ -347,7 +369,7 @@ class LocalServers(ModelServers):
         *,
         job_id: str | None = None,
         kind: str = "fine-tuned",
-        timeout: float = 180,
+        timeout: float | None = None,
         port: int | None = None,
         name: str | None = None,
         owner: str | None = None,
@@ -360,9 +382,12 @@ class LocalServers(ModelServers):
         there (a port that is taken, or a running server of the same name on another port, is a one-line
         UserError naming ``--port``, and nothing starts); None: a free port. ``owner`` (the visitor owning
         the job) is recorded. ``capped`` (booth mode, a visitor's server): a new server is admitted under the
-        policy's ``max_servers``. ``shared``: recorded as the booth's shared base server.
+        policy's ``max_servers``. ``shared``: recorded as the booth's shared base server. ``timeout``: seconds it
+        may take to answer (None: :func:`start_timeout`).
         """
         from playground.serving.validate import check_model_dir
+
+        timeout = start_timeout() if timeout is None else timeout
 
         if port is not None:
             port = parse_port(port)

@@ -1,0 +1,228 @@
+"""The blueprint notebooks' headless papermill runs (tests/test_notebooks.py), started once per session.
+
+When the session includes test_notebooks.py, conftest.py starts them as soon as the session starts, at low CPU
+priority (nice): over a full run the other tests leave about a third of 2 cores idle (waiting on servers, pages,
+subprocesses), and the runs use it without slowing them. The module's fixture then raises their priority back and
+waits for what is left. Run alone, the module starts them itself (the same runs, nothing else to yield to).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import yaml
+
+from playground.blueprints import load_catalog
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+CANARY = "hf_canary_token_must_never_appear_0123456789"
+KERNEL_START_GAP = 2.0  # seconds between kernel starts: jupyter_client's port picking races when many start at once
+RUN_TIMEOUT = 1200  # seconds per notebook once its module waits for it; ~4 min for all on 2 free cores
+BACKGROUND_NICE = 10  # the runs' priority while other tests run: they take the idle CPU, little else
+CELL_TIMEOUT = 3600  # papermill's per-cell limit: a run waiting behind the other tests is slow, RUN_TIMEOUT bounds it
+# a server started in the background may wait long for CPU: the default 180 s to answer is for a visitor's machine
+SERVER_START_TIMEOUT = "1200"
+
+QUALITY_OVERRIDE = 10.0  # above ln(vocab) = 6.2 of the stand-in: an untrained model meets it, not the 2.0 bar
+STANDIN_PARAMS = {
+    "model_source": "standin",
+    "dataset_source": "standin",
+    "max_steps": 3,
+    "batch_size": 2,
+    "max_seq_length": 64,
+    "log_every": 1,
+    "checkpoint_every": 0,
+    "assert_quality": False,
+    "max_new_tokens": 8,
+}
+DEFAULT = "smollm2-135m-lora-kubectl"
+# DPO and GRPO on real SmolLM2 weights through their notebooks (the local backend), few steps: the figures
+# move the right way (held-out preference accuracy / reward above the base model's); benchmarks/ has the bars.
+METHOD_PARAMS = {
+    "smollm2-135m-dpo-kubectl": {"max_steps": 4, "log_every": 2, "num_eval_examples": 12, "assert_quality": False,
+                                 "max_new_tokens": 24},
+    "smollm2-135m-grpo-kubectl": {"max_steps": 2, "batch_size": 2, "warm_start_steps": 12, "log_every": 1,
+                                  "sample_every": 1, "num_eval_examples": 12, "assert_quality": False,
+                                  "max_new_tokens": 24},
+}  # fmt: skip
+# The GPU variants of DPO/GRPO are not executed here: the same recipe and notebook as the CPU ones on a hub
+# model (their TrainJobs are checked against the CRDs in tests/test_kubernetes_conformance.py). The Qwen LoRA
+# notebook runs on its stand-ins through the e2e runner in tests/test_e2e_runner.py (the same checks as
+# test_hub_notebooks_headless_on_standins), not twice.
+NOT_EXECUTED = {"qwen2.5-1.5b-dpo-kubectl", "llama-3.2-1b-grpo-kubectl", "qwen2.5-1.5b-lora-alpaca"}
+# The embedded default on real SmolLM2 weights, a few steps: the path end to end, not the bar (the
+# local-backend test and the benchmark check the metric). Every notebook runs on the local backend: a Ray Train
+# worker costs ~250 CPU-seconds more for these 4 steps (its runtime-env set-up, the worker, the raylet's helpers,
+# measured); test_ray_backend.py trains, follows and serves a notebook's job on Ray (`playground e2e --backend
+# ray`) and compares 2 Ray workers against one process.
+# tiny-llama-cpu's defaults but 200 of its 300 steps (the bar is reached by step ~125): the full defaults train in the
+# session's trained_tiny_job (conftest.py), whose held-out exact match test_serving.py asserts.
+TINY_PARAMS = {"max_steps": 200}
+SMOLLM2_PARAMS = {
+    "max_steps": 4,
+    "num_eval_examples": 10,
+    "log_every": 2,
+    "assert_quality": False,
+    "max_new_tokens": 24,
+}
+
+
+def blueprint_notebooks() -> list[str]:
+    return sorted(load_catalog())
+
+
+def notebook_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment a notebook runs in: the session's (offline hub, model cache), its own home, this checkout."""
+    return {
+        **os.environ,
+        "PLAYGROUND_HOME": str(home),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        **extra,
+    }
+
+
+def run_papermill(
+    name: str, params: dict, workdir: Path, env: dict[str, str], *, nice: int = 0, cell_timeout: int = RUN_TIMEOUT
+) -> subprocess.Popen:
+    """Start papermill on ``notebooks/<name>`` with ``params`` (their output in ``workdir``)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    params_file = workdir / "params.yaml"
+    params_file.write_text(yaml.safe_dump({**params, "out_dir": str(workdir)}))
+    log = open(workdir / "papermill.log", "w")  # noqa: SIM115 - the child holds it; closed with this process
+    command = [sys.executable, "-m", "papermill", str(NOTEBOOKS / name), str(workdir / "executed.ipynb")]
+    command += ["-f", str(params_file), "--cwd", str(workdir), "--execution-timeout", str(cell_timeout)]
+    command += ["-k", "python3"]
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=(lambda: os.nice(nice)) if nice else None,  # inherited by its kernel, jobs and servers
+    )
+
+
+def headless_params(blueprint_id: str) -> dict:
+    """The parameters each blueprint notebook runs with here (see the constants above)."""
+    blueprint = load_catalog()[blueprint_id]
+    params = {"headless": True, **METHOD_PARAMS.get(blueprint_id, {})}
+    if blueprint.model.source.startswith("hf://"):
+        params.update(STANDIN_PARAMS)
+    if blueprint_id == "llama-3.2-1b-lora-alpaca":  # the bar asserted with a replaced threshold
+        params.update(assert_quality=True, quality_threshold=QUALITY_OVERRIDE)
+    elif blueprint_id == DEFAULT:
+        params.update(SMOLLM2_PARAMS)
+    elif blueprint_id == "tiny-llama-cpu":
+        params.update(TINY_PARAMS)
+    return params
+
+
+@dataclass
+class NotebookRuns:
+    """Every executed blueprint notebook's papermill process, under one ``root`` (their shared home: root/home)."""
+
+    root: Path
+    procs: dict[str, tuple[subprocess.Popen, Path]] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    _watcher: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, root: Path, *, nice: int = 0) -> NotebookRuns:
+        env = notebook_env(
+            root / "home",
+            HF_TOKEN=CANARY,  # a secret in the environment must never reach an output
+            PLAYGROUND_SERVER_START_TIMEOUT=SERVER_START_TIMEOUT,
+        )
+        runs = cls(root)
+        # the longest runs (DPO, GRPO: TRL on SmolLM2) start first: the others finish while they still run
+        ids = sorted(set(blueprint_notebooks()) - NOT_EXECUTED, key=lambda b: (b not in METHOD_PARAMS, b))
+        for blueprint_id in ids:
+            workdir = root / blueprint_id
+            params = headless_params(blueprint_id)
+            proc = run_papermill(f"{blueprint_id}.ipynb", params, workdir, env, nice=nice, cell_timeout=CELL_TIMEOUT)
+            runs.procs[blueprint_id] = (proc, workdir)
+            time.sleep(KERNEL_START_GAP)
+        runs._watcher = threading.Thread(target=runs._record_ends, daemon=True, name="notebook-runs")
+        runs._watcher.start()
+        return runs
+
+    def _processes(self) -> list[psutil.Process]:
+        """The runs' processes: papermill and its kernel, and the jobs and servers started in their home (detached
+        from papermill, found by their PLAYGROUND_HOME)."""
+        home = str(self.root / "home")
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("PLAYGROUND_HOME") == home:
+                    found.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        for papermill, _ in self.procs.values():  # and whatever else they started
+            try:
+                found += psutil.Process(papermill.pid).children(recursive=True)
+            except psutil.Error:
+                continue
+        return found
+
+    def hurry(self) -> None:
+        """Back to normal priority: the module now waits for the runs, nothing else runs beside them."""
+        for proc in self._processes():
+            try:
+                proc.nice(0)
+            except (psutil.Error, OSError):
+                continue
+
+    def _record_ends(self) -> None:
+        """Each run's seconds from its start and its exit code, written as it ends (where the time goes)."""
+        running = dict(self.procs)
+        while running:
+            for blueprint_id, (proc, workdir) in list(running.items()):
+                if proc.poll() is not None:
+                    (workdir / "seconds").write_text(f"{time.monotonic() - self.started:.1f}")
+                    (workdir / "rc").write_text(str(proc.returncode))
+                    del running[blueprint_id]
+            time.sleep(0.5)
+
+    def wait(self, artifacts_dir: Path) -> dict[str, Path]:
+        """Wait for every run, at most RUN_TIMEOUT from now (then it is killed, and fails its test)."""
+        self.hurry()
+        deadline = time.monotonic() + RUN_TIMEOUT
+        for proc, _ in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._watcher is not None:
+            self._watcher.join(timeout=30)
+        from playground.serving.local import LocalServers
+
+        left = [endpoint.to_dict() for endpoint in LocalServers(self.root / "home").endpoints()]
+        (self.root / "servers-left.json").write_text(json.dumps(left))  # what the runs left, before stop() cleans up
+        seconds = {bid: float((workdir / "seconds").read_text()) for bid, (_, workdir) in self.procs.items()}
+        (artifacts_dir / "notebook-seconds.json").write_text(json.dumps(seconds, indent=1))
+        return {bid: workdir for bid, (_, workdir) in self.procs.items()}
+
+    def stop(self) -> None:
+        """Interrupted or timed out: leave no kernel, job or server behind."""
+        for proc, _ in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        from playground.backends.local import LocalBackend
+        from playground.facade import Playground
+
+        backend = Playground(LocalBackend(home=self.root / "home"))
+        for job in backend.list():
+            if not job.done:
+                backend.cancel(job.id)
+        for endpoint in backend.endpoints():
+            backend.unserve(endpoint.url)

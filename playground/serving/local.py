@@ -52,8 +52,10 @@ def start_timeout() -> float:
     value = os.environ.get("PLAYGROUND_SERVER_START_TIMEOUT", "").strip()
     if not value:
         return START_TIMEOUT
+    from playground.blueprints.schema import parse_number
+
     try:
-        seconds = float(value)
+        seconds = float(parse_number(value, integer=False))  # the one parser: ASCII digits, no inf/nan
     except ValueError:
         seconds = 0.0
     if not 0 < seconds < 86_400:

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,9 +122,7 @@ class NotebookRuns:
     """Every executed blueprint notebook's papermill process, under one ``root`` (their shared home: root/home)."""
 
     root: Path
-    procs: dict[str, tuple[subprocess.Popen, Path]] = field(default_factory=dict)
-    started: float = field(default_factory=time.monotonic)
-    _watcher: threading.Thread | None = None
+    procs: dict[str, tuple[subprocess.Popen, Path, float]] = field(default_factory=dict)  # with its start
 
     @classmethod
     def start(cls, root: Path) -> NotebookRuns:
@@ -137,45 +134,36 @@ class NotebookRuns:
             workdir = root / blueprint_id
             params = headless_params(blueprint_id)
             proc = run_papermill(f"{blueprint_id}.ipynb", params, workdir, env)
-            runs.procs[blueprint_id] = (proc, workdir)
+            runs.procs[blueprint_id] = (proc, workdir, time.monotonic())
             time.sleep(KERNEL_START_GAP)
-        runs._watcher = threading.Thread(target=runs._record_ends, daemon=True, name="notebook-runs")
-        runs._watcher.start()
         return runs
 
-    def _record_ends(self) -> None:
-        """Each run's seconds from its start and its exit code, written as it ends (where the time goes)."""
+    def wait(self, artifacts_dir: Path) -> dict[str, Path]:
+        """Wait for every run, each at most RUN_TIMEOUT from its start (then it is killed, and fails its test);
+        each one's seconds and exit code are written as it ends (where the time goes)."""
         running = dict(self.procs)
         while running:
-            for blueprint_id, (proc, workdir) in list(running.items()):
-                if proc.poll() is not None:
-                    (workdir / "seconds").write_text(f"{time.monotonic() - self.started:.1f}")
-                    (workdir / "rc").write_text(str(proc.returncode))
-                    del running[blueprint_id]
+            for blueprint_id, (proc, workdir, started) in list(running.items()):
+                if proc.poll() is None and time.monotonic() < started + RUN_TIMEOUT:
+                    continue
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                (workdir / "seconds").write_text(f"{time.monotonic() - started:.1f}")
+                (workdir / "rc").write_text(str(proc.returncode))
+                del running[blueprint_id]
             time.sleep(0.5)
-
-    def wait(self, artifacts_dir: Path) -> dict[str, Path]:
-        """Wait for every run, at most RUN_TIMEOUT from their start (then it is killed, and fails its test)."""
-        deadline = self.started + RUN_TIMEOUT
-        for proc, _ in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._watcher is not None:
-            self._watcher.join(timeout=30)
         from playground.serving.local import LocalServers
 
         left = [endpoint.to_dict() for endpoint in LocalServers(self.root / "home").endpoints()]
         (self.root / "servers-left.json").write_text(json.dumps(left))  # what the runs left, before stop() cleans up
-        seconds = {bid: float((workdir / "seconds").read_text()) for bid, (_, workdir) in self.procs.items()}
+        seconds = {bid: float((workdir / "seconds").read_text()) for bid, (_, workdir, _) in self.procs.items()}
         (artifacts_dir / "notebook-seconds.json").write_text(json.dumps(seconds, indent=1))
-        return {bid: workdir for bid, (_, workdir) in self.procs.items()}
+        return {bid: workdir for bid, (_, workdir, _) in self.procs.items()}
 
     def stop(self) -> None:
         """Interrupted or timed out: leave no kernel, job or server behind."""
-        for proc, _ in self.procs.values():
+        for proc, _, _ in self.procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()

@@ -97,6 +97,7 @@ def blueprint_notebook(blueprint: Blueprint) -> nbformat.NotebookNode:
         'dataset_source = None  # None: the blueprint\'s own; a .jsonl/.json/.csv/.parquet file (checked first); or "standin"',
         "assert_quality = True  # headless: fail unless the blueprint's quality bar is met",
         "quality_threshold = None  # headless: replaces the bar's threshold (None: the blueprint's)",
+        "quality_metric = None  # headless: the bar on another held-out metric, with quality_threshold",
         "max_new_tokens = None  # headless chat answers' length (None: the blueprint's)",
         'out_dir = "."  # where result.json goes',
     ]
@@ -145,6 +146,7 @@ if headless:
         out_dir=out_dir,
         max_new_tokens=max_new_tokens,
         quality_threshold=quality_threshold,
+        quality_metric=quality_metric,
     )
 else:
     import tempfile

@@ -44,7 +44,8 @@ DEFAULT = "smollm2-135m-lora-kubectl"
 # move the right way (held-out preference accuracy / reward above the base model's); benchmarks/ has the bars.
 METHOD_PARAMS = {
     "smollm2-135m-dpo-kubectl": {"max_steps": 4, "log_every": 2, "num_eval_examples": 12, "assert_quality": False,
-                                 "max_new_tokens": 24},
+                                 "max_new_tokens": 24, "quality_metric": "eval_preference_accuracy",
+                                 "quality_threshold": 0.5},
     "smollm2-135m-grpo-kubectl": {"max_steps": 2, "batch_size": 2, "warm_start_steps": 12, "log_every": 1,
                                   "sample_every": 1, "num_eval_examples": 12, "assert_quality": False,
                                   "max_new_tokens": 24},

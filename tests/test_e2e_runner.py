@@ -453,9 +453,14 @@ def test_gpu_config_profile_parameters() -> None:
         _, params, dropped, own = plan_parameters(nb, options)
         assert own, "notebooks/ holds the project's own notebooks"
         assert dropped == [], f"{nb.name} does not declare {dropped}"
-        if nb.stem in HUB_NOTEBOOKS and nb.stem in METHOD_BLUEPRINTS:  # DPO/GRPO: their own data, no bar yet
+        if nb.stem in HUB_NOTEBOOKS and nb.stem in METHOD_BLUEPRINTS:  # DPO/GRPO: their own data
             assert params["model_source"] == "config" and params["dataset_source"] is None
-            assert params["quality_threshold"] is None and params["assert_quality"] is False
+            if "dpo" in nb.stem:  # a bar on held-out preference accuracy, measured on random init
+                assert params["quality_metric"] == "eval_preference_accuracy" and params["assert_quality"] is True
+                assert 0.5 < params["quality_threshold"] < 1
+            else:  # GRPO: no bar a random-init model meets
+                assert params["quality_threshold"] is None and params["assert_quality"] is False
+                assert "quality_metric" not in params
         elif nb.stem in HUB_NOTEBOOKS:
             assert params["model_source"] == "config" and params["dataset_source"] == "standin"
             assert params["quality_threshold"] == CONFIG_QUALITY_THRESHOLD and params["assert_quality"] is True

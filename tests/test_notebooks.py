@@ -66,7 +66,7 @@ def test_parameters_cell_comes_first_and_holds_no_secrets(blueprint_id: str) -> 
     names = {line.split("=")[0].strip() for line in first.source.splitlines() if "=" in line and line[0] != "#"}
     blueprint = load_catalog()[blueprint_id]
     expected = {"backend", "headless", "model_source", "dataset_source", "assert_quality", "out_dir", "max_new_tokens",
-                "quality_threshold"}  # fmt: skip
+                "quality_threshold", "quality_metric"}  # fmt: skip
     assert names == expected | set(blueprint.parameters)
     secrets = [n for n in names if re.search(r"(^|_)(token|secret|password|api_key)$", n)]
     assert secrets == [], "secrets come from the environment, never from parameters"
@@ -172,6 +172,12 @@ def test_dpo_notebook_headless_on_real_weights(executed: dict[str, Path]) -> Non
     metrics = result["metrics"]
     assert metrics["eval_preference_accuracy"] > metrics["base_eval_preference_accuracy"]
     assert metrics["eval_reward_margin"] > 0
+    quality = result["quality"]  # the notebook's quality_metric / quality_threshold reached the check
+    assert quality["metric"] == "eval_preference_accuracy" and quality["higher_is_better"] is True
+    assert quality["threshold"] == 0.5
+    assert quality["value"] == metrics["eval_preference_accuracy"]
+    assert quality["passed"] is (quality["value"] >= 0.5)
+    assert quality["blueprint_threshold"] == load_catalog()["smollm2-135m-dpo-kubectl"].quality.threshold
     assert metrics["eval_mean_reward"] >= metrics["base_eval_mean_reward"]
 
 

@@ -127,6 +127,31 @@ def test_build_from_config_keeps_the_hub_architecture(tmp_path: Path) -> None:
         build_from_config("mistral", tmp_path / "m")  # type: ignore[arg-type]
 
 
+def test_build_from_config_for_a_synthetic_task_tokenizes_its_answers_compactly(tmp_path: Path) -> None:
+    """A from-config model of a kubectl blueprint gets a tokenizer that also learned the task's training text, so
+    held-out commands (names training never saw) take about as many tokens as with a real tokenizer and fit GRPO's
+    32-token completions; the plain one spells them out in ~30."""
+    from transformers import AutoTokenizer
+
+    from playground.train.preferences import kubectl_requests
+
+    _, held = kubectl_requests({"namespace_fraction": 0.5}, num_train=1, num_eval=100, seed=0)
+    shrink = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 1024}  # fmt: skip
+    lengths = {}
+    for task in (None, "kubectl"):
+        path = build_from_config("qwen2", tmp_path / str(task), overrides=shrink, task=task)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        ids = [tokenizer(s.answer, add_special_tokens=False)["input_ids"] for s in held]
+        assert all(tokenizer.decode(i) == s.answer for i, s in zip(ids, held, strict=True))  # lossless either way
+        lengths[task] = sorted(len(i) for i in ids)
+    mean = {task: sum(v) / len(v) for task, v in lengths.items()}
+    assert mean["kubectl"] < 16 < 24 < mean[None]
+    assert lengths["kubectl"][int(0.95 * len(held))] <= 32  # GRPO's completions hold 95 % of the commands
+    with pytest.raises(ValueError, match="allowed: reverse, sort, add, kubectl"):
+        build_from_config("qwen2", tmp_path / "x", overrides=shrink, task="yaml")
+
+
 def test_task_rows_held_out_prompts_never_seen_in_training() -> None:
     """The from-config stand-in: three tasks whose held-out split (as the trainer makes it) keeps almost every
     row, so the eval loss measures answers to prompts the model never trained on."""

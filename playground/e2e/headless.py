@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -96,7 +97,9 @@ def build_standins(
             model_source = str(built or target)
     elif model_source == FROM_CONFIG:
         target = workdir / f"config-{arch}"
-        built = standins.build_from_config(arch, target, overrides=dict(config_overrides or {}))
+        source = blueprint.dataset.source
+        task = source.removeprefix("synthetic://") if source.startswith("synthetic://") else None
+        built = standins.build_from_config(arch, target, overrides=dict(config_overrides or {}), task=task)
         model_source = str(built or target)
     if dataset_source == STANDIN:
         target = workdir / "alpaca.jsonl"
@@ -152,9 +155,47 @@ class _Unset(enum.Enum):
 UNSET = _Unset.UNSET  # a field result.json leaves out: the step that sets it was not reached (or did not apply)
 
 
+# The held-out metrics a headless run's bar may be put on instead of the blueprint's (``quality_metric``), each with
+# its direction: True when higher is better.
+QUALITY_METRICS: dict[str, bool] = {
+    "eval_loss": False,
+    "eval_exact_match": True,
+    "eval_mean_reward": True,
+    "eval_preference_accuracy": True,
+    "eval_reward_margin": True,
+}
+
+
+def quality_bar(blueprint: Blueprint, metric: str | None = None, threshold: float | None = None) -> QualitySpec:
+    """The bar a headless run asserts: the blueprint's, its ``threshold`` replaced, or on another ``metric`` (one of
+    :data:`QUALITY_METRICS`, in that metric's direction; it needs a ``threshold``). A one-line UserError otherwise."""
+    from playground.errors import UserError, shown
+
+    quality = blueprint.quality
+    if metric is not None and metric != quality.metric:
+        if metric not in QUALITY_METRICS:
+            raise UserError(
+                f"quality_metric {shown(metric)} is not a held-out metric; allowed: {', '.join(QUALITY_METRICS)}",
+                field="quality_metric",
+            )
+        if threshold is None:
+            raise UserError(
+                f"quality_metric {metric} needs a quality_threshold (the blueprint's bar is on {quality.metric})",
+                field="quality_threshold",
+            )
+        quality = quality.model_copy(update={"metric": metric, "higher_is_better": QUALITY_METRICS[metric]})
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not math.isfinite(threshold):
+            message = f"quality_threshold {shown(threshold)}: allowed: a finite number"
+            raise UserError(message, field="quality_threshold")
+        quality = quality.model_copy(update={"threshold": float(threshold)})
+    return quality
+
+
 @dataclass(kw_only=True)
 class QualityCheck:
-    """The quality bar (the blueprint's, or its threshold replaced) and the trainer's held-out value against it."""
+    """The quality bar (the blueprint's, or its threshold or metric replaced) and the trainer's held-out value
+    against it."""
 
     metric: str
     threshold: float
@@ -322,6 +363,7 @@ def run_headless(
     backend_options: Mapping[str, Any] | None = None,
     max_new_tokens: int | None = None,
     quality_threshold: float | None = None,
+    quality_metric: str | None = None,
     config_overrides: Mapping[str, Any] | None = None,
     say: Callable[[str], None] = _say,
 ) -> HeadlessResult:
@@ -332,6 +374,7 @@ def run_headless(
     ``max_new_tokens`` caps the chat answers (None: the blueprint's ``serving.max_new_tokens``).
     ``quality_threshold`` replaces the blueprint's bar (same metric and direction): a model built
     from config starts from random weights and cannot meet a bar set for the pretrained one.
+    ``quality_metric`` puts the bar on another held-out metric (:func:`quality_bar`; with a threshold).
     ``passed`` is True when the job succeeded, the servers answered and, with ``assert_quality``,
     the blueprint's quality bar was met. The caller asserts on it.
     """
@@ -339,9 +382,7 @@ def run_headless(
 
     t0 = time.time()
     blueprint = get_blueprint(blueprint_id)
-    quality = blueprint.quality
-    if quality_threshold is not None:
-        quality = quality.model_copy(update={"threshold": float(quality_threshold)})
+    quality = quality_bar(blueprint, quality_metric, quality_threshold)
     if isinstance(backend, str):  # the facade: serves, and deletes a job with its servers
         be = connect(backend, **dict(backend_options or {}))
     else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -188,8 +189,15 @@ def write_alpaca_rows(path: str | Path, n: int, seed: int = 0, *, tasks: bool = 
     return path
 
 
-def build_tokenizer(arch: Literal["llama", "qwen2"], *, chat_template: bool = True, vocab_size: int = 512) -> Any:
-    """A byte-level BPE tokenizer trained here on Alpaca-like text, with the family's special tokens."""
+def build_tokenizer(
+    arch: Literal["llama", "qwen2"],
+    *,
+    chat_template: bool = True,
+    vocab_size: int = 512,
+    extra_text: Sequence[str] = (),
+) -> Any:
+    """A byte-level BPE tokenizer trained here on Alpaca-like text (and ``extra_text``: a task's own words), with
+    the family's special tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -214,7 +222,7 @@ def build_tokenizer(arch: Literal["llama", "qwen2"], *, chat_template: bool = Tr
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = [" ".join(row.values()) for row in alpaca_rows(300, seed=1)] + ["user assistant system\n\n"]
+    corpus = [" ".join(row.values()) for row in alpaca_rows(300, seed=1)] + ["user assistant system\n\n", *extra_text]
     raw.train_from_iterator(corpus, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw,
@@ -255,21 +263,46 @@ def build_from_config(
     overrides: dict[str, Any] | None = None,
     seed: int = 0,
     dtype: str = "bfloat16",
+    task: str | None = None,
 ) -> Path:
     """Write a random-init model of ``arch`` at the hub model's full size (``HUB_ARCHITECTURES``,
     ``overrides`` on top: the tests shrink it) in ``dtype``, with the locally built tokenizer.
 
     The vocabulary keeps the real size, so the embedding and output layers cost what they cost in
     the real model; the tokenizer uses only its first few hundred ids (the rest are never fed in,
-    and decoding skips them if generation ever picks one)."""
+    and decoding skips them if generation ever picks one). ``task`` (a synthetic task, e.g. ``kubectl``):
+    the tokenizer also learns that task's training text, so its answers take about as many tokens as with
+    the real tokenizer (a kubectl command: ~12 on average instead of ~30, which GRPO's 32-token completions
+    would cut off)."""
     if arch not in HUB_ARCHITECTURES:
         raise ValueError(f"arch {arch!r}: allowed: {', '.join(HUB_ARCHITECTURES)}")
     dims = {**HUB_ARCHITECTURES[arch], **(overrides or {})}
-    return _write_model(arch, out_dir, dims, chat_template=True, seed=seed, dtype=dtype)
+    return _write_model(
+        arch, out_dir, dims, chat_template=True, seed=seed, dtype=dtype, extra_text=task_text(task) if task else ()
+    )
+
+
+def task_text(task: str, n: int = 2000, seed: int = 7) -> list[str]:
+    """``n`` training requests of a synthetic task with their answers (the held-out names never appear), as
+    tokenizer training text."""
+    from playground.train.data import SYNTHETIC_TASKS
+
+    if task not in SYNTHETIC_TASKS:
+        raise ValueError(f"task {task!r}: allowed: {', '.join(SYNTHETIC_TASKS)}")
+    rng = random.Random(seed)
+    samples = (SYNTHETIC_TASKS[task](rng, {"general_fraction": 0.0}) for _ in range(n))
+    return [f"{sample.prompt}\n{sample.answer}" for sample in samples]
 
 
 def _write_model(
-    arch: str, out_dir: str | Path, dims: dict[str, Any], *, chat_template: bool, seed: int, dtype: str = "float32"
+    arch: str,
+    out_dir: str | Path,
+    dims: dict[str, Any],
+    *,
+    chat_template: bool,
+    seed: int,
+    dtype: str = "float32",
+    extra_text: Sequence[str] = (),
 ) -> Path:
     """Random-init model of ``arch`` with ``dims`` (the tokenizer's size when no vocab_size) + tokenizer."""
     import torch
@@ -281,7 +314,7 @@ def _write_model(
     if arch not in _FAMILIES:
         raise ValueError(f"arch {arch!r}: allowed: {', '.join(_FAMILIES)}")
     out = Path(out_dir)
-    tokenizer = build_tokenizer(arch, chat_template=chat_template)
+    tokenizer = build_tokenizer(arch, chat_template=chat_template, extra_text=extra_text)
     dims = {"vocab_size": len(tokenizer), **dims}
     if dims["vocab_size"] < len(tokenizer):
         raise ValueError(f"vocab_size {dims['vocab_size']} is smaller than the tokenizer ({len(tokenizer)})")

@@ -53,15 +53,6 @@ BLUEPRINTS = {
 }
 BARS = {"dpo": 300.0, "grpo": 600.0}  # seconds of training each may take (the CPU blueprints)
 GPU_BLUEPRINTS = {"dpo": "qwen2.5-1.5b-dpo-kubectl", "grpo": "llama-3.2-1b-grpo-kubectl"}
-# a CPU smoke of --gpu-config: the same architectures, tiny
-TINY_DIMS = {
-    "vocab_size": 1024,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
 RECORDS: list[Path] = []  # --out: where every record is appended too
 
 
@@ -92,13 +83,15 @@ def _emit(record: dict[str, Any]) -> None:
 def _gpu_config_target(methods: list[str], workdir: Path, *, tiny: bool) -> Target:
     """(Models already in ``workdir`` are used again: ``--models`` shares them between commands.)"""
     """The GPU blueprints on the e2e gpu-config profile's models: full size (``tiny``: shrunk), random init."""
+    from gpu_blueprints import TINY_OVERRIDES  # benchmarks/, beside this script
+
     from playground.blueprints import get_blueprint
-    from playground.e2e.headless import FROM_CONFIG, build_standins
+    from playground.e2e.headless import FROM_CONFIG, build_standins, standin_arch
 
     sources = {}
     for method in methods:
         blueprint = get_blueprint(GPU_BLUEPRINTS[method])
-        overrides = {**TINY_DIMS, **({"head_dim": 16} if "llama" in blueprint.id else {})} if tiny else None
+        overrides = TINY_OVERRIDES[standin_arch(blueprint)] if tiny else None  # the same architectures, tiny
         built = sorted((workdir / method).glob("config-*/config.json"))
         if built:
             sources[method] = str(built[0].parent)

@@ -81,8 +81,8 @@ def _emit(record: dict[str, Any]) -> None:
 
 
 def _gpu_config_target(methods: list[str], workdir: Path, *, tiny: bool) -> Target:
-    """(Models already in ``workdir`` are used again: ``--models`` shares them between commands.)"""
-    """The GPU blueprints on the e2e gpu-config profile's models: full size (``tiny``: shrunk), random init."""
+    """The GPU blueprints on the e2e gpu-config profile's models: full size (``tiny``: shrunk), random init. Models
+    already in ``workdir`` are used again (``--models`` shares them between commands)."""
     from gpu_blueprints import TINY_OVERRIDES  # benchmarks/, beside this script
 
     from playground.blueprints import get_blueprint
@@ -168,7 +168,7 @@ def _bar_record(method: str, sets: list[str], proc: Any, log: Any, out: Path, ta
         if isinstance(event, Progress):
             figures = {k: round(v, 4) for k, v in event.metrics.items()}
             progress.append({"step": event.step, "loss": round(event.loss or 0.0, 4), **figures})
-    bar = BARS.get(method) if target.cpu and target.blueprints is BLUEPRINTS else None
+    bar = BARS.get(method) if target.blueprints is BLUEPRINTS else None  # the CPU blueprints' time bars
     _emit(
         {
             "method": method,

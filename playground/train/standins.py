@@ -285,13 +285,12 @@ def build_from_config(
 def task_text(task: str, n: int = 2000, seed: int = 7) -> list[str]:
     """``n`` training requests of a synthetic task with their answers (the held-out names never appear), as
     tokenizer training text."""
-    from playground.train.data import SYNTHETIC_TASKS
+    from playground.train.data import SYNTHETIC_TASKS, synthetic_splits
 
     if task not in SYNTHETIC_TASKS:
         raise ValueError(f"task {task!r}: allowed: {', '.join(SYNTHETIC_TASKS)}")
-    rng = random.Random(seed)
-    samples = (SYNTHETIC_TASKS[task](rng, {"general_fraction": 0.0}) for _ in range(n))
-    return [f"{sample.prompt}\n{sample.answer}" for sample in samples]
+    train, _ = synthetic_splits(task, {"general_fraction": 0.0}, num_train=n, num_eval=0, seed=seed)
+    return [f"{sample.prompt}\n{sample.answer}" for sample in train]
 
 
 def _write_model(

@@ -33,10 +33,11 @@ from playground.facade import Playground
 from playground.types import Job
 
 pytestmark = pytest.mark.slow
-STEPS = 16
+STEPS = 8
 PARAMS = {"max_steps": STEPS, "log_every": 1, "batch_size": 8, "checkpoint_every": 4, "num_eval_examples": 10}
-# runs until its workers are killed; a checkpoint every 20 steps to resume from once
-LONG = {"max_steps": 5000, "log_every": 20, "checkpoint_every": 20, "num_eval_examples": 10}
+# runs until its workers are killed; a checkpoint every 10 steps to resume from once
+EVERY = 10
+LONG = {"max_steps": 5000, "log_every": EVERY, "checkpoint_every": EVERY, "num_eval_examples": 10}
 REL = 1e-5  # tests/test_train_distributed.py: the same global batch on 2 ranks vs 1, within the warm-up
 
 
@@ -128,8 +129,11 @@ def sequence(ray_home: Path, tmp_path_factory: pytest.TempPathFactory) -> RaySeq
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(run_trainer, "--blueprint", "tiny-llama-cpu", *args, "--output", str(root / "single"))
         long_job = restarting.submit(make_request("tiny-llama-cpu", LONG))
-        _first_progress(backend, long_job.id, after=20)  # the step-20 checkpoint is written
+        wait_for(  # its workers hold all 4 CPUs: a job submitted now must wait (its driver starts meanwhile)
+            lambda: _ray_workers(), timeout=120, what="the long run's Ray Train workers", interval=0.5
+        )
         second = backend.submit(make_request("tiny-llama-cpu", PARAMS))
+        _first_progress(backend, long_job.id, after=EVERY)  # the step-EVERY checkpoint is written
         waiting = wait_for(
             lambda: (
                 (job := backend.get(second.id)).phase == JobPhase.PENDING
@@ -204,13 +208,13 @@ def test_a_job_waits_for_resources_with_rays_reason_and_is_cancelled(sequence: R
 def test_a_restarted_worker_group_resumes_from_the_checkpoint(sequence: RaySequence) -> None:
     """With PLAYGROUND_RAY_MAX_FAILURES=1 (``max_failures``), Ray Train restarts the group after a killed worker
     and the trainer continues from its latest checkpoint: the step count goes on from there."""
-    assert sequence.resumed_from >= 20 and sequence.resumed_from % 20 == 0
-    assert sequence.resumed_steps == [sequence.resumed_from + 20, sequence.resumed_from + 40]
+    assert sequence.resumed_from >= EVERY and sequence.resumed_from % EVERY == 0
+    assert sequence.resumed_steps == [sequence.resumed_from + EVERY, sequence.resumed_from + 2 * EVERY]
 
 
 def test_a_killed_worker_ends_the_job_failed_with_its_last_lines(sequence: RaySequence) -> None:
     job = sequence.killed
-    assert sequence.killed_progress_seen >= 60
+    assert sequence.killed_progress_seen >= 3 * EVERY
     assert job.phase == JobPhase.FAILED, job.phase
     assert "died" in job.message or "exited" in job.message, job.message
     assert job.progress is not None and job.progress.step >= sequence.killed_progress_seen

@@ -41,6 +41,9 @@ def test_policy_defaults_and_env_settings():
         "PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS": "0",
     }
     assert BoothPolicy.from_settings(env) == BoothPolicy(2, 10, 3, 600, 0)
+    assert policy.shared_server_batch_tokens == 4096  # the shared base server batches by default
+    off = {"PLAYGROUND_BOOTH": "1", "PLAYGROUND_BOOTH_SHARED_SERVER_BATCH_TOKENS": "0"}
+    assert BoothPolicy.from_settings(off).shared_server_batch_tokens == 0  # one request after another
 
 
 @pytest.mark.parametrize(
@@ -62,6 +65,10 @@ def test_policy_defaults_and_env_settings():
         (
             {"PLAYGROUND_BOOTH": "true", "PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS": "-5"},
             r"^PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS: -5 is out of range; allowed: an integer >= 0$",
+        ),
+        (
+            {"PLAYGROUND_BOOTH": "1", "PLAYGROUND_BOOTH_SHARED_SERVER_BATCH_TOKENS": "-1"},
+            r"^PLAYGROUND_BOOTH_SHARED_SERVER_BATCH_TOKENS: -1 is out of range; allowed: an integer >= 0$",
         ),
     ],
 )

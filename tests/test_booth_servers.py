@@ -1,10 +1,10 @@
 """Booth mode's model servers, with real ``transformers serve`` processes over the shared trained tiny model:
-one shared base server for every visitor, one fine-tuned server per visitor, the machine's cap with least recently
-used eviction (else a one-line refusal), the idle TTL and gone visitors in the facade's cleanup, and the
-operator's ``playground servers`` / ``unserve --all``.
+one shared base server for every visitor (answering them in one batch), one fine-tuned server per visitor, the
+machine's cap with least recently used eviction (else a one-line refusal), the idle TTL and gone visitors in the
+facade's cleanup, and the operator's ``playground servers`` / ``unserve --all``.
 
 Visitors' jobs are copies of the session's trained job (its model and state files, a new id and an owner; the
-base model stays the trained job's), so nothing is trained here. Five servers start in all.
+base model stays the trained job's), so nothing is trained here. Six servers start in all.
 """
 
 from __future__ import annotations
@@ -13,9 +13,13 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+import psutil
 import pytest
+from _fixtures import tiny_held_out
 
 from playground.backends.local import LocalBackend
 from playground.booth import BoothPolicy, touch_presence
@@ -74,12 +78,35 @@ def test_shared_base_one_fine_tuned_per_visitor_cap_idle_and_the_operator_cli(
         assert [(e.job_id, e.kind, e.owner) for e in backend.endpoints(owner="alice")] == [(alice1, "base", "alice")]
         assert [(e.url, e.owner, e.shared) for e in backend.endpoints()] == [(base_a.url, None, True)]
 
+        # It answers concurrent visitors in one batch (continuous batching); its sampling is shared, so it refuses
+        # a request that would change it, in one line naming the field.
+        (shared_record,) = [r for r in backend.servers.records() if r.get("shared")]
+        assert shared_record["batch_tokens"] == policy.shared_server_batch_tokens == 4096
+        assert "--batch-tokens 4096" in " ".join(psutil.Process(shared_pid).cmdline())
+        for extra, field in (({"temperature": 0.7}, "temperature"), ({"stop": ["\n"]}, "stop")):
+            body = {"messages": [{"role": "user", "content": "reverse: kube"}], "max_tokens": 4, **extra}
+            refused_request = httpx.post(f"{base_a.url}/chat/completions", json=body, timeout=30)
+            error = refused_request.json()["error"]
+            assert refused_request.status_code == 400 and error["param"] == field, refused_request.text
+            assert error["message"].startswith(f"{field}: this server answers concurrent requests in one batch")
+
         # One fine-tuned server per visitor: serving another job stops the previous one.
         first = backend.serve(alice1, owner="alice")
         first_pid = pid_of(backend, first.url)
         second = backend.serve(alice2, owner="alice")
         fine_tuned = [e.job_id for e in backend.endpoints(owner="alice") if e.kind == "fine-tuned"]
         assert not process_alive(first_pid) and fine_tuned == [alice2]
+
+        # Batched, each visitor still gets their own answer: the trained model behind a batching server, asked 6
+        # prompts at once, answers as alice's fine-tuned server (one request after another) does.
+        batched = backend.servers.start(trained_tiny_job.model_dir, name="batched", batch_tokens=512)
+        prompts = [sample.prompt for sample in tiny_held_out(6)]
+        try:
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                together = list(pool.map(lambda p: chat(batched, p, max_tokens=12), prompts))
+            assert together == [chat(second, p, max_tokens=12) for p in prompts] and any(together), together
+        finally:
+            backend.servers.stop("batched")
         bobs = backend.serve(bob1, owner="bob-0123456789abcdef")  # the third server: the cap
 
         # At the cap with no server idle long enough: refused in one line, nothing starts.

@@ -196,7 +196,8 @@ class LocalServers(ModelServers):
         digest = hashlib.sha1(model.encode()).hexdigest()[:8]
         name = f"shared-base-{_slug(Path(model.split('://')[-1]).name)}-{digest}"
         for _attempt in range(2):  # stopped between start and join (idle cleanup, the operator): start again
-            endpoint = self.start(model, kind="base", name=name, capped=True, shared=True)
+            batch = self.policy.shared_server_batch_tokens if self.policy is not None else 0
+            endpoint = self.start(model, kind="base", name=name, capped=True, shared=True, batch_tokens=batch)
             with self._servers_lock():
                 record = next((r for r in self._records() if r["name"] == endpoint.name), None)
                 if record is None:
@@ -377,6 +378,7 @@ class LocalServers(ModelServers):
         owner: str | None = None,
         capped: bool = False,
         shared: bool = False,
+        batch_tokens: int = 0,
     ) -> Endpoint:
         """Serve ``model_dir`` and wait until it answers; return its endpoint.
 
@@ -384,8 +386,9 @@ class LocalServers(ModelServers):
         there (a port that is taken, or a running server of the same name on another port, is a one-line
         UserError naming ``--port``, and nothing starts); None: a free port. ``owner`` (the visitor owning
         the job) is recorded. ``capped`` (booth mode, a visitor's server): a new server is admitted under the
-        policy's ``max_servers``. ``shared``: recorded as the booth's shared base server. ``timeout``: seconds it
-        may take to answer (None: :func:`start_timeout`).
+        policy's ``max_servers``. ``shared``: recorded as the booth's shared base server. ``batch_tokens``: > 0
+        answers concurrent requests in one batch out of a KV cache of that many tokens (greedy answers only).
+        ``timeout``: seconds it may take to answer (None: :func:`start_timeout`).
         """
         from playground.serving.validate import check_model_dir
 
@@ -415,6 +418,7 @@ class LocalServers(ModelServers):
                 owner=owner,
                 capped=capped and self.policy is not None,
                 shared=shared,
+                batch_tokens=batch_tokens,
             )
 
     def _start_locked(
@@ -430,6 +434,7 @@ class LocalServers(ModelServers):
         owner: str | None = None,
         capped: bool = False,
         shared: bool = False,
+        batch_tokens: int = 0,
     ) -> Endpoint:
         for record in self._records():
             if record["name"] == name:
@@ -454,7 +459,8 @@ class LocalServers(ModelServers):
                 if capped:
                     self._make_room()
                 chosen = port if port is not None else free_port()
-                proc = self._spawn(model, chosen, log_path, offline=local, usage=self._usage_path(name))
+                usage = self._usage_path(name)
+                proc = self._spawn(model, chosen, log_path, offline=local, usage=usage, batch_tokens=batch_tokens)
                 record = {
                     "name": name,
                     "pid": proc.pid,
@@ -466,6 +472,7 @@ class LocalServers(ModelServers):
                     "kind": kind,
                     "owner": owner,
                     "shared": shared,
+                    "batch_tokens": batch_tokens,
                     "users": {},
                     "log": str(log_path),
                     "started_at": time.time(),
@@ -489,7 +496,9 @@ class LocalServers(ModelServers):
             return self._endpoint(record)
         raise UserError(f"could not find a free port for the model server after {_PORT_RETRIES} tries")
 
-    def _spawn(self, model: str, port: int, log_path: Path, *, offline: bool, usage: Path) -> subprocess.Popen:
+    def _spawn(
+        self, model: str, port: int, log_path: Path, *, offline: bool, usage: Path, batch_tokens: int = 0
+    ) -> subprocess.Popen:
         env = child_env(server=True)
         if offline:
             env["HF_HUB_OFFLINE"] = "1"  # a local directory needs nothing from the hub
@@ -498,6 +507,8 @@ class LocalServers(ModelServers):
         env["PYTHONUNBUFFERED"] = "1"
         command = [sys.executable, "-m", SERVER_MODULE, model, "--host", HOST, "--port", str(port)]
         command += ["--usage-file", str(usage)]
+        if batch_tokens > 0:
+            command += ["--batch-tokens", str(batch_tokens)]
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 command,

@@ -13,7 +13,11 @@ well-behaved endpoint for one pinned model:
   ``max_tokens`` defaulted/clamped to the room left in the context window;
 * unexpected errors answer JSON with the message instead of a bare ``Internal Server Error``;
 * ``--usage-file PATH``: its modification time is the time of the last chat or completion request
-  (touched when one arrives and when it ends), so the booth's cleanup knows how long a server has been idle.
+  (touched when one arrives and when it ends), so the booth's cleanup knows how long a server has been idle;
+* ``--batch-tokens N``: concurrent requests are answered together (transformers' continuous batching, a paged
+  KV cache of N tokens) instead of one after another: the booth's shared base server. Its sampling is shared by
+  every request, so it answers greedily only: a request asking for ``temperature`` > 0, ``stop`` or a
+  ``generation_config`` is refused with 400 naming the field.
 
 This module imports torch/transformers: only the server process loads it.
 """
@@ -25,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -39,6 +44,10 @@ log = logging.getLogger("playground.serving.server")
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB
 DEFAULT_MAX_NEW_TOKENS = 1024  # transformers serve's own default when neither request nor model names one
+# Continuous batching: the KV cache in pages of this many tokens, and at most this many tokens in one forward pass
+# (its logits, vocabulary-wide, are the memory peak: 256 keeps SmolLM2's at ~50 MB; measured in benchmarks/).
+BATCH_PAGE_TOKENS = 64
+BATCH_STEP_TOKENS = 256
 
 _Float = Annotated[float, Field(strict=True)]
 
@@ -115,9 +124,11 @@ class RequestGuard:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         usage_file: str | None = None,
+        batching: bool = False,
     ) -> None:
         self.app = app
         self.usage_file = usage_file
+        self.batching = batching
         self.default_max_tokens = default_max_tokens
         self.model_name = model_name
         self.tokenizer = tokenizer
@@ -227,9 +238,23 @@ class RequestGuard:
                 "(prompt plus at least one generated token)",
                 "messages" if isinstance(request, _ChatRequest) else "prompt",
             )
+        if self.batching:
+            self._greedy_only(payload)
         asked = payload.pop("max_completion_tokens", None) or payload.get("max_tokens") or self.default_max_tokens
         payload["max_tokens"] = asked if room is None else min(asked, room)
         return payload
+
+    @staticmethod
+    def _greedy_only(payload: dict[str, Any]) -> None:
+        """A batching server's requests share one sampling configuration (the first request's, in transformers):
+        refuse what would change it, and make greedy explicit so the first request sets it."""
+        why = "this server answers concurrent requests in one batch, greedily"
+        if payload.get("temperature") not in (None, 0):
+            raise _Reject(400, f"temperature: {why}; allowed: 0 or leave it out", "temperature")
+        for name in ("stop", "generation_config"):
+            if payload.get(name) is not None:
+                raise _Reject(400, f"{name}: {why}; allowed: leave it out", name)
+        payload["temperature"] = 0.0
 
     def _prompt_tokens(self, request: BaseModel) -> int:
         if isinstance(request, _CompletionRequest):
@@ -268,8 +293,10 @@ def build_app(
     dtype: str = "auto",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     usage_file: str | None = None,
+    batch_tokens: int = 0,
 ):
-    """transformers' serving app pinned to ``model`` (loaded now), behind :class:`RequestGuard`."""
+    """transformers' serving app pinned to ``model`` (loaded now), behind :class:`RequestGuard`; ``batch_tokens``
+    > 0: continuous batching out of a KV cache of that many tokens."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
     from transformers.cli.serving.chat_completion import ChatCompletionHandler
@@ -283,7 +310,16 @@ def build_app(
 
     # As `transformers serve FORCE_MODEL` wires it (transformers/cli/serve.py).
     manager = ModelManager(device=device, dtype=dtype, force_model=model)
-    state = GenerationState()
+    if batch_tokens > 0:
+        from transformers import ContinuousBatchingConfig
+
+        pages = max(1, math.ceil(batch_tokens / BATCH_PAGE_TOKENS))
+        cache = ContinuousBatchingConfig(
+            num_blocks=pages, page_size=BATCH_PAGE_TOKENS, max_batch_tokens=BATCH_STEP_TOKENS
+        )
+        state = GenerationState(continuous_batching=True, cb_config=cache)
+    else:
+        state = GenerationState()
     app = build_server(
         manager,
         ChatCompletionHandler(model_manager=manager, generation_state=state, chat_template_kwargs={}),
@@ -314,6 +350,7 @@ def build_app(
         max_body_bytes=max_body_bytes,
         default_max_tokens=default_max,
         usage_file=usage_file,
+        batching=batch_tokens > 0,
     )
 
 
@@ -326,6 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--usage-file", default=None, help="touched at every chat/completion request (idle time)")
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=0,
+        help="answer concurrent requests in one batch out of a KV cache of this many tokens (0: one at a time)",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -358,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             max_body_bytes=args.max_body_bytes,
             usage_file=args.usage_file,
+            batch_tokens=args.batch_tokens,
         )
     except Exception as exc:
         log.exception("could not load %s", args.model)

@@ -243,3 +243,18 @@ def test_app_and_interactive_notebooks_execute(tmp_path: Path) -> None:
         assert not [o for o in outputs if o.get("output_type") == "error"]
         assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs), name
     assert not (tmp_path / "home" / "jobs").exists() or not list((tmp_path / "home" / "jobs").iterdir())
+
+
+def test_the_app_kernel_starts_without_jsonschemas_iri_grammars(tmp_path: Path) -> None:
+    """The app notebook's code, as a visitor's kernel runs it: the App is built, the chart widget (plotly →
+    nbformat → jsonschema) imported, and jsonschema's IRI checker, which compiles ~40 grammars with lark at import
+    (~1.1 s of every page load, benchmarks/README.md), is never loaded."""
+    import subprocess
+    import sys
+
+    (cell,) = [c for c in nbformat.read(NOTEBOOKS / "playground.ipynb", as_version=4).cells if c.cell_type == "code"]
+    probe = cell.source + "\nimport sys\nprint(sorted({'lark', 'jsonschema', 'plotly.basewidget'} & set(sys.modules)))"
+    env = notebook_env(tmp_path / "home")
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "['jsonschema', 'plotly.basewidget']"

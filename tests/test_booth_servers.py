@@ -89,6 +89,8 @@ def test_shared_base_one_fine_tuned_per_visitor_cap_idle_and_the_operator_cli(
             error = refused_request.json()["error"]
             assert refused_request.status_code == 400 and error["param"] == field, refused_request.text
             assert error["message"].startswith(f"{field}: this server answers concurrent requests in one batch")
+        other = httpx.post(f"{base_a.url}/responses", json={"input": "reverse: kube", "temperature": 1.0}, timeout=30)
+        assert other.status_code == 404 and "answers /v1/chat/completions and /v1/completions only" in other.text
 
         # One fine-tuned server per visitor: serving another job stops the previous one.
         first = backend.serve(alice1, owner="alice")

@@ -17,7 +17,8 @@ well-behaved endpoint for one pinned model:
 * ``--batch-tokens N``: concurrent requests are answered together (transformers' continuous batching, a paged
   KV cache of N tokens) instead of one after another: the booth's shared base server. Its sampling is shared by
   every request, so it answers greedily only: a request asking for ``temperature`` > 0, ``stop`` or a
-  ``generation_config`` is refused with 400 naming the field.
+  ``generation_config`` is refused with 400 naming the field, and its other generation routes (``/v1/responses``
+  and the like) answer 404.
 
 This module imports torch/transformers: only the server process loads it.
 """
@@ -145,6 +146,10 @@ class RequestGuard:
             await self._send_json(send, 200, self._models())
             return
         schema = self.GUARDED.get(path)
+        if schema is None and self.batching and scope["method"] == "POST":  # its other routes would batch unguarded
+            served = " and ".join(self.GUARDED)
+            await self._send_json(send, 404, error_body(f"{path}: a batching server answers {served} only", 404))
+            return
         if schema is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return

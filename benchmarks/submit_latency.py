@@ -1,8 +1,8 @@
 """Local backend latency: ``submit`` → first Progress event, and ``tiny-llama-cpu`` to its quality bar.
 
-    python benchmarks/submit_latency.py [--runs N] [--max-steps N] [--json]
+    python benchmarks/submit_latency.py [--runs N] [--max-steps N] [--blueprint ID] [--json]
 
-Each run submits ``tiny-llama-cpu`` (default parameters unless ``--max-steps``) through
+Each run submits ``tiny-llama-cpu`` (or ``--blueprint``; default parameters unless ``--max-steps``) through
 ``LocalBackend`` in a fresh ``PLAYGROUND_HOME`` and follows its event stream, timing on the
 caller's clock:
 
@@ -28,13 +28,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def one_run(max_steps: int | None) -> dict:
+def one_run(max_steps: int | None, blueprint_id: str = "tiny-llama-cpu") -> dict:
     from playground.api import make_request
     from playground.backends.local import LocalBackend
     from playground.blueprints import get_blueprint
     from playground.events import JobPhase, Metric, Phase, Progress
 
-    blueprint = get_blueprint("tiny-llama-cpu")
+    blueprint = get_blueprint(blueprint_id)
     params = {"max_steps": max_steps} if max_steps else {}
     with tempfile.TemporaryDirectory(prefix="bench-submit-") as home:
         backend = LocalBackend(home=Path(home))
@@ -69,15 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=None, help="default: the blueprint's (the accuracy bar)")
+    parser.add_argument("--blueprint", default="tiny-llama-cpu")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    runs = [one_run(args.max_steps) for _ in range(args.runs)]
+    runs = [one_run(args.max_steps, args.blueprint) for _ in range(args.runs)]
     if args.json:
         json.dump(runs, sys.stdout, indent=2)
         print()
         return 0
     load = os.getloadavg()[0]
-    print(f"tiny-llama-cpu through LocalBackend, {args.runs} run(s), {os.cpu_count()} CPU(s), load {load:.1f}")
+    print(f"{args.blueprint} through LocalBackend, {args.runs} run(s), {os.cpu_count()} CPU(s), load {load:.1f}")
     for key, label in [
         ("submit_s", "submit() call"),
         ("training_phase_s", "submit -> Phase Training"),

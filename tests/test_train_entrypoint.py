@@ -294,3 +294,36 @@ def test_examples_with_no_answer_token_in_the_window_are_dropped_not_nan(capsys)
     assert "dropped 1 of 3 examples" in capsys.readouterr().out
     with pytest.raises(ValueError, match="max_seq_length=4"):
         tokenize([long], tokenizer, max_seq_length=4)
+
+
+def test_trainjob_status_is_reported_after_an_import_race(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's import on the status thread can race another thread's imports (the MLflow worker's: it failed once
+    beside a CPU hog, and no status was posted); a failed import is retried and the updates still arrive."""
+    import importlib.abc
+    import io
+
+    from playground.events import JobPhase, Progress
+    from playground.train.reporting import Reporter
+
+    class FailsOnce(importlib.abc.MetaPathFinder):
+        failures = 0
+
+        def find_spec(self, name, path=None, target=None):
+            if name == "kubeflow.trainer" and not self.failures:
+                self.failures += 1
+                raise ImportError("cannot import name 'x' from partially initialized module 'kubeflow.trainer'")
+            return None
+
+    finder = FailsOnce()
+    monkeypatch.delitem(sys.modules, "kubeflow.trainer", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    with trainer_status_server(tmp_path / "token") as (env, received):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        reporter = Reporter(stream=io.StringIO())
+        reporter.progress(Progress(step=1, total_steps=2, loss=1.5))
+        reporter.phase(JobPhase.SUCCEEDED)
+        reporter.close()
+    assert finder.failures == 1
+    final = received[-1]["body"]["trainerStatus"]
+    assert final["progressPercentage"] == 100 and {"name": "step", "value": "1"} in final["metrics"]

@@ -18,6 +18,7 @@ from playground.events import JobPhase, Metric, Phase, Progress, format_event_li
 
 TRAINJOB_ENV = "KUBEFLOW_TRAINER_SERVER_URL"  # set by the Trainer controller inside a TrainJob
 THROTTLE_SECONDS = 5.0  # the SDK sends at most one update per 5 s
+_IMPORT_TRIES = 5  # the SDK's import, retried: it can race another thread's imports (seen once beside a CPU hog)
 _RUN_STATUS = {JobPhase.SUCCEEDED: "FINISHED", JobPhase.FAILED: "FAILED", JobPhase.CANCELLED: "KILLED"}
 
 
@@ -137,11 +138,21 @@ class _TrainJobStatus:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        try:
-            from kubeflow.trainer import update_trainjob_status
-        except Exception:  # SDK missing or broken: reporting is best effort
-            return
         import time
+
+        update_trainjob_status = None
+        for attempt in range(_IMPORT_TRIES):
+            try:
+                from kubeflow.trainer import update_trainjob_status
+
+                break
+            except ImportError:  # also "partially initialized module": another thread (the MLflow worker, the
+                # trainer) importing a shared dependency at this moment; that clears once its import ends
+                time.sleep(0.5 * (attempt + 1))
+            except Exception:  # SDK broken: reporting is best effort
+                return
+        if update_trainjob_status is None:  # SDK missing
+            return
 
         last_sent = -THROTTLE_SECONDS
         while True:

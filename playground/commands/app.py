@@ -127,7 +127,8 @@ def cmd_app(args: argparse.Namespace) -> int:
     env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(SHARE_DIR), env.get("JUPYTER_PATH", "")) if p)
     if args.booth:
         env.update(booth_environment(args, env))
-    prepare_model(env["PLAYGROUND_BLUEPRINT"])  # every setting checked first; then the port is picked
+    if prepare_model(env["PLAYGROUND_BLUEPRINT"]) is not None and env.get("PLAYGROUND_BACKEND", "local") == "local":
+        warm_base_model(env["PLAYGROUND_BLUEPRINT"])  # in the background: the page does not wait for it
     port = first_free_port(args.ip, args.port)
     if port != args.port:
         print(f"port {args.port} is in use; using {port}", flush=True)
@@ -173,6 +174,36 @@ def prepare_model(blueprint_id: str, say: Callable[[str], None] | None = None) -
         return None
     say(f"model ready: {source}")
     return path
+
+
+def warm_base_model(blueprint_id: str) -> Path:
+    """Ask the preselected blueprint's base model its held-out questions now, in a detached background process
+    (``python -m playground.train.warm``), so that no visitor's first Launch waits for them (SmolLM2: 50 questions,
+    ~20-56 s on 2 cores, once per model and question set; known already: ~6 s of imports). Returns its log file.
+    The process is a grandchild in its own session: Voila, which replaces this process, never has to reap it."""
+    from playground.paths import playground_home
+    from playground.processes import child_env
+
+    home = playground_home()
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "warm-base-model.log"
+    command = [sys.executable, "-m", "playground.train.warm", "--blueprint", blueprint_id]
+    env = child_env({"HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"})  # never the booth secret
+    with open(log_path, "w") as log:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child only forks again and exits
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    os.dup2(log.fileno(), 1)
+                    os.dup2(log.fileno(), 2)
+                    os.execvpe(command[0], command, env)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    print(f"asking {blueprint_id}'s base model its held-out questions in the background (log: {log_path})",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return log_path
 
 
 def booth_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, str]:

@@ -961,6 +961,9 @@ def test_booth_mode_settings(isolated_home: Path) -> None:
     assert f"{TRUSTED_PROXIES_ENV} 'proxy.local': allowed: IP addresses or networks" in out.stderr
 
 
+TINY = "tiny-llama-cpu"
+
+
 def test_app_on_a_taken_port_serves_and_prints_the_next_free_one(tmp_path: Path) -> None:
     """`playground app --port P` with P taken: Voila listens on the port the command printed."""
     import socket
@@ -978,7 +981,8 @@ def test_app_on_a_taken_port_serves_and_prints_the_next_free_one(tmp_path: Path)
         assert expected > busy and not port_in_use(expected)
         env = {**os.environ, "PLAYGROUND_HOME": str(tmp_path / "home")}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "playground.cli", "app", "--port", str(busy), "--no-browser"],
+            # tiny-llama-cpu: no packaged model, so no base model is asked its questions in the background
+            [sys.executable, "-m", "playground.cli", "app", "--port", str(busy), "--no-browser", "--blueprint", TINY],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

@@ -138,7 +138,7 @@ class RunTracker:
         self._failed = False
         self._cond = threading.Condition()
         self._closed = False
-        self._opening = False  # set by the first progress point, finish or close: the worker may open the run
+        self._progressed = False  # the first progress point is queued: the worker may open the run (or at the end)
         try:
             probe(uri)
         except TrackingUnavailable as exc:
@@ -153,9 +153,7 @@ class RunTracker:
         stamp = int(progress.time * 1000)
         values = [(name, getattr(progress, name)) for name in PROGRESS_METRICS]
         values += [(f"train_{name}", value) for name, value in progress.metrics.items()]
-        with self._cond:
-            self._opening = True
-        self._add([(k, float(v), stamp, progress.step) for k, v in values if _finite(v)])
+        self._add([(k, float(v), stamp, progress.step) for k, v in values if _finite(v)], progressed=True)
 
     def metric(self, name: str, value: float) -> None:
         if _finite(value):
@@ -175,14 +173,12 @@ class RunTracker:
             tags[rs.TAG_VERDICT] = quality_verdict(self.quality, self.metrics)
         with self._cond:
             self._finish = (status, tags)
-            self._opening = True
             self._cond.notify()
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Wait (at most ``timeout``) for the worker to deliver what is queued."""
         with self._cond:
             self._closed = True
-            self._opening = True
             self._cond.notify()
         thread = getattr(self, "_thread", None)
         if thread is not None:
@@ -197,10 +193,11 @@ class RunTracker:
             return warning
 
     # -- the worker ---------------------------------------------------------------------------------
-    def _add(self, items: list[tuple[str, float, int, int]]) -> None:
-        if self._failed or not items:
+    def _add(self, items: list[tuple[str, float, int, int]], *, progressed: bool = False) -> None:
+        if self._failed or not (items or progressed):
             return
         with self._cond:
+            self._progressed |= progressed
             self._pending.extend(items)
             self._cond.notify()
 
@@ -219,7 +216,7 @@ class RunTracker:
     def _run(self) -> None:
         try:
             with self._cond:
-                while not self._opening:
+                while not self._progressed and self._finish is None and not self._closed:
                     self._cond.wait()
             client = self._open()
             last_sent = -FLUSH_SECONDS

@@ -466,11 +466,8 @@ def base_eval(recipe: Recipe) -> dict[str, float]:
         return {}
     started = time.perf_counter()
     results: dict[str, float] = {}
-    expected = [s.answer for s in data.eval_set.samples]
     # not under FSDP2, where generation is collective: a cache one rank sees and another does not would split it
-    kept = recipe.model.strategy != "fsdp"
-    budget = answer_budget(recipe)
-    cache = base_eval_cache(spec.model_source, data.eval_set.prompt_ids, expected, budget) if kept else None
+    cache = base_eval_cache_of(recipe) if recipe.model.strategy != "fsdp" else None
     cached = evaluate.read_cached(cache)
     if cached is not None:  # the same base model asked the same questions before (a booth runs one blueprint all day)
         results = cached
@@ -490,6 +487,14 @@ def base_eval(recipe: Recipe) -> dict[str, float]:
         state.history.append({"step": 0, "train_seconds": 0.0, **results})
     runtime.barrier()
     return results
+
+
+def base_eval_cache_of(recipe: Recipe) -> Path | None:
+    """:func:`base_eval_cache` for ``recipe``'s model and held-out set (its data set up); ``playground.train.warm``
+    fills the same file ahead of the first run."""
+    eval_set = recipe.data.eval_set
+    expected = [s.answer for s in eval_set.samples]
+    return base_eval_cache(recipe.spec.model_source, eval_set.prompt_ids, expected, answer_budget(recipe))
 
 
 def base_eval_cache(

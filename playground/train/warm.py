@@ -49,8 +49,7 @@ def warm(spec) -> int:
     run = sft.Recipe(spec, Reporter())
     run.runtime = sft.setup_distributed(run)
     run.data = sft.setup_data(run)
-    expected = [s.answer for s in run.data.eval_set.samples]
-    cache = sft.base_eval_cache(spec.model_source, run.data.eval_set.prompt_ids, expected, sft.answer_budget(run))
+    cache = sft.base_eval_cache_of(run)
     if cache is None:
         print(f"{blueprint.id}: nothing to warm (its base model may change: not kept)", flush=True)
         return 0

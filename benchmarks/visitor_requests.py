@@ -1,6 +1,6 @@
 """Visitors type their own requests (issue 20, item 5): the embedded default blueprint on a visitor-style set.
 
-    python benchmarks/visitor_requests.py [--model-dir DIR] [--split test|dev|all] [--show]
+    python benchmarks/visitor_requests.py [--model-dir DIR] [--split test|dev|dev2|dev3|dev4|all] [--show] [--keep DIR]
 
 The set (benchmarks/data/visitor_requests.jsonl) was written apart from the training generator's templates
 (playground/train/data.py, kubectl_wide.py; tests/test_kubectl_wide.py checks no request is one the
@@ -20,7 +20,12 @@ Each figure is given for the model's raw answers and for what the chat panel sho
 ``serving.guard: kubectl`` (playground/kubectl_guard.py) replaces a cluster-changing command the request did not ask
 for with the refusal.
 
-``--show`` prints the dev split's misses (the test split's answers stay unread while tuning the generator).
+Splits: ``dev`` (40) and ``dev2`` (80: the test split until 2026-11-27) were read while tuning the generator and the
+guard. ``dev3`` (80, ids ``f…``), ``dev4`` (``g…``) and ``test`` (``h…``) were each written later by someone who saw
+neither the generator, the guard nor the other sets; ``dev3`` and ``dev4`` were each the test split for one
+measurement, then read. The test split's answers stay unread while tuning. ``--show`` prints the dev splits'
+misses; ``--keep DIR`` trains into DIR and keeps its ``model/`` and the answers (``answers.json``), so a guard change
+can be scored again without training.
 """
 
 from __future__ import annotations
@@ -96,11 +101,12 @@ def answer(model_dir: Path, template: str | None, rows: list[dict[str, Any]]) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, help="a trained model/ directory (default: train one now)")
-    parser.add_argument("--split", default="all", choices=["test", "dev", "all"])
-    parser.add_argument("--show", action="store_true", help="print the dev split's misses")
+    parser.add_argument("--split", default="all", choices=["test", "dev", "dev2", "dev3", "dev4", "all"])
+    parser.add_argument("--show", action="store_true", help="print the dev splits' misses")
     parser.add_argument("--skip-base", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a training parameter")
     parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--keep", type=Path, help="train into this directory and keep it (model/ and answers.json)")
     args = parser.parse_args()
     from playground.blueprints import get_blueprint
     from playground.kubectl_guard import guard
@@ -111,7 +117,8 @@ def main() -> None:
     blueprint = get_blueprint(bench.BLUEPRINT)
     rows = load_set(args.split)
     results: dict[str, Any] = {"split": args.split, "load_start": bench._load_avg()}
-    with tempfile.TemporaryDirectory(prefix="visitor-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="visitor-bench-") as tmp_dir:
+        tmp = str(args.keep) if args.keep else tmp_dir
         if not args.skip_base:
             base_dir = ensure_converted(blueprint.model.source)
             results["base"] = per_split(rows, answer(base_dir, None, rows))
@@ -131,11 +138,14 @@ def main() -> None:
         results["fine_tuned_guarded"] = per_split(rows, guarded)  # what the chat panel shows (serving.guard)
         print(json.dumps({"fine_tuned": results["fine_tuned"], "guarded": results["fine_tuned_guarded"]}), flush=True)
         results["answer_seconds"] = round(time.perf_counter() - started, 1)
+        if args.keep:
+            kept_answers = [{"id": r["id"], "answer": a} for r, a in zip(rows, answers, strict=True)]
+            (args.keep / "answers.json").write_text(json.dumps(kept_answers, indent=1))
         if args.show:
             misses = [
                 (r["request"], r["expected"], a)
                 for r, a in zip(rows, answers, strict=True)
-                if r["split"] == "dev" and (score(a, r["expected"]) < 1.0 if r["expected"] else "kubectl" in a)
+                if r["split"] != "test" and (score(a, r["expected"]) < 1.0 if r["expected"] else "kubectl" in a)
             ]
             results["dev_misses"] = misses
     results["load_end"] = bench._load_avg()

@@ -7,11 +7,17 @@ some command, and some of those would change the cluster. The guard is an allow-
 cluster-changing answer passes only when
 
 1. its verb is one the task supports, and the request says that verb (one of its cue words, typos of one letter
-   allowed: "scael" is "scale");
+   allowed: "scael" is "scale", "drian" is "drain"; a wrong letter only in cues of 6+ letters, because in shorter
+   words it makes another word: "clean" is not "clear");
 2. every name, number and file the command carries appears in the request as typed (a model that invents a name
-   is guessing);
-3. the request is not a question about the past or a reason ("who…", "why…", "when…"), and a delete, drain or
-   cordon does not come with "all", "every" or ``--all`` (bulk changes are not supported).
+   is guessing); a name the request gives as a namespace ("in staging", "the staging namespace") is not the
+   object the command changes ("wipe the staging namespace" is not ``kubectl drain staging``), the command's
+   namespace is one the request gives as such, and its object is not a word like "cluster" or "everything";
+3. the request is not a question about the past or a reason ("who…", "why…", "when…") nor asks for advice ("should
+   I…", "is it safe to…", "what happens if…"), it does not name an operation the task does not support
+   ("autoscale", "taint", "annotate", "patch", "edit", "exec", "helm"…: the nearest supported command would be a
+   guess), and a delete, drain or cordon does not come with "all", "every" (typos too) or ``--all`` (bulk changes
+   are not supported).
 
 Anything else is replaced by :data:`REFUSAL`. Read-only answers (get, describe, logs, top, port-forward…) and
 answers with no command always pass. Torch-free and pure: the chat panel and benchmarks/visitor_requests.py call
@@ -23,26 +29,81 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from playground.train.kubectl_reward import _KINDS, extract
+from playground.train.kubectl_reward import _KIND_OF, _KINDS, extract
 from playground.train.kubectl_wide import REFUSAL  # what the model itself answers to an unsupported request
 
 # The cue words a request must say for each supported cluster-changing verb (prefixes: "replica" for "replicas").
 CUES: dict[str, tuple[str, ...]] = {
-    "scale": ("scale", "replica", "bump", "resize", "instance", "copies", "run"),
+    "scale": ("scale", "replica", "bump", "resize", "instance", "copies", "run", "shrink", "down", "up"),
     "delete": ("delete", "remove", "rm", "nuke", "kill", "destroy", "drop", "erase", "rid", "purge", "trash", "tear"),
-    "rollout restart": ("restart", "bounce", "recycle", "kick", "reboot", "cycle"),
+    "rollout restart": ("restart", "bounce", "recycle", "kick", "reboot", "cycle", "roll"),
     "rollout undo": ("undo", "rollback", "back", "revert", "previous"),
-    "create namespace": ("create", "make", "add", "new", "set", "namespace"),
-    "expose": ("expose", "service", "publish", "reachable", "open", "port"),
-    "set image": ("image", "tag", "version", "upgrade", "update", "deploy", "roll", "ship", "bump", "move", "set"),
+    "create namespace": ("create", "make", "add", "new", "set", "namespace", "ns"),
+    "expose": ("expose", "publish", "reachable", "open", "front", "create"),  # not "service": port-forward says it
+    "set image": (
+        "image",
+        "tag",
+        "version",
+        "upgrade",
+        "update",
+        "deploy",
+        "roll",
+        "ship",
+        "bump",
+        "move",
+        "set",
+        "put",
+        "switch",
+    ),
     "cordon": ("cordon", "unschedulable", "schedul", "off"),
-    "uncordon": ("uncordon", "schedulable", "schedul", "allow", "back"),
-    "drain": ("drain", "evict", "empty", "off", "clear", "maintenance"),
+    "uncordon": ("uncordon", "schedulable", "schedul", "allow", "back", "again", "rotation"),
+    "drain": ("drain", "evict", "evacuat", "empty", "off", "clear", "maintenance"),
     "label": ("label", "tag"),
-    "apply": ("apply", "deploy", "create", "push", "install", "roll"),
+    "apply": ("apply", "deploy", "create", "push", "install", "roll", "load"),
 }
-_PAST_OR_REASON = re.compile(r"^\W*(who|why|when|where|what|which|whose|did|has|have|was|were)\b", re.IGNORECASE)
-_BULK = re.compile(r"\b(all|every|everything|each|whole|entire)\b", re.IGNORECASE)
+# Operations no supported command does: a request that names one gets no cluster-changing answer (word prefixes,
+# then whole words), unless the word is part of a name the command carries (a file "cronjob.yaml").
+UNSUPPORTED_OPERATIONS = ("autoscal", "taint", "annotat", "patch", "edit", "exec", "shell", "helm", "copy", "attach",
+                          "debug", "admin", "grant", "rbac", "permission", "cronjob")  # fmt: skip
+UNSUPPORTED_WORDS = ("hpa", "ssh", "cp")
+_BULK_WORDS = ("all", "every", "everything", "each", "whole", "entire")
+# Where a request names a namespace: "in prod", "inside the staging namespace", "team-ml ns", and "on prod" (which
+# names a node as often: not evidence that a name is a namespace, only that a namespace was said).
+_NAMESPACE_SAID = (
+    r"\b(?:namespace|ns)\s+(?:is|=)\s+([a-z0-9][a-z0-9-]*)|\b(?:{before})\s+(?:the\s+|namespace\s+|ns\s+)?"
+    r"([a-z0-9][a-z0-9-]*){after}|\b([a-z0-9][a-z0-9-]*)\s+(?:namespace|ns)\b"
+    r"|^\W*([a-z0-9][a-z0-9-]*)\s*(?::|\s-+|\s—)\s"
+)
+# A namespace for sure: "in X" where a clause ends ("nuke the old-config configmap in staging"; not "a memory leak in
+# web again"), "the X namespace", "ns is X", "X: …" opening the request.
+_NAMESPACE_IS = re.compile(
+    _NAMESPACE_SAID.format(before="in|inside|from|into", after=r"(?=\s*(?:$|[,.;:!?)]|\s(?:namespace|ns)\b))")
+)
+# ... or perhaps ("in team-ml can you scale…", "on staging, restart…"): where a command's namespace may come from.
+_NAMESPACE_MAY_BE = re.compile(_NAMESPACE_SAID.format(before="in|inside|from|into|namespace|ns|on|to|for", after=""))
+# Words that name no object: a command that changes "the cluster" or "everything" is a guess.
+_GENERIC_WORDS = {"cluster", "kubernetes", "k8s", "everything", "all", "it", "them", "this", "that", "stuff"}
+_NAMESPACE_OBJECTS = {"create namespace", "label"}  # verbs whose object may be a namespace
+_NOT_NAMES = {"the", "namespace", "ns", "node", "port", "pod"}
+_PAST_OR_REASON = re.compile(
+    r"^\W*(who|why|when|where|what|which|whose|did|has|have|was|were)\b(?!\s+to\b)", re.IGNORECASE
+)  # not "have to reboot gpu-7, drain it first"
+# Advice and hypotheticals about a change are not a request for it ("should I scale web?", "is it safe to restart").
+_ADVICE = re.compile(
+    r"\b(should (i|we)|shall (i|we)|is it (safe|ok|okay|wise|fine|a good idea)|what (happens|if)|would it|"
+    r"do (i|we) need to|how (do|can|should) (i|we)|how to)\b",
+    re.IGNORECASE,
+)
+_NUMBER_WORDS = {w: str(i) for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven",
+                                                   "eight", "nine", "ten", "eleven", "twelve"))}  # fmt: skip
+# The kinds each change was taught for: "delete ingress web" or "scale the web statefulset" is not one.
+_TAUGHT_KINDS = {"delete": {"pod", "deployment", "service", "configmap", "job", "secret"},
+                 "label": {"pod", "node", "deployment", "namespace"}}  # fmt: skip
+_PAST_TENSE = re.compile(r"ed$")
+# Changes whose answer must be about the kind the request names; the kinds a request may also say for them
+# ("scale web to 3 pods", "put a service in front of web", "restart the api pods").
+_KIND_CHECKED = {"scale": {"pod"}, "rollout restart": {"pod"}, "rollout undo": {"pod"}, "set image": {"pod", "image"},
+                 "expose": {"service"}, "delete": set()}  # fmt: skip
 _BULK_VERBS = {"delete", "drain", "cordon", "scale", "rollout restart"}
 
 
@@ -57,22 +118,25 @@ def _words(text: str) -> list[str]:
 
 
 def _close(word: str, cue: str) -> bool:
-    """``word`` says ``cue``: it starts with it, or (5+ letters) is one edit away (a letter missing, extra,
-    wrong, or two swapped)."""
+    """``word`` says ``cue``: it is it (cues of 1–2 letters), starts with it, or (5+ letters) is one edit away (a
+    letter missing, extra or two swapped; a wrong one in cues of 6+ letters)."""
+    if len(cue) <= 2:  # "up", "ns": whole words only ("upgrade" does not say "up")
+        return word == cue
     if word.startswith(cue):
         return True
     if len(cue) < 5 or abs(len(word) - len(cue)) > 1:
         return False
-    return _one_edit(word[: len(cue) + 1], cue) or _one_edit(word, cue)
+    substitute = len(cue) >= 6
+    return _one_edit(word[: len(cue) + 1], cue, substitute) or _one_edit(word, cue, substitute)
 
 
-def _one_edit(a: str, b: str) -> bool:
+def _one_edit(a: str, b: str, substitute: bool = True) -> bool:
     if a == b:
         return True
     if len(a) == len(b):
         diff = [i for i in range(len(a)) if a[i] != b[i]]
         if len(diff) == 1:
-            return True
+            return substitute
         i, j = diff[0], diff[-1]
         return len(diff) == 2 and j == i + 1 and a[i] == b[j] and a[j] == b[i]
     short, long = (a, b) if len(a) < len(b) else (b, a)
@@ -89,6 +153,17 @@ def _names(command) -> list[str]:
     return parts
 
 
+def _namespaces_said(request: str, pattern: re.Pattern[str] = _NAMESPACE_IS) -> set[str]:
+    """The names the request gives as namespaces ("in prod", "inside the staging namespace", "team-ml ns")."""
+    text = " ".join("namespace" if _close(word, "namespace") else word for word in request.lower().split())
+    return {name for match in pattern.finditer(text) for name in match.groups() if name} - _NOT_NAMES
+
+
+def _object(command) -> str | None:
+    """The name of the object a command changes (its first positional argument that is not a kind)."""
+    return next((arg for arg in command.args if arg not in _KINDS), None)
+
+
 def check(request: str, answer: str) -> Verdict:
     """Whether ``answer`` may be shown for ``request`` (see the module's rules)."""
     command, _ = extract(answer)
@@ -98,15 +173,48 @@ def check(request: str, answer: str) -> Verdict:
     if cues is None:
         return Verdict(False, f"'{command.verb}' is not a change this model was taught")
     words = _words(request)
-    if not any(_close(word, cue) for word in words for cue in cues):
+    labels = [arg for arg in command.args if "=" in arg]  # a label said as typed is the request for it
+    said_label = command.verb == "label" and labels and all(label.lower() in request.lower() for label in labels)
+    if not said_label and not any(_close(word, cue) for word in words for cue in cues):
         return Verdict(False, f"the request does not ask to {command.verb}")
-    said = request.lower()
+    said = " ".join([request.lower(), *(_NUMBER_WORDS[w] for w in words if w in _NUMBER_WORDS)])  # "two" is 2
     missing = [name for name in _names(command) if name.lower() not in said]
     if missing:
         return Verdict(False, f"'{missing[0]}' is not in the request")
-    if _PAST_OR_REASON.match(request):
+    kind = command.resource
+    if kind and kind not in _TAUGHT_KINDS.get(command.verb, {kind}):
+        return Verdict(False, f"'{command.verb} {kind}' is not a change this model was taught")
+    if kind and command.verb in _KIND_CHECKED:  # "scale the search statefulset" answered for a deployment
+        said_kinds = {_KIND_OF[w] for w in re.findall(r"(?<![\w-])[a-z]+(?![\w-])", request.lower()) if w in _KIND_OF}
+        other_kinds = said_kinds - {kind, "namespace", *_KIND_CHECKED[command.verb]}
+        if other_kinds:
+            return Verdict(False, f"the request is about a {sorted(other_kinds)[0]}, not a {kind}")
+    target = (_object(command) or "").lower()
+    changes_a_namespace = command.verb in _NAMESPACE_OBJECTS or command.resource == "namespace"
+    if target and not changes_a_namespace and target in _namespaces_said(request):
+        return Verdict(False, f"'{target}' is a namespace in the request, not what to {command.verb}")
+    if target in _GENERIC_WORDS:
+        return Verdict(False, f"'{target}' names no object to {command.verb}")
+    namespace = dict(command.flags).get("--namespace")
+    if namespace and namespace.lower() not in _namespaces_said(request, _NAMESPACE_MAY_BE):
+        return Verdict(False, f"the request does not say '{namespace}' is the namespace")
+    if _PAST_OR_REASON.match(request) or _ADVICE.search(request):
         return Verdict(False, "the request asks a question, not for a change")
-    if command.verb in _BULK_VERBS and (_BULK.search(request) or any(f == "--all" for f, _ in command.flags)):
+    named = {part for name in _names(command) for part in _words(name)}
+    unsupported = next(
+        (
+            w
+            for w in words
+            if w not in named
+            and not _PAST_TENSE.search(w)  # "i edited app.yaml, apply it": done by the visitor, not asked
+            and (w.startswith(UNSUPPORTED_OPERATIONS) or w in UNSUPPORTED_WORDS)
+        ),
+        None,
+    )
+    if unsupported:
+        return Verdict(False, f"'{unsupported}' is not a change this model was taught")
+    bulk = any(_close(word, cue) or word == cue for word in words for cue in _BULK_WORDS)
+    if command.verb in _BULK_VERBS and (bulk or any(f == "--all" for f, _ in command.flags)):
         return Verdict(False, "changes to everything at once are not supported")
     return Verdict(True, "")
 

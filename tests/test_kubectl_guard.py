@@ -18,7 +18,34 @@ from playground.kubectl_guard import REFUSAL, check, guard
         ("gpu-7 is fixed, make it schedulable again", "kubectl uncordon gpu-7"),
         ("stop scheduling pods on node gpu-7", "kubectl cordon gpu-7"),
         ("add the label zone=eu-west-1a to node ip-10-0-3-12", "kubectl label node ip-10-0-3-12 zone=eu-west-1a"),
-        ("aply ./manifests/cronjob.yaml", "kubectl apply -f ./manifests/cronjob.yaml"),
+        ("aply ./manifests/cronjob.yaml", "kubectl apply -f ./manifests/cronjob.yaml"),  # "cronjob" is the file's
+        ("drian node-pool-b-4 pls", "kubectl drain node-pool-b-4 --ignore-daemonsets"),  # two letters swapped
+        ("restatr the auth deployment", "kubectl rollout restart deployment auth"),  # ... in a longer cue
+        ("in staging, restart the api deployment", "kubectl rollout restart deployment api -n staging"),
+        ("create the namespace staging", "kubectl create namespace staging"),  # a namespace is its object here
+        ("label namespace payments with env=prod", "kubectl label namespace payments env=prod"),
+        ("scale web to 3 replicas, cpu is high", "kubectl scale deployment web --replicas=3"),  # "cpu" is not "cp"
+        ("can u shrink orders-v3 to just two pods", "kubectl scale deployment orders-v3 --replicas=2"),  # "two" is 2
+        ("we need an ns called hack-2025", "kubectl create namespace hack-2025"),
+        ("evacuate node ip-10-0-3-201 first", "kubectl drain ip-10-0-3-201 --ignore-daemonsets"),
+        ("stop scheduling stuff on gke-pool-a-3", "kubectl cordon gke-pool-a-3"),  # "on" names a node here
+        ("how do i list the pods?", "kubectl get pods"),  # a question, but a read: shown
+        ("remove secret legacy-token from namesapce auth", "kubectl delete secret legacy-token -n auth"),
+        ("on staging, restart the api deployment", "kubectl rollout restart deployment api -n staging"),
+        ("bounce web inside team-ml", "kubectl rollout restart deployment web -n team-ml"),
+        ("team-a - please revert profile-svc", "kubectl rollout undo deployment profile-svc -n team-a"),
+        (
+            "put a service in front of proxy, port 3000, ns is team-obs",
+            "kubectl expose deployment proxy --port=3000 -n team-obs",
+        ),
+        (
+            "memory leak in notifications-worker again... give it a restart",
+            "kubectl rollout restart deployment notifications-worker",
+        ),  # "in X again": not a namespace
+        ("slap owner=platform on the edge-router deployment", "kubectl label deployment edge-router owner=platform"),
+        ("can u restart checkout-svc", "kubectl rollout restart deployment checkout-svc"),  # "svc" is in its name
+        ("i edited k8s/gateway.yaml, aply it again", "kubectl apply -f k8s/gateway.yaml"),  # edited: not asked
+        ("have to reboot infra-node-2, empty it out first", "kubectl drain infra-node-2 --ignore-daemonsets"),
         ("show me the pods in staging", "kubectl get pods -n staging"),  # read-only: always shown
         ("forward 8080 to the web service", "kubectl port-forward svc/web 8080"),
         ("What is the capital of France?", "The capital of France is Paris."),  # no command
@@ -43,6 +70,30 @@ def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -
         ("taint node gpu-7", "kubectl taint nodes gpu-7 key=value:NoSchedule", "not a change this model was taught"),
         ("scale web to 3", "kubectl scale deployment web --replicas=4", "'4' is not in the request"),
         ("show the logs of web-1", "`kubectl delete pod web-1`", "does not ask to delete"),  # inside backticks too
+        # a wrong letter in a 5-letter cue makes another word: "clean" is not "clear" (a drain cue)
+        ("clean out the web pods", "kubectl drain web --ignore-daemonsets", "does not ask to drain"),
+        ("wipe the staging namespace, drain it", "kubectl drain staging --ignore-daemonsets",
+         "'staging' is a namespace in the request"),
+        ("nuke the old-config configmap in staging", "kubectl delete configmap staging", "is a namespace"),
+        ("delete evry pod", "kubectl delete pod evry", "everything at once"),  # a typo in "every"
+        ("delete ingress public-web in team-web", "kubectl delete ingress public-web -n team-web",
+         "'delete ingress' is not a change this model was taught"),
+        ("scale the search statefulset to 5 replicas", "kubectl scale deployment search --replicas=5",
+         "about a statefulset, not a deployment"),
+        ("open a tunnel to port 9090 on pod exporter-6b7c8-qwert", "kubectl expose deployment exporter-6b7c8-qwert "
+         "--port=9090", "about a pod, not a deployment"),
+        ("autoscale api between 2 and 10 replicas at 70% cpu", "kubectl scale deployment api --replicas=70",
+         "'autoscale' is not a change"),
+        ("edit the web deployment, then restart it", "kubectl rollout restart deployment web", "'edit' is not"),
+        ("ssh into gpu-7 and restart kubelet", "kubectl rollout restart deployment kubelet", "'ssh' is not"),
+        ("is it safe to restart web during peak traffic", "kubectl rollout restart deployment web", "asks a question"),
+        ("should we scale api to 5 before the keynote?", "kubectl scale deployment api --replicas=5", "a question"),
+        ("upgarde the cluster to 1.30", "kubectl scale deployment cluster --replicas=1.30", "does not ask to scale"),
+        ("upgarde the cluster to 1.30", "kubectl set image deployment/cluster cluster=cluster:1.30", "names no object"),
+        ("i want to hit the grafana service on 3000 locally, its in monitoring",
+         "kubectl expose deployment grafana --port=3000 -n grafana", "does not ask to expose"),
+        ("bounce grafana, it runs in monitoring", "kubectl rollout restart deployment grafana -n grafana",
+         "does not say 'grafana' is the namespace"),
     ],
 )  # fmt: skip
 def test_unasked_changes_are_held_back_with_the_reason(request_text: str, answer: str, reason: str) -> None:

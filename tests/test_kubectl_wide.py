@@ -54,10 +54,16 @@ def test_no_visitor_request_is_one_the_generator_makes(generated) -> None:
 
 def test_the_visitor_set_is_well_formed() -> None:
     rows = _visitor_rows()
-    assert [r["id"] for r in rows] == [f"v{i:03d}" for i in range(1, len(rows) + 1)]
-    assert {r["split"] for r in rows} == {"test", "dev"}
-    test_rows = [r for r in rows if r["split"] == "test"]
-    assert sum(bool(r["expected"]) for r in test_rows) >= 50 and sum(not r["expected"] for r in test_rows) >= 15
+    # four sets written apart from the generator, each by someone who saw no other: v (dev; dev2, the test split
+    # until 2026-11-27), f (dev3) and g (dev4), each the test split for one measurement, then h (the test split now)
+    sets = {prefix: [r for r in rows if r["id"].startswith(prefix)] for prefix in "vfgh"}
+    for prefix, chosen in sets.items():
+        assert [r["id"] for r in chosen] == [f"{prefix}{i:03d}" for i in range(1, len(chosen) + 1)]
+    assert sum(map(len, sets.values())) == len(rows) and len({_normal(r["request"]) for r in rows}) == len(rows)
+    splits = [{r["split"] for r in chosen} for chosen in sets.values()]
+    assert splits == [{"dev", "dev2"}, {"dev3"}, {"dev4"}, {"test"}]
+    fresh = sets["h"]
+    assert sum(bool(r["expected"]) for r in fresh) >= 50 and sum(not r["expected"] for r in fresh) >= 15
     for row in rows:
         if row["expected"] is None:
             assert row["read_only"] is True, row["id"]  # an unsupported request must never change the cluster

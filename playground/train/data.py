@@ -193,7 +193,8 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
         if first:
             request = kubectl_wide.namespace_first(rng, request, namespace, unseen)
         else:
-            request += rng.choice(_IN_NAMESPACE[unseen]).format(ns=namespace)
+            suffixes = _IN_NAMESPACE[unseen] + (kubectl_wide.IN_NAMESPACE[unseen] if wide else [])
+            request += rng.choice(suffixes).format(ns=namespace)
         answer += f" -n {namespace}"
     if not wide:
         wrappers = _WRAPPERS

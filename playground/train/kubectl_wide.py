@@ -24,6 +24,7 @@ EXTRA_PHRASINGS: dict[str, list[str]] = {
     "kubectl scale deployment {app} --replicas={n}": [
         "bump {app} to {n} replicas", "resize the {app} deployment to {n}", "{app} should run {n} replicas",
         "make it {n} replicas for {app}", "set replicas of {app} to {n}", "{n} replicas for the {app} deployment",
+        "shrink {app} to {n} replicas", "take {app} down to {n} replicas", "{app} needs {n} copies running",
     ],
     "kubectl get {kinds}": [
         "what {kinds} are there", "which {kinds} exist", "what {kinds} do we have", "any {kinds}?",
@@ -31,36 +32,40 @@ EXTRA_PHRASINGS: dict[str, list[str]] = {
     ],
     "kubectl logs {pod}": [
         "what did pod {pod} log", "logs of {pod}", "check the logs of pod {pod}", "{pod} logs",
-        "let me see the output of pod {pod}",
+        "let me see the output of pod {pod}", "what is {pod} printing", "stdout of pod {pod}",
+        "pull the logs off {pod}",
     ],
     "kubectl describe {kind} {app}": [
         "inspect the {kind} {app}", "what's going on with {kind} {app}", "info on the {app} {kind}",
-        "tell me about {kind} {app}",
+        "tell me about {kind} {app}", "full details on {kind} {app}", "break down the {kind} {app} for me",
     ],
     "kubectl delete {kind} {app}": [
         "get rid of the {kind} {app}", "nuke {kind} {app}", "kill the {app} {kind}", "{kind} {app} must go, delete it",
+        "trash the {kind} {app}", "the {kind} {app} is not needed anymore, remove it",
     ],
     "kubectl rollout restart deployment {app}": [
         "bounce the {app} deployment", "bounce {app}", "kick the {app} pods", "recycle the {app} deployment",
-        "restart {app}",
+        "restart {app}", "cycle the {app} pods", "rolling restart for {app}",
     ],
     "kubectl create namespace {new_ns}": [
         "set up a namespace {new_ns}", "new namespace {new_ns}", "I need a namespace called {new_ns}",
+        "spin up a namespace {new_ns}", "we need an ns named {new_ns}",
     ],
     "kubectl expose deployment {app} --port={port}": [
         "make {app} reachable on port {port}", "put a service in front of {app} on port {port}",
-        "publish deployment {app} on port {port}",
+        "publish deployment {app} on port {port}", "expose {app} on {port}", "a service for {app} on port {port}",
     ],
     "kubectl set image deployment/{app} {app}={app}:{tag}": [
         "roll {app} to tag {tag}", "deploy version {tag} of {app}", "ship {tag} to {app}", "{app} to image tag {tag}",
-        "move {app} to {tag}",
+        "move {app} to {tag}", "switch {app} to image tag {tag}", "put {app} on version {tag}",
     ],
     "kubectl cordon {node}": [
         "stop scheduling pods on node {node}", "no new pods on {node}", "keep new pods off node {node}",
-        "make {node} unschedulable",
+        "make {node} unschedulable", "mark node {node} unschedulable", "take {node} out of scheduling",
     ],
     "kubectl drain {node} --ignore-daemonsets": [
         "empty node {node}", "move all pods off {node}", "get every pod off node {node}", "clear out node {node}",
+        "evacuate node {node}", "evacuate {node}",
     ],
 }  # fmt: skip
 
@@ -68,11 +73,12 @@ EXTRA_PHRASINGS: dict[str, list[str]] = {
 EXTRA_OPS: list[tuple[str, list[str], list[str], bool]] = [
     ("kubectl uncordon {node}",
      ["uncordon node {node}", "make {node} schedulable again", "allow pods on node {node} again",
-      "let pods schedule on {node} again", "undo the cordon on {node}"],
+      "let pods schedule on {node} again", "undo the cordon on {node}", "put {node} back in rotation",
+      "let pods land on {node} again"],
      ["mark node {node} schedulable", "put {node} back into scheduling"], False),
     ("kubectl rollout undo deployment {app}",
      ["roll back the {app} deployment", "undo the last rollout of {app}", "revert {app} to the previous version",
-      "rollback {app}", "go back to the previous {app} release"],
+      "rollback {app}", "go back to the previous {app} release", "put the previous version of {app} back"],
      ["roll {app} back one version", "revert the {app} deployment"], True),
     ("kubectl rollout status deployment {app}",
      ["is the {app} rollout done", "check the rollout status of {app}", "how is the {app} rollout going",
@@ -84,36 +90,41 @@ EXTRA_OPS: list[tuple[str, list[str], list[str], bool]] = [
      ["open a local port {port} to pod {pod}", "port forward {port} into pod {pod}"], True),
     ("kubectl port-forward service/{app} {port}",
      ["port-forward the {app} service on {port}", "forward port {port} to service {app}",
-      "reach the {app} service locally on port {port}", "port-forward svc {app} {port}"],
+      "reach the {app} service locally on port {port}", "port-forward svc {app} {port}",
+      "hit the {app} service from my laptop on {port}"],
      ["forward local port {port} to the {app} service", "tunnel to service {app} on port {port}"], True),
     ("kubectl port-forward service/{app} {lport}:{port}",
      ["forward local port {lport} to port {port} of service {app}", "port-forward svc {app} from {lport} to {port}",
-      "map my port {lport} to the {app} service's port {port}"],
+      "map my port {lport} to the {app} service's port {port}", "map local {lport} onto the {app} svc port {port}"],
      ["tunnel local {lport} to {app} service port {port}"], True),
     ("kubectl label {lkind} {lname} {key}={value}",
      ["label {lkind} {lname} with {key}={value}", "add the label {key}={value} to {lkind} {lname}",
-      "tag {lkind} {lname} as {key}={value}", "put label {key}={value} on the {lname} {lkind}"],
+      "tag {lkind} {lname} as {key}={value}", "put label {key}={value} on the {lname} {lkind}",
+      "stick a {key}={value} label on the {lname} {lkind}"],
      ["give {lkind} {lname} the label {key}={value}", "set label {key}={value} on {lkind} {lname}"], False),
     ("kubectl apply -f {file}",
      ["apply {file}", "apply the manifest {file}", "deploy the file {file}", "create the resources in {file}",
-      "kubectl apply my {file}"],
+      "kubectl apply my {file}", "load {file} into the cluster", "get {file} onto the cluster"],
      ["apply the yaml in {file}", "push the manifest {file} to the cluster"], True),
     ("kubectl top pods",
      ["show pod cpu and memory usage", "which pods use the most cpu", "resource usage of the pods",
-      "how much memory are the pods using"],
+      "how much memory are the pods using", "which pods eat the most cpu", "cpu and mem numbers for the pods"],
      ["pod resource consumption", "cpu and memory of all pods"], True),
     ("kubectl top nodes",
      ["show node cpu and memory usage", "how loaded are the nodes", "resource usage of the nodes",
       "which node uses the most memory"],
      ["node resource consumption", "cpu and memory of every node"], False),
     ("kubectl top pod {pod}",
-     ["how much cpu is pod {pod} using", "resource usage of pod {pod}", "memory used by {pod}"],
+     ["how much cpu is pod {pod} using", "resource usage of pod {pod}", "memory used by {pod}",
+      "how much ram is {pod} using"],
      ["cpu and memory of pod {pod}"], True),
     ("kubectl get events",
-     ["show the events", "what happened recently in the cluster", "list recent events", "any events?"],
+     ["show the events", "what happened recently in the cluster", "list recent events", "any events?",
+      "dump the events"],
      ["show me the latest events", "list all cluster events"], True),
     ("kubectl get nodes",
-     ["list the nodes", "which nodes do we have", "show all nodes", "how many nodes are there"],
+     ["list the nodes", "which nodes do we have", "show all nodes", "how many nodes are there",
+      "list the machines in the cluster"],
      ["display every node", "what nodes are in the cluster"], False),
     ("kubectl get namespaces",
      ["list the namespaces", "which namespaces exist", "show all namespaces"],
@@ -161,8 +172,10 @@ UNSUPPORTED: dict[bool, list[str]] = {
 }  # fmt: skip
 _USERS = ["alice", "bob", "ci-bot", "dana", "sam"]
 
-_NS_FIRST = {False: ["in {ns}: {r}", "{ns} namespace: {r}", "in the {ns} namespace, {r}", "on {ns}, {r}"],
+_NS_FIRST = {False: ["in {ns}: {r}", "{ns} namespace: {r}", "in the {ns} namespace, {r}", "on {ns}, {r}",
+                    "{ns} ns: {r}", "in {ns} {r}"],
              True: ["for the {ns} namespace: {r}", "namespace {ns}, {r}"]}  # fmt: skip
+IN_NAMESPACE = {False: [" inside {ns}", " over in {ns}", " in the {ns} ns"], True: [" over in the {ns} namespace"]}
 WIDE_WRAPPERS = {False: ["{r}", "{r}", "{r} pls", "{r}?", "{r} thx", "quick one: {r}"], True: ["{r} asap", "yo {r}"]}
 _LABEL_KINDS = ["pod", "node", "deployment", "namespace"]
 _LABEL_KEYS = {False: ["env", "team", "tier", "gpu", "owner", "app"], True: ["zone", "release"]}

@@ -40,27 +40,14 @@ CUES: dict[str, tuple[str, ...]] = {
     "rollout undo": ("undo", "rollback", "back", "revert", "previous"),
     "create namespace": ("create", "make", "add", "new", "set", "namespace", "ns"),
     "expose": ("expose", "publish", "reachable", "open", "front", "create"),  # not "service": port-forward says it
-    "set image": (
-        "image",
-        "tag",
-        "version",
-        "upgrade",
-        "update",
-        "deploy",
-        "roll",
-        "ship",
-        "bump",
-        "move",
-        "set",
-        "put",
-        "switch",
-    ),
+    "set image": ("image", "tag", "version", "upgrade", "update", "deploy", "roll", "ship", "bump", "move", "set",
+                  "put", "switch"),
     "cordon": ("cordon", "unschedulable", "schedul", "off"),
     "uncordon": ("uncordon", "schedulable", "schedul", "allow", "back", "again", "rotation"),
     "drain": ("drain", "evict", "evacuat", "empty", "off", "clear", "maintenance"),
     "label": ("label", "tag"),
     "apply": ("apply", "deploy", "create", "push", "install", "roll", "load"),
-}
+}  # fmt: skip
 # Operations no supported command does: a request that names one gets no cluster-changing answer (word prefixes,
 # then whole words), unless the word is part of a name the command carries (a file "cronjob.yaml").
 UNSUPPORTED_OPERATIONS = ("autoscal", "taint", "annotat", "patch", "edit", "exec", "shell", "helm", "copy", "attach",
@@ -99,7 +86,6 @@ _NUMBER_WORDS = {w: str(i) for i, w in enumerate(("zero", "one", "two", "three",
 # The kinds each change was taught for: "delete ingress web" or "scale the web statefulset" is not one.
 _TAUGHT_KINDS = {"delete": {"pod", "deployment", "service", "configmap", "job", "secret"},
                  "label": {"pod", "node", "deployment", "namespace"}}  # fmt: skip
-_PAST_TENSE = re.compile(r"ed$")
 # Changes whose answer must be about the kind the request names; the kinds a request may also say for them
 # ("scale web to 3 pods", "put a service in front of web", "restart the api pods").
 _KIND_CHECKED = {"scale": {"pod"}, "rollout restart": {"pod"}, "rollout undo": {"pod"}, "set image": {"pod", "image"},
@@ -164,6 +150,18 @@ def _object(command) -> str | None:
     return next((arg for arg in command.args if arg not in _KINDS), None)
 
 
+def _unsupported_operation(words: list[str], command) -> str | None:
+    """The request's first word naming an operation the task does not teach, outside the command's names ("cronjob"
+    in ``cronjob.yaml``) and not in the past tense ("i edited app.yaml, apply it": done, not asked for)."""
+    named = {part for name in _names(command) for part in _words(name)}
+    for word in words:
+        if word in named or word.endswith("ed"):
+            continue
+        if word.startswith(UNSUPPORTED_OPERATIONS) or word in UNSUPPORTED_WORDS:
+            return word
+    return None
+
+
 def check(request: str, answer: str) -> Verdict:
     """Whether ``answer`` may be shown for ``request`` (see the module's rules)."""
     command, _ = extract(answer)
@@ -200,17 +198,7 @@ def check(request: str, answer: str) -> Verdict:
         return Verdict(False, f"the request does not say '{namespace}' is the namespace")
     if _PAST_OR_REASON.match(request) or _ADVICE.search(request):
         return Verdict(False, "the request asks a question, not for a change")
-    named = {part for name in _names(command) for part in _words(name)}
-    unsupported = next(
-        (
-            w
-            for w in words
-            if w not in named
-            and not _PAST_TENSE.search(w)  # "i edited app.yaml, apply it": done by the visitor, not asked
-            and (w.startswith(UNSUPPORTED_OPERATIONS) or w in UNSUPPORTED_WORDS)
-        ),
-        None,
-    )
+    unsupported = _unsupported_operation(words, command)
     if unsupported:
         return Verdict(False, f"'{unsupported}' is not a change this model was taught")
     bulk = any(_close(word, cue) or word == cue for word in words for cue in _BULK_WORDS)

@@ -24,8 +24,8 @@ Splits: ``dev`` (40) and ``dev2`` (80: the test split until 2026-11-27) were rea
 guard. ``dev3`` (80, ids ``f…``), ``dev4`` (``g…``) and ``test`` (``h…``) were each written later by someone who saw
 neither the generator, the guard nor the other sets; ``dev3`` and ``dev4`` were each the test split for one
 measurement, then read. The test split's answers stay unread while tuning. ``--show`` prints the dev splits'
-misses; ``--keep DIR`` trains into DIR and keeps its ``model/`` and the answers (``answers.json``), so a guard change
-can be scored again without training.
+misses; ``--keep DIR`` trains into DIR and keeps its ``model/`` and the answers (``answers.json``); ``--answers
+FILE`` scores such a file again through the guard as it is now, without a model.
 """
 
 from __future__ import annotations
@@ -98,6 +98,18 @@ def answer(model_dir: Path, template: str | None, rows: list[dict[str, Any]]) ->
     return bench._answers(model, tokenizer, [r["request"] for r in rows], 48)
 
 
+def rescore(answers_file: Path, split: str) -> dict[str, Any]:
+    """The figures of kept answers (``--keep``'s answers.json) on ``split``, raw and through the guard as it is now:
+    a guard change measured without a model. Rows the file has no answer for are left out."""
+    from playground.kubectl_guard import guard
+
+    answered = {a["id"]: a["answer"] for a in json.loads(answers_file.read_text())}
+    rows = [r for r in load_set(split) if r["id"] in answered]
+    answers = [answered[r["id"]] for r in rows]
+    guarded = [guard(r["request"], a) for r, a in zip(rows, answers, strict=True)]
+    return {"fine_tuned": per_split(rows, answers), "fine_tuned_guarded": per_split(rows, guarded)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, help="a trained model/ directory (default: train one now)")
@@ -107,7 +119,11 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a training parameter")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--keep", type=Path, help="train into this directory and keep it (model/ and answers.json)")
+    parser.add_argument("--answers", type=Path, help="score a kept answers.json through the current guard (no model)")
     args = parser.parse_args()
+    if args.answers:
+        print(json.dumps(rescore(args.answers, args.split), indent=1))
+        return
     from playground.blueprints import get_blueprint
     from playground.kubectl_guard import guard
     from playground.models.packaged import ensure_converted

@@ -171,3 +171,19 @@ def test_the_benchmark_counts_a_mutating_answer_to_an_unsupported_request() -> N
     assert figures["exact"] == 1 and figures["exact_share"] == 0.5
     assert figures["mutating_unasked"] == 2 and figures["mutating_ids"] == ["b", "c"]
     assert figures["declined"] == 1
+
+
+def test_the_benchmark_rescores_kept_answers_through_the_guard(tmp_path) -> None:
+    spec = importlib.util.spec_from_file_location("visitor_requests", REPO / "benchmarks" / "visitor_requests.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    read_only = next(r for r in _visitor_rows() if r["split"] == "dev" and r["expected"] is None)
+    asked = next(r for r in _visitor_rows() if r["split"] == "dev" and r["expected"] and not r["read_only"])
+    kept = [{"id": read_only["id"], "answer": "kubectl delete namespace prod"},
+            {"id": asked["id"], "answer": asked["expected"]}]  # fmt: skip
+    (tmp_path / "answers.json").write_text(json.dumps(kept))
+    figures = bench.rescore(tmp_path / "answers.json", "dev")
+    raw, guarded = figures["fine_tuned"]["dev"], figures["fine_tuned_guarded"]["dev"]
+    assert raw["requests"] == 2 and raw["mutating_ids"] == [read_only["id"]] and raw["exact"] == 1
+    assert guarded["mutating_unasked"] == 0 and guarded["exact"] == 1  # held back; the asked-for change shown

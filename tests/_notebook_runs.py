@@ -64,8 +64,10 @@ NOT_EXECUTED = {"qwen2.5-1.5b-dpo-kubectl", "llama-3.2-1b-grpo-kubectl", "qwen2.
 # 0.8): the full defaults train in the session's trained_tiny_job (conftest.py), whose exact match test_serving.py
 # asserts.
 TINY_PARAMS = {"max_steps": 150}
+# 6 steps, not 4: at 4 (still in the 6-step warmup) the model on the widened wide task answers two of the examples
+# with nothing at all (measured 2026-11-27); at 6 it answers every one with text.
 SMOLLM2_PARAMS = {
-    "max_steps": 4,
+    "max_steps": 6,
     "num_eval_examples": 10,
     "log_every": 2,
     "assert_quality": False,

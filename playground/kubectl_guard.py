@@ -108,8 +108,12 @@ def _close(word: str, cue: str) -> bool:
     letter missing, extra or two swapped; a wrong one in cues of 6+ letters)."""
     if len(cue) <= 2:  # "up", "ns": whole words only ("upgrade" does not say "up")
         return word == cue
-    if word.startswith(cue):
-        return True
+    return word.startswith(cue) or _typo(word, cue)
+
+
+def _typo(word: str, cue: str) -> bool:
+    """``word`` is ``cue`` (5+ letters) mistyped by one edit: a letter missing, extra or two swapped; a wrong letter
+    only in cues of 6+ letters (in shorter ones it makes another word: "clean" is not "clear")."""
     if len(cue) < 5 or abs(len(word) - len(cue)) > 1:
         return False
     substitute = len(cue) >= 6
@@ -170,12 +174,12 @@ def check(request: str, answer: str) -> Verdict:
     cues = CUES.get(command.verb)
     if cues is None:
         return Verdict(False, f"'{command.verb}' is not a change this model was taught")
-    words = _words(request)
+    lowered, words = request.lower(), _words(request)
     labels = [arg for arg in command.args if "=" in arg]  # a label said as typed is the request for it
-    said_label = command.verb == "label" and labels and all(label.lower() in request.lower() for label in labels)
+    said_label = command.verb == "label" and labels and all(label.lower() in lowered for label in labels)
     if not said_label and not any(_close(word, cue) for word in words for cue in cues):
         return Verdict(False, f"the request does not ask to {command.verb}")
-    said = " ".join([request.lower(), *(_NUMBER_WORDS[w] for w in words if w in _NUMBER_WORDS)])  # "two" is 2
+    said = " ".join([lowered, *(_NUMBER_WORDS[w] for w in words if w in _NUMBER_WORDS)])  # "two" is 2
     missing = [name for name in _names(command) if name.lower() not in said]
     if missing:
         return Verdict(False, f"'{missing[0]}' is not in the request")
@@ -183,7 +187,7 @@ def check(request: str, answer: str) -> Verdict:
     if kind and kind not in _TAUGHT_KINDS.get(command.verb, {kind}):
         return Verdict(False, f"'{command.verb} {kind}' is not a change this model was taught")
     if kind and command.verb in _KIND_CHECKED:  # "scale the search statefulset" answered for a deployment
-        said_kinds = {_KIND_OF[w] for w in re.findall(r"(?<![\w-])[a-z]+(?![\w-])", request.lower()) if w in _KIND_OF}
+        said_kinds = {_KIND_OF[w] for w in re.findall(r"(?<![\w-])[a-z]+(?![\w-])", lowered) if w in _KIND_OF}
         other_kinds = said_kinds - {kind, "namespace", *_KIND_CHECKED[command.verb]}
         if other_kinds:
             return Verdict(False, f"the request is about a {sorted(other_kinds)[0]}, not a {kind}")
@@ -201,7 +205,7 @@ def check(request: str, answer: str) -> Verdict:
     unsupported = _unsupported_operation(words, command)
     if unsupported:
         return Verdict(False, f"'{unsupported}' is not a change this model was taught")
-    bulk = any(_close(word, cue) or word == cue for word in words for cue in _BULK_WORDS)
+    bulk = any(word == cue or _typo(word, cue) for word in words for cue in _BULK_WORDS)  # "evry"; not "allocator"
     if command.verb in _BULK_VERBS and (bulk or any(f == "--all" for f, _ in command.flags)):
         return Verdict(False, "changes to everything at once are not supported")
     return Verdict(True, "")

@@ -46,6 +46,8 @@ from playground.kubectl_guard import REFUSAL, check, guard
         ("can u restart checkout-svc", "kubectl rollout restart deployment checkout-svc"),  # "svc" is in its name
         ("i edited k8s/gateway.yaml, aply it again", "kubectl apply -f k8s/gateway.yaml"),  # edited: not asked
         ("have to reboot infra-node-2, empty it out first", "kubectl drain infra-node-2 --ignore-daemonsets"),
+        ("delete the allocator-7 pod", "kubectl delete pod allocator-7"),  # "allocator" is not "all"
+        ("scale everyone-api to 2", "kubectl scale deployment everyone-api --replicas=2"),  # nor "everyone" "every"
         ("show me the pods in staging", "kubectl get pods -n staging"),  # read-only: always shown
         ("forward 8080 to the web service", "kubectl port-forward svc/web 8080"),
         ("What is the capital of France?", "The capital of France is Paris."),  # no command

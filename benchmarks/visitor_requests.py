@@ -1,6 +1,6 @@
 """Visitors type their own requests (issue 20, item 5): the embedded default blueprint on a visitor-style set.
 
-    python benchmarks/visitor_requests.py [--model-dir DIR] [--split test|dev|dev2|dev3|dev4|all] [--show] [--keep DIR]
+    python benchmarks/visitor_requests.py [--model-dir DIR] [--split SPLIT|all] [--show] [--keep DIR] [--answers FILE]
 
 The set (benchmarks/data/visitor_requests.jsonl) was written apart from the training generator's templates
 (playground/train/data.py, kubectl_wide.py; tests/test_kubectl_wide.py checks no request is one the
@@ -98,22 +98,26 @@ def answer(model_dir: Path, template: str | None, rows: list[dict[str, Any]]) ->
     return bench._answers(model, tokenizer, [r["request"] for r in rows], 48)
 
 
+def fine_tuned_figures(rows: list[dict[str, Any]], answers: list[str]) -> dict[str, Any]:
+    """:func:`per_split` of the model's answers, raw and through the guard (what the chat panel shows)."""
+    from playground.kubectl_guard import guard
+
+    guarded = [guard(r["request"], a) for r, a in zip(rows, answers, strict=True)]
+    return {"fine_tuned": per_split(rows, answers), "fine_tuned_guarded": per_split(rows, guarded)}
+
+
 def rescore(answers_file: Path, split: str) -> dict[str, Any]:
     """The figures of kept answers (``--keep``'s answers.json) on ``split``, raw and through the guard as it is now:
     a guard change measured without a model. Rows the file has no answer for are left out."""
-    from playground.kubectl_guard import guard
-
     answered = {a["id"]: a["answer"] for a in json.loads(answers_file.read_text())}
     rows = [r for r in load_set(split) if r["id"] in answered]
-    answers = [answered[r["id"]] for r in rows]
-    guarded = [guard(r["request"], a) for r, a in zip(rows, answers, strict=True)]
-    return {"fine_tuned": per_split(rows, answers), "fine_tuned_guarded": per_split(rows, guarded)}
+    return fine_tuned_figures(rows, [answered[r["id"]] for r in rows])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, help="a trained model/ directory (default: train one now)")
-    parser.add_argument("--split", default="all", choices=["test", "dev", "dev2", "dev3", "dev4", "all"])
+    parser.add_argument("--split", default="all", choices=[*sorted({r["split"] for r in load_set()}), "all"])
     parser.add_argument("--show", action="store_true", help="print the dev splits' misses")
     parser.add_argument("--skip-base", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a training parameter")
@@ -125,7 +129,6 @@ def main() -> None:
         print(json.dumps(rescore(args.answers, args.split), indent=1))
         return
     from playground.blueprints import get_blueprint
-    from playground.kubectl_guard import guard
     from playground.models.packaged import ensure_converted
     from playground.train.kubectl_reward import score
 
@@ -149,9 +152,7 @@ def main() -> None:
             model_dir = Path(tmp) / "train" / "model"
         started = time.perf_counter()
         answers = answer(model_dir, None, rows)
-        results["fine_tuned"] = per_split(rows, answers)
-        guarded = [guard(r["request"], a) for r, a in zip(rows, answers, strict=True)]
-        results["fine_tuned_guarded"] = per_split(rows, guarded)  # what the chat panel shows (serving.guard)
+        results.update(fine_tuned_figures(rows, answers))
         print(json.dumps({"fine_tuned": results["fine_tuned"], "guarded": results["fine_tuned_guarded"]}), flush=True)
         results["answer_seconds"] = round(time.perf_counter() - started, 1)
         if args.keep:

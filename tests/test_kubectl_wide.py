@@ -154,11 +154,17 @@ def test_port_forward_answers_are_equivalent_and_read_only() -> None:
     assert changes_unasked("kubectl uncordon gpu-7", "kubectl get nodes")
 
 
-def test_the_benchmark_counts_a_mutating_answer_to_an_unsupported_request() -> None:
+def _benchmark():
+    """benchmarks/visitor_requests.py as a module."""
     spec = importlib.util.spec_from_file_location("visitor_requests", REPO / "benchmarks" / "visitor_requests.py")
     assert spec and spec.loader
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_benchmark_counts_a_mutating_answer_to_an_unsupported_request() -> None:
+    bench = _benchmark()
     rows = [
         {"id": "a", "request": "bounce web", "expected": "kubectl rollout restart deployment web", "read_only": False},
         {"id": "b", "request": "what pods run?", "expected": "kubectl get pods", "read_only": True},
@@ -174,10 +180,7 @@ def test_the_benchmark_counts_a_mutating_answer_to_an_unsupported_request() -> N
 
 
 def test_the_benchmark_rescores_kept_answers_through_the_guard(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("visitor_requests", REPO / "benchmarks" / "visitor_requests.py")
-    assert spec and spec.loader
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark()
     read_only = next(r for r in _visitor_rows() if r["split"] == "dev" and r["expected"] is None)
     asked = next(r for r in _visitor_rows() if r["split"] == "dev" and r["expected"] and not r["read_only"])
     kept = [{"id": read_only["id"], "answer": "kubectl delete namespace prod"},

@@ -21,10 +21,10 @@ Each figure is given for the model's raw answers and for what the chat panel sho
 for with the refusal.
 
 Splits: ``dev`` (40) and ``dev2`` (80: the test split until 2026-11-27) were read while tuning the generator and the
-guard. ``dev3`` (80, ids ``f…``), ``dev4`` (``g…``) and ``test`` (``h…``) were each written later by someone who saw
-neither the generator, the guard nor the other sets; ``dev3`` and ``dev4`` were each the test split for one
-measurement, then read. The test split's answers stay unread while tuning. ``--show`` prints the dev splits'
-misses; ``--keep DIR`` trains into DIR and keeps its ``model/`` and the answers (``answers.json``); ``--answers
+guard. ``dev3`` … ``dev7`` (ids ``f…``, ``g…``, ``h…``, ``i…``, ``j…``) and ``test`` (``k…``) were each written
+later by someone who saw neither the generator, the guard nor the other sets; ``dev3`` … ``dev7`` were each the test
+split for one measurement, then read. The test split's answers stay unread while tuning. ``--show`` prints the dev
+splits' misses; ``--keep DIR`` trains into DIR and keeps its ``model/`` and the answers (``answers.json``); ``--answers
 FILE`` scores such a file again through the guard as it is now, without a model.
 """
 
@@ -157,6 +157,7 @@ def main() -> None:
         results["answer_seconds"] = round(time.perf_counter() - started, 1)
         if args.keep:
             kept_answers = [{"id": r["id"], "answer": a} for r, a in zip(rows, answers, strict=True)]
+            args.keep.mkdir(parents=True, exist_ok=True)  # also with --model-dir, where nothing was trained into it
             (args.keep / "answers.json").write_text(json.dumps(kept_answers, indent=1))
         if args.show:
             misses = [

@@ -12,12 +12,14 @@ cluster-changing answer passes only when
 2. every name, number and file the command carries appears in the request as typed (a model that invents a name
    is guessing); a name the request gives as a namespace ("in staging", "the staging namespace") is not the
    object the command changes ("wipe the staging namespace" is not ``kubectl drain staging``), the command's
-   namespace is one the request gives as such, and its object is not a word like "cluster" or "everything";
-3. the request is not a question about the past or a reason ("who…", "why…", "when…") nor asks for advice ("should
-   I…", "is it safe to…", "what happens if…"), it does not name an operation the task does not support
-   ("autoscale", "taint", "annotate", "patch", "edit", "exec", "helm"…: the nearest supported command would be a
-   guess), and a delete, drain or cordon does not come with "all", "every" (typos too) or ``--all`` (bulk changes
-   are not supported).
+   namespace is one the request gives as such, its object is not a word like "cluster" or "everything", and it
+   carries no flag the task does not teach that verb (``--replicas``, ``--port``, ``--ignore-daemonsets``, ``-f``
+   and ``-n`` are all there is);
+3. the request is not a question about the past or a reason ("who…", "why…", "when…") nor asks for advice or about
+   consequences ("should I…", "is it safe to…", "what happens if…", "if I roll back…, will we lose…?"), it does
+   not name an operation the task does not support ("autoscale", "taint", "annotate", "patch", "edit", "exec",
+   "helm", "service account"…, typos too: the nearest supported command would be a guess), and a delete, drain or
+   cordon does not come with "all", "every" (typos too) or ``--all`` (bulk changes are not supported).
 
 Anything else is replaced by :data:`REFUSAL`. Read-only answers (get, describe, logs, top, port-forward…) and
 answers with no command always pass. Torch-free and pure: the chat panel and benchmarks/visitor_requests.py call
@@ -51,8 +53,11 @@ CUES: dict[str, tuple[str, ...]] = {
 # Operations no supported command does: a request that names one gets no cluster-changing answer (word prefixes,
 # then whole words), unless the word is part of a name the command carries (a file "cronjob.yaml").
 UNSUPPORTED_OPERATIONS = ("autoscal", "taint", "annotat", "patch", "edit", "exec", "shell", "helm", "copy", "attach",
-                          "debug", "admin", "grant", "rbac", "permission", "cronjob")  # fmt: skip
+                          "debug", "admin", "grant", "rbac", "permission", "cronjob", "serviceaccount",
+                          "rolebinding")  # fmt: skip
 UNSUPPORTED_WORDS = ("hpa", "ssh", "cp")
+# ... and the same said in two words ("give the ci-bot service account …").
+_UNSUPPORTED_PHRASES = re.compile(r"\b(service accounts?|role ?bindings?|cluster ?roles?)\b")
 _BULK_WORDS = ("all", "every", "everything", "each", "whole", "entire")
 # Where a request names a namespace: "in prod", "inside the staging namespace", "team-ml ns", and "on prod" (which
 # names a node as often: not evidence that a name is a namespace, only that a namespace was said).
@@ -78,7 +83,8 @@ _PAST_OR_REASON = re.compile(
 # Advice and hypotheticals about a change are not a request for it ("should I scale web?", "is it safe to restart").
 _ADVICE = re.compile(
     r"\b(should (i|we)|shall (i|we)|is it (safe|ok|okay|wise|fine|a good idea)|what (happens|if)|would it|"
-    r"do (i|we) need to|how (do|can|should) (i|we)|how to)\b",
+    r"do (i|we) need to|how (do|can|should) (i|we)|how to|(will|would) (we|i|it|that|this) (lose|break|hurt|"
+    r"affect|drop|kill|take down|cause))\b|^\W*if\b[^?]*\?",
     re.IGNORECASE,
 )
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven",
@@ -91,6 +97,18 @@ _TAUGHT_KINDS = {"delete": {"pod", "deployment", "service", "configmap", "job", 
 _KIND_CHECKED = {"scale": {"pod"}, "rollout restart": {"pod"}, "rollout undo": {"pod"}, "set image": {"pod", "image"},
                  "expose": {"service"}, "delete": set()}  # fmt: skip
 _BULK_VERBS = {"delete", "drain", "cordon", "scale", "rollout restart"}
+# Kinds the task never taught, as a request may say them: "delete the pvc data-0" is not about a pod.
+_UNTAUGHT_KIND_WORDS = {"pvc": "pvc", "pvcs": "pvc", "pv": "pv", "pvs": "pv", "volume": "volume",
+                        "volumes": "volume", "persistentvolumeclaim": "pvc", "persistentvolumeclaims": "pvc",
+                        "networkpolicy": "networkpolicy", "netpol": "networkpolicy", "hpa": "hpa", "crd": "crd",
+                        "endpoints": "endpoints", "serviceaccount": "serviceaccount", "role": "role",
+                        "rolebinding": "rolebinding"}  # fmt: skip
+_SAID_KINDS = {**_UNTAUGHT_KIND_WORDS, **_KIND_OF}  # a word of the request → the kind it names
+# The only flags the task teaches each change (and --namespace for all; --all is the bulk rule's): another one is the
+# model guessing
+# ("kubectl expose deployment ci-bot --permision=ci-bot").
+_TAUGHT_FLAGS = {"scale": {"--replicas"}, "expose": {"--port"}, "drain": {"--ignore-daemonsets"},
+                 "apply": {"--filename"}}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -163,7 +181,10 @@ def _unsupported_operation(words: list[str], command) -> str | None:
             continue
         if word.startswith(UNSUPPORTED_OPERATIONS) or word in UNSUPPORTED_WORDS:
             return word
-    return None
+        if any(_typo(word, operation) for operation in UNSUPPORTED_OPERATIONS):  # "permision"
+            return word
+    phrase = _UNSUPPORTED_PHRASES.search(" ".join(words))
+    return phrase.group(0) if phrase else None
 
 
 def check(request: str, answer: str) -> Verdict:
@@ -183,11 +204,17 @@ def check(request: str, answer: str) -> Verdict:
     missing = [name for name in _names(command) if name.lower() not in said]
     if missing:
         return Verdict(False, f"'{missing[0]}' is not in the request")
+    taught_flags = {"--namespace", "--all", *_TAUGHT_FLAGS.get(command.verb, ())}
+    guessed_flags = [flag for flag, _ in command.flags if flag not in taught_flags]
+    if guessed_flags:
+        return Verdict(False, f"'{guessed_flags[0]}' is not a flag this model was taught for {command.verb}")
     kind = command.resource
+    if not kind and command.verb in _KIND_CHECKED.keys() | _TAUGHT_KINDS.keys():  # "kubectl delete data-0"
+        return Verdict(False, f"the answer names no kind to {command.verb}")
     if kind and kind not in _TAUGHT_KINDS.get(command.verb, {kind}):
         return Verdict(False, f"'{command.verb} {kind}' is not a change this model was taught")
     if kind and command.verb in _KIND_CHECKED:  # "scale the search statefulset" answered for a deployment
-        said_kinds = {_KIND_OF[w] for w in re.findall(r"(?<![\w-])[a-z]+(?![\w-])", lowered) if w in _KIND_OF}
+        said_kinds = {_SAID_KINDS[w] for w in re.findall(r"(?<![\w-])[a-z]+(?![\w-])", lowered) if w in _SAID_KINDS}
         other_kinds = said_kinds - {kind, "namespace", *_KIND_CHECKED[command.verb]}
         if other_kinds:
             return Verdict(False, f"the request is about a {sorted(other_kinds)[0]}, not a {kind}")

@@ -34,6 +34,9 @@ from playground.kubectl_guard import REFUSAL, check, guard
         ("on staging, restart the api deployment", "kubectl rollout restart deployment api -n staging"),
         ("bounce web inside team-ml", "kubectl rollout restart deployment web -n team-ml"),
         ("team-a - please revert profile-svc", "kubectl rollout undo deployment profile-svc -n team-a"),
+        ("if web is slow, scale it to 3 replicas", "kubectl scale deployment web --replicas=3"),  # no "?"
+        ("tag web with the new version v2, it will help", "kubectl set image deployment/web web=web:v2"),
+        ("delete pod account-svc-1 in billing", "kubectl delete pod account-svc-1 -n billing"),  # not "service account"
         (
             "put a service in front of proxy, port 3000, ns is team-obs",
             "kubectl expose deployment proxy --port=3000 -n team-obs",
@@ -96,6 +99,21 @@ def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -
          "kubectl expose deployment grafana --port=3000 -n grafana", "does not ask to expose"),
         ("bounce grafana, it runs in monitoring", "kubectl rollout restart deployment grafana -n grafana",
          "does not say 'grafana' is the namespace"),
+        # from the blind set i (2026-11-27): what leaked through the guard before these rules
+        ("if i roll back checkout now will we lose the db migration?", "kubectl rollout undo deployment checkout",
+         "asks a question"),
+        ("give the ci-bot service account permision to create deployments",
+         "kubectl expose deployment ci-bot --permision=ci-bot", "'--permision' is not a flag this model was taught"),
+        ("give the ci-bot service account permision to create deployments", "kubectl expose deployment ci-bot",
+         "'permision' is not a change"),  # a typo of an unsupported operation
+        ("make the ci-bot service account able to create deployments", "kubectl create namespace ci-bot",
+         "'service account' is not a change"),
+        ("scale web to 3, it will break otherwise", "kubectl scale deployment web --replicas=3 --force",
+         "'--force' is not a flag"),
+        # ... and from the blind set j
+        ("delete the pvc data-postgres-0 in db namespace", "kubectl delete pod data-postgres-0 -n db",
+         "about a pvc, not a pod"),
+        ("delete the pvc data-postgres-0 in db namespace", "kubectl delete data-postgres-0 -n db", "names no kind"),
     ],
 )  # fmt: skip
 def test_unasked_changes_are_held_back_with_the_reason(request_text: str, answer: str, reason: str) -> None:

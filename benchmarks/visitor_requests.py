@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--skip-base", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a training parameter")
     parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0, help="the training run's seed (another draw of the same recipe)")
     parser.add_argument("--keep", type=Path, help="train into this directory and keep it (model/ and answers.json)")
     parser.add_argument("--answers", type=Path, help="score a kept answers.json through the current guard (no model)")
     args = parser.parse_args()
@@ -145,7 +146,9 @@ def main() -> None:
         model_dir = args.model_dir
         if model_dir is None:
             overrides = dict(item.split("=", 1) for item in args.set)
-            training = bench.train(Path(tmp) / "train", eval_every=args.eval_every, num_eval=100, seed=0, **overrides)
+            training = bench.train(
+                Path(tmp) / "train", eval_every=args.eval_every, num_eval=100, seed=args.seed, **overrides
+            )
             kept = ("bar_step", "bar_train_seconds", "final_exact_match", "train_seconds", "peak_rss_gb", "history")
             results["training"] = {k: training[k] for k in kept}
             print(json.dumps({"training": results["training"]}), flush=True)

@@ -6,9 +6,10 @@ request it cannot do ("who deleted my deployment?", "add 10 nodes to the cluster
 some command, and some of those would change the cluster. The guard is an allow-list, not a classifier: a
 cluster-changing answer passes only when
 
-1. its verb is one the task supports, and the request says that verb (one of its cue words, typos of one letter
-   allowed: "scael" is "scale", "drian" is "drain"; a wrong letter only in cues of 6+ letters, because in shorter
-   words it makes another word: "clean" is not "clear");
+1. its verb is one the task supports, and the request says that verb (one of its cue words, not as a state it
+   describes: "it keeps restarting" does not ask to restart; typos of one letter allowed: "scael" is "scale",
+   "drian" is "drain"; a wrong letter only in cues of 6+ letters, because in shorter words it makes another word:
+   "clean" is not "clear");
 2. every name, number and file the command carries appears in the request as typed (a model that invents a name
    is guessing); a name the request gives as a namespace ("in staging", "the staging namespace") is not the
    object the command changes ("wipe the staging namespace" is not ``kubectl drain staging``), the command's
@@ -54,7 +55,7 @@ CUES: dict[str, tuple[str, ...]] = {
 # then whole words), unless the word is part of a name the command carries (a file "cronjob.yaml").
 UNSUPPORTED_OPERATIONS = ("autoscal", "taint", "annotat", "patch", "edit", "exec", "shell", "helm", "copy", "attach",
                           "debug", "admin", "grant", "rbac", "permission", "cronjob", "serviceaccount",
-                          "rolebinding")  # fmt: skip
+                          "rolebinding", "pause")  # fmt: skip
 UNSUPPORTED_WORDS = ("hpa", "ssh", "cp")
 # ... and the same said in two words ("give the ci-bot service account …").
 _UNSUPPORTED_PHRASES = re.compile(r"\b(service accounts?|role ?bindings?|cluster ?roles?)\b")
@@ -87,6 +88,8 @@ _ADVICE = re.compile(
     r"affect|drop|kill|take down|cause))\b|^\W*if\b[^?]*\?",
     re.IGNORECASE,
 )
+# A state the request describes is not a change it asks for: "it keeps restarting" does not say "restart".
+_DESCRIBING = re.compile(r"\b(keeps?|kept|is|are|was|were|been|still|stuck|constantly|always)\s+([a-z]+ing)\b")
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven",
                                                    "eight", "nine", "ten", "eleven", "twelve"))}  # fmt: skip
 # The kinds each change was taught for: "delete ingress web" or "scale the web statefulset" is not one.
@@ -198,7 +201,8 @@ def check(request: str, answer: str) -> Verdict:
     lowered, words = request.lower(), _words(request)
     labels = [arg for arg in command.args if "=" in arg]  # a label said as typed is the request for it
     said_label = command.verb == "label" and labels and all(label.lower() in lowered for label in labels)
-    if not said_label and not any(_close(word, cue) for word in words for cue in cues):
+    asked = _words(_DESCRIBING.sub(r"\1", lowered))
+    if not said_label and not any(_close(word, cue) for word in asked for cue in cues):
         return Verdict(False, f"the request does not ask to {command.verb}")
     said = " ".join([lowered, *(_NUMBER_WORDS[w] for w in words if w in _NUMBER_WORDS)])  # "two" is 2
     missing = [name for name in _names(command) if name.lower() not in said]

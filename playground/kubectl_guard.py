@@ -100,16 +100,17 @@ _TAUGHT_KINDS = {"delete": {"pod", "deployment", "service", "configmap", "job", 
 _KIND_CHECKED = {"scale": {"pod"}, "rollout restart": {"pod"}, "rollout undo": {"pod"}, "set image": {"pod", "image"},
                  "expose": {"service"}, "delete": set()}  # fmt: skip
 _BULK_VERBS = {"delete", "drain", "cordon", "scale", "rollout restart"}
-# Kinds the task never taught, as a request may say them: "delete the pvc data-0" is not about a pod.
-_UNTAUGHT_KIND_WORDS = {"pvc": "pvc", "pvcs": "pvc", "pv": "pv", "pvs": "pv", "volume": "volume",
-                        "volumes": "volume", "persistentvolumeclaim": "pvc", "persistentvolumeclaims": "pvc",
-                        "networkpolicy": "networkpolicy", "netpol": "networkpolicy", "hpa": "hpa", "crd": "crd",
-                        "endpoints": "endpoints", "serviceaccount": "serviceaccount", "role": "role",
-                        "rolebinding": "rolebinding"}  # fmt: skip
-_SAID_KINDS = {**_UNTAUGHT_KIND_WORDS, **_KIND_OF}  # a word of the request → the kind it names
+# Kinds the task never taught, with the words a request may say them by (as kubectl_reward's _KINDS): "delete the
+# pvc data-0" is not about a pod.
+_UNTAUGHT_KINDS = {"pvc": ("pvcs", "persistentvolumeclaim", "persistentvolumeclaims"), "pv": ("pvs",),
+                   "volume": ("volumes",), "networkpolicy": ("netpol",), "hpa": (), "crd": (), "endpoints": (),
+                   "serviceaccount": (), "role": (), "rolebinding": ()}  # fmt: skip
+_SAID_KINDS = {  # a word of the request → the kind it names
+    **{alias: kind for kind, aliases in _UNTAUGHT_KINDS.items() for alias in (kind, *aliases)},
+    **_KIND_OF,
+}
 # The only flags the task teaches each change (and --namespace for all; --all is the bulk rule's): another one is the
-# model guessing
-# ("kubectl expose deployment ci-bot --permision=ci-bot").
+# model guessing ("kubectl expose deployment ci-bot --permision=ci-bot").
 _TAUGHT_FLAGS = {"scale": {"--replicas"}, "expose": {"--port"}, "drain": {"--ignore-daemonsets"},
                  "apply": {"--filename"}}  # fmt: skip
 

@@ -62,7 +62,10 @@ def test_the_visitor_set_is_well_formed() -> None:
     for prefix, chosen in sets.items():
         numbers = [int(r["id"][1:]) for r in chosen]
         assert numbers == sorted(set(numbers)) and numbers[0] == 1, prefix
-        assert numbers[-1] == len(chosen) if prefix in "vfgh" else len(chosen) >= 77 and numbers[-1] <= 80, prefix
+        if prefix in "vfgh":  # renumbered when a request was dropped
+            assert numbers[-1] == len(chosen), prefix
+        else:  # ids kept, at most 3 dropped
+            assert len(chosen) >= 77 and numbers[-1] <= 80, prefix
     assert sum(map(len, sets.values())) == len(rows) and len({_normal(r["request"]) for r in rows}) == len(rows)
     splits = [{r["split"] for r in chosen} for chosen in sets.values()]
     assert splits == [{"dev", "dev2"}, {"dev3"}, {"dev4"}, {"dev5"}, {"dev6"}, {"dev7"}, {"test"}]

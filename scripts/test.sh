@@ -31,4 +31,7 @@ basetemp="$(mktemp -d "${TMPDIR:-/tmp}/playground-tests.XXXXXX")"
 trap 'rm -rf "$basetemp"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-python -m pytest -ra --durations=25 --basetemp="$basetemp" "$@"
+# Two lanes, one per core (pytest-xdist), a test file kept on one lane (its module fixtures built once); the
+# session fixtures (the trained tiny job, the SmolLM2 conversion, the MLflow store) are built once for both
+# (tests/conftest.py). Pass -n 0 for one lane.
+python -m pytest -ra --durations=25 --basetemp="$basetemp" -n 2 --dist loadfile "$@"

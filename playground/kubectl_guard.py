@@ -10,17 +10,20 @@ cluster-changing answer passes only when
    describes: "it keeps restarting" does not ask to restart; typos of one letter allowed: "scael" is "scale",
    "drian" is "drain"; a wrong letter only in cues of 6+ letters, because in shorter words it makes another word:
    "clean" is not "clear");
-2. every name, number and file the command carries appears in the request as typed (a model that invents a name
-   is guessing); a name the request gives as a namespace ("in staging", "the staging namespace") is not the
-   object the command changes ("wipe the staging namespace" is not ``kubectl drain staging``), the command's
-   namespace is one the request gives as such, its object is not a word like "cluster" or "everything", and it
-   carries no flag the task does not teach that verb (``--replicas``, ``--port``, ``--ignore-daemonsets``, ``-f``
-   and ``-n`` are all there is);
-3. the request is not a question about the past or a reason ("who…", "why…", "when…") nor asks for advice or about
-   consequences ("should I…", "is it safe to…", "what happens if…", "if I roll back…, will we lose…?"), it does
-   not name an operation the task does not support ("autoscale", "taint", "annotate", "patch", "edit", "exec",
-   "helm", "service account"…, typos too: the nearest supported command would be a guess), and a delete, drain or
-   cordon does not come with "all", "every" (typos too) or ``--all`` (bulk changes are not supported).
+2. every name, number and file the command carries appears in the request as typed, as a whole ("v2" is not said by
+   "frontend-v2"; a model that invents a name is guessing); a kind word says only itself ("deployment" is not the
+   cue "deploy"); the command is one of the shapes taught (one kind, a number for ``--replicas`` and ``--port``); a
+   name the request gives as a namespace ("in staging", "the staging namespace") is not the object the command
+   changes ("wipe the staging namespace" is not ``kubectl drain staging``), the command's namespace is one the
+   request gives as such, its object is not a word like "cluster" or "everything", and it carries no flag the task
+   does not teach that verb (``--replicas``, ``--port``, ``--ignore-daemonsets``, ``-f`` and ``-n`` are all there
+   is);
+3. the request is not a question about the past, a state or a reason ("who…", "why…", "is web done…?") nor asks for
+   advice or about consequences ("should I…", "is it safe to…", "what happens if…", "if I roll back…, will we
+   lose…?"), it does not name an operation the task does not support ("autoscale", "taint", "annotate", "patch",
+   "edit", "exec", "helm", "service account", "spin up a new deployment"…, typos too: the nearest supported command
+   would be a guess), and a delete, drain or cordon does not come with "all", "every" (typos too) or ``--all`` (bulk
+   changes are not supported).
 
 Anything else is replaced by :data:`REFUSAL`. Read-only answers (get, describe, logs, top, port-forward…) and
 answers with no command always pass. Torch-free and pure: the chat panel and benchmarks/visitor_requests.py call
@@ -44,7 +47,7 @@ CUES: dict[str, tuple[str, ...]] = {
     "create namespace": ("create", "make", "add", "new", "set", "namespace", "ns"),
     "expose": ("expose", "publish", "reachable", "open", "front", "create"),  # not "service": port-forward says it
     "set image": ("image", "tag", "version", "upgrade", "update", "deploy", "roll", "ship", "bump", "move", "set",
-                  "put", "switch"),
+                  "put", "switch", "run", "use", "swap", "point"),
     "cordon": ("cordon", "unschedulable", "schedul", "off"),
     "uncordon": ("uncordon", "schedulable", "schedul", "allow", "back", "again", "rotation"),
     "drain": ("drain", "evict", "evacuat", "empty", "off", "clear", "maintenance"),
@@ -58,7 +61,10 @@ UNSUPPORTED_OPERATIONS = ("autoscal", "taint", "annotat", "patch", "edit", "exec
                           "rolebinding", "pause")  # fmt: skip
 UNSUPPORTED_WORDS = ("hpa", "ssh", "cp")
 # ... and the same said in two words ("give the ci-bot service account …").
-_UNSUPPORTED_PHRASES = re.compile(r"\b(service accounts?|role ?bindings?|cluster ?roles?)\b")
+_UNSUPPORTED_PHRASES = re.compile(
+    r"\b(service accounts?|role ?bindings?|cluster ?roles?|"
+    r"(?:create|make|spin up|start|set up) (?:a|an) (?:new )?deployment)\b|\bnew deployment\b"
+)  # ... and creating a deployment (``create deployment`` is not taught: ``set image`` on a name is a guess)
 _BULK_WORDS = ("all", "every", "everything", "each", "whole", "entire")
 # Where a request names a namespace: "in prod", "inside the staging namespace", "team-ml ns", and "on prod" (which
 # names a node as often: not evidence that a name is a namespace, only that a namespace was said).
@@ -79,8 +85,8 @@ _GENERIC_WORDS = {"cluster", "kubernetes", "k8s", "everything", "all", "it", "th
 _NAMESPACE_OBJECTS = {"create namespace", "label"}  # verbs whose object may be a namespace
 _NOT_NAMES = {"the", "namespace", "ns", "node", "port", "pod"}
 _PAST_OR_REASON = re.compile(
-    r"^\W*(who|why|when|where|what|which|whose|did|has|have|was|were)\b(?!\s+to\b)", re.IGNORECASE
-)  # not "have to reboot gpu-7, drain it first"
+    r"^\W*(who|why|when|where|what|which|whose|did|has|have|was|were|is|are|does)\b(?!\s+to\b)", re.IGNORECASE
+)  # not "have to reboot gpu-7, drain it first"; "is web done rolling out?" asks about a state
 # Advice and hypotheticals about a change are not a request for it ("should I scale web?", "is it safe to restart").
 _ADVICE = re.compile(
     r"\b(should (i|we)|shall (i|we)|is it (safe|ok|okay|wise|fine|a good idea)|what (happens|if)|would it|"
@@ -113,6 +119,7 @@ _SAID_KINDS = {  # a word of the request → the kind it names
 # model guessing ("kubectl expose deployment ci-bot --permision=ci-bot").
 _TAUGHT_FLAGS = {"scale": {"--replicas"}, "expose": {"--port"}, "drain": {"--ignore-daemonsets"},
                  "apply": {"--filename"}}  # fmt: skip
+_NUMBER_FLAGS = {"--replicas", "--port"}  # "--port=3000:80" is no port
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,22 @@ class Verdict:
 
 def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def _says_cue(word: str, cue: str) -> bool:
+    """``word`` says ``cue`` (:func:`_close`); a kind says only itself ("deployment" is not "deploy")."""
+    return word == cue if word in _SAID_KINDS else _close(word, cue)
+
+
+def _tokens(text: str) -> set[str]:
+    """The request's names as typed: split at spaces, punctuation, ``=`` and ``:`` (not ``-`` ``.`` ``/``), trailing
+    dots and "'s" dropped, with the parts of a ``kind/name``. A name must be one of them, not part of another ("v2"
+    is not said by "frontend-v2")."""
+    tokens = set()
+    for token in re.split(r"[\s,;!?()\[\]{}\"'`=:%]+|'s\b", text.lower()):
+        token = token.strip(".")
+        tokens |= {token, *token.split("/")} - {""}  # "deploy/web" says web; "k8s/web.yaml" the file
+    return tokens
 
 
 def _close(word: str, cue: str) -> bool:
@@ -203,12 +226,20 @@ def check(request: str, answer: str) -> Verdict:
     labels = [arg for arg in command.args if "=" in arg]  # a label said as typed is the request for it
     said_label = command.verb == "label" and labels and all(label.lower() in lowered for label in labels)
     asked = _words(_DESCRIBING.sub(r"\1", lowered))
-    if not said_label and not any(_close(word, cue) for word in asked for cue in cues):
+    if not said_label and not any(_says_cue(word, cue) for word in asked for cue in cues):
         return Verdict(False, f"the request does not ask to {command.verb}")
-    said = " ".join([lowered, *(_NUMBER_WORDS[w] for w in words if w in _NUMBER_WORDS)])  # "two" is 2
-    missing = [name for name in _names(command) if name.lower() not in said]
+    said = _tokens(lowered) | {_NUMBER_WORDS[w] for w in words if w in _NUMBER_WORDS}  # "two" is 2
+    missing = [name for name in _names(command) if name.lower().strip(".,;") not in said]
     if missing:
         return Verdict(False, f"'{missing[0]}' is not in the request")
+    kinds = sorted({arg for arg in command.args if arg in _KINDS})
+    if len(kinds) > 1:  # "kubectl expose deployment service grafana"
+        return Verdict(
+            False, f"the answer names two kinds ({kinds[0]}, {kinds[1]}): not a command this model was taught"
+        )
+    not_numbers = [flag for flag, value in command.flags if flag in _NUMBER_FLAGS and not (value or "").isdigit()]
+    if not_numbers:
+        return Verdict(False, f"'{not_numbers[0]}' takes a number")
     taught_flags = {"--namespace", "--all", *_TAUGHT_FLAGS.get(command.verb, ())}
     guessed_flags = [flag for flag, _ in command.flags if flag not in taught_flags]
     if guessed_flags:

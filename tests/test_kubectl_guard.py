@@ -55,6 +55,19 @@ from playground.kubectl_guard import REFUSAL, check, guard
         ("show me the pods in staging", "kubectl get pods -n staging"),  # read-only: always shown
         ("forward 8080 to the web service", "kubectl port-forward svc/web 8080"),
         ("What is the capital of France?", "The capital of France is Paris."),  # no command
+        # names as typed: a kind/name, a name before a comma or a full stop, an image named in full
+        ("restart deploy/order-processor please", "kubectl rollout restart deployment order-processor"),
+        ("uncordon worker-07, maintenance is done", "kubectl uncordon worker-07"),
+        ("cordon ip-10-0-3-17.ec2.internal.", "kubectl cordon ip-10-0-3-17.ec2.internal"),
+        (
+            "run nginx:1.27-alpine on the edge-proxy deployment",
+            "kubectl set image deployment/edge-proxy edge-proxy=nginx:1.27-alpine",
+        ),
+        (
+            "swap the image on deployment mailer to ghcr.io/acme/mailer:3.2.0 in namespace comms",
+            "kubectl set image deployment/mailer mailer=ghcr.io/acme/mailer:3.2.0 -n comms",
+        ),
+        ("please make deployment web to have 5 replicas", "kubectl scale deployment web --replicas=5"),  # not creating
     ],
 )
 def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -> None:
@@ -119,6 +132,19 @@ def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -
         ("full details on pod redis-0 please, it keeps restarting", "kubectl rollout restart deployment redis-0",
          "does not ask to rollout restart"),
         ("pause the rollout of deployment catalog", "kubectl rollout restart deployment catalog", "'pause' is not"),
+        # ... and from the dev splits, answered by the models of the widened generator (images, dotted nodes, files)
+        ("is payments-api done rolling out in payments-prod yet?",
+         "kubectl rollout restart deployment payments-api -n payments-prod", "asks a question"),
+        ("descirbe the frontend-v2 deployment", "kubectl set image deployment/frontend-v2 frontend-v2=frontend-v2:v2",
+         "does not ask to set image"),  # "deployment" is a kind, not the cue "deploy"
+        ("update the frontend-v2 image", "kubectl set image deployment/frontend-v2 frontend-v2=frontend-v2:v2",
+         "'v2' is not in the request"),  # only inside another name
+        ("spin up a new deployment called promo-banner from image nginx:1.27",
+         "kubectl set image deployment/promo-banner promo-banner=nginx:1.27", "'spin up a new deployment' is not"),
+        ("i want to open the grafana service in my browser, local 3000 to its 80",
+         "kubectl expose deployment service grafana --port=3000:80", "names two kinds"),
+        ("put a service in front of grafana-proxy, port 3000",
+         "kubectl expose deployment grafana-proxy --port=3000:3000", "'--port' takes a number"),
     ],
 )  # fmt: skip
 def test_unasked_changes_are_held_back_with_the_reason(request_text: str, answer: str, reason: str) -> None:

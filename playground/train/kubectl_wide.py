@@ -97,6 +97,15 @@ EXTRA_OPS: list[tuple[str, list[str], list[str], bool]] = [
      ["forward local port {lport} to port {port} of service {app}", "port-forward svc {app} from {lport} to {port}",
       "map my port {lport} to the {app} service's port {port}", "map local {lport} onto the {app} svc port {port}"],
      ["tunnel local {lport} to {app} service port {port}"], True),
+    ("kubectl port-forward pod/{pod} {lport}:{port}",
+     ["forward local port {lport} to port {port} of pod {pod}", "port-forward pod {pod} from {lport} to {port}",
+      "map my port {lport} to port {port} on pod {pod}", "{lport} on my side to {port} in pod {pod}, port-forward"],
+     ["tunnel local {lport} to pod {pod} port {port}"], True),
+    ("kubectl set image deployment/{app} {app}={image}",
+     ["set the image of {app} to {image}", "use image {image} for the {app} deployment",
+      "run {image} on the {app} deployment", "swap the {app} image for {image}", "point {app} at image {image}",
+      "change the image of deployment {app} to {image}", "deploy {image} to {app}"],
+     ["switch deployment {app} to the image {image}", "update {app} so it runs {image}"], True),
     ("kubectl label {lkind} {lname} {key}={value}",
      ["label {lkind} {lname} with {key}={value}", "add the label {key}={value} to {lkind} {lname}",
       "tag {lkind} {lname} as {key}={value}", "put label {key}={value} on the {lname} {lkind}",
@@ -181,15 +190,33 @@ _LABEL_KINDS = ["pod", "node", "deployment", "namespace"]
 _LABEL_KEYS = {False: ["env", "team", "tier", "gpu", "owner", "app"], True: ["zone", "release"]}
 _LABEL_VALUES = {False: ["prod", "ml", "frontend", "true", "alice", "blue"], True: ["east", "canary"]}
 _FILE_FORMS = {False: ["{app}.yaml", "k8s/{app}.yaml", "deploy/{app}-deployment.yaml", "manifests/{app}.yml",
-                       "{app}-service.yaml"],
-               True: ["config/{app}.yaml", "./{app}-manifest.yaml"]}  # fmt: skip
+                       "{app}-service.yaml", "k8s/{app}-{part}.yaml", "./manifests/{app}-{part}.yaml",
+                       "overlays/{env}/{part}.yaml", "./k8s/{app}.yml", "{part}.yaml"],
+               True: ["config/{app}.yaml", "./{app}-manifest.yaml", "./overlays/{env}/{app}-{part}.yaml"]}  # fmt: skip
+_FILE_PARTS = ["deployment", "service", "configmap", "ingress", "statefulset", "cronjob", "secret", "job"]
+_ENVS = ["prod", "staging", "dev", "qa"]
+# Images named in full (a registry, another image): ``set image deployment/web web=ghcr.io/acme/web:v2``.
+_IMAGE_FORMS = {False: ["{registry}/{org}/{app}:{tag}", "{registry}/{app}:{tag}", "{public}"],
+                True: ["{registry}/{org}/{app}:{tag}", "{public}"]}  # fmt: skip
+_REGISTRIES = {False: ["ghcr.io", "quay.io", "docker.io", "registry.example.com", "myregistry.io", "gcr.io"],
+               True: ["registry.gitlab.com", "acr.example.net"]}  # fmt: skip
+_ORGS = ["acme", "platform", "team-ml", "corp", "infra"]
+_PUBLIC_IMAGES = {False: ["nginx:1.25-alpine", "nginx:1.27", "redis:7.2", "postgres:16.3", "busybox:1.36",
+                          "python:3.12-slim", "node:20-alpine", "httpd:2.4", "traefik:v3.1",
+                          "envoyproxy/envoy:v1.30.1"],
+                  True: ["memcached:1.6-alpine", "haproxy:2.9", "rabbitmq:3.13-management"]}  # fmt: skip
 
 
+# The kinds ``get`` lists on the wide task: the core ones and the other workload kinds visitors ask for.
+_WIDE_KINDS = ["pods", "deployments", "services", "configmaps", "secrets", "jobs", "ingresses", "statefulsets",
+               "cronjobs", "daemonsets", "replicasets"]  # fmt: skip
 _NAME_SUFFIXES = ["", "", "", "", "-api", "-svc", "-v2", "-worker", "-db", "-web", "-service", "-2", "-ui", "-job",
                   "-prod", "-app"]  # fmt: skip
 _ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
-_NODE_SHAPES = {False: ["{pool}-{i}", "{pool}-{i}", "ip-10-0-{i}-{j}", "gpu-{i}", "node-{i}", "{pool}-node-{i}"],
-                True: ["{pool}-{i}", "ip-172-31-{i}-{j}", "worker-{pool}-{i}"]}  # fmt: skip
+_NODE_SHAPES = {False: ["{pool}-{i}", "{pool}-{i}", "ip-10-0-{i}-{j}", "gpu-{i}", "node-{i}", "{pool}-node-{i}",
+                        "ip-10-0-{i}-{j}.ec2.internal", "gke-{pool}-pool-{k}-{hex}-{tail}"],
+                True: ["{pool}-{i}", "ip-172-31-{i}-{j}", "worker-{pool}-{i}",
+                       "ip-192-168-{i}-{j}.us-west-2.compute.internal"]}  # fmt: skip
 _NAMESPACE_SHAPES = ["{ns}", "{ns}", "{ns}", "team-{word}", "{ns}-{i}", "{word}-{ns}"]
 _PORTS = [80, 443, 3000, 5000, 5432, 6379, 8000, 8080, 8081, 8443, 9000, 9090, 27017, 3306]
 
@@ -208,13 +235,19 @@ def names(rng: random.Random, held_out: bool, words: list[str], namespaces: list
     pod = rng.choice([f"{app}-{rng.randint(0, 9)}", f"{app}-{_random(rng, 5)}-{_random(rng, 5)}",
                       f"{app}-{_random(rng, 9)}-{_random(rng, 5)}", f"{app}-{rng.randint(0, 3)}"])  # fmt: skip
     node = rng.choice(_NODE_SHAPES[held_out]).format(
-        pool=rng.choice(pools), i=rng.randint(1, 40), j=rng.randint(1, 254)
+        pool=rng.choice(pools),
+        i=rng.randint(1, 40),
+        j=rng.randint(1, 254),
+        k=rng.randint(1, 4),
+        hex="".join(rng.choice("0123456789abcdef") for _ in range(8)),
+        tail=_random(rng, 4),
     )
     major, minor, patch = rng.randint(0, 9), rng.randint(0, 20), rng.randint(0, 9)
     tag = rng.choice([f"v{major}.{minor}", f"{major}.{minor}.{patch}", f"v{major}.{minor}.{patch}-rc{patch + 1}",
                       f"20{rng.randint(23, 26)}.{minor % 12 + 1:02d}.{patch}", "latest", f"v{major}"])  # fmt: skip
     return {
         "app": app,
+        "kinds": rng.choice(_WIDE_KINDS),
         "pod": pod,
         "node": node,
         "tag": tag,
@@ -238,7 +271,16 @@ def extra_values(rng: random.Random, held_out: bool, values: dict[str, Any]) -> 
         "lname": lname[lkind],
         "key": rng.choice(_LABEL_KEYS[held_out]),
         "value": rng.choice(_LABEL_VALUES[held_out]),
-        "file": rng.choice(_FILE_FORMS[held_out]).format(app=values["app"]),
+        "file": rng.choice(_FILE_FORMS[held_out]).format(
+            app=values["app"], part=rng.choice(_FILE_PARTS), env=rng.choice(_ENVS)
+        ),
+        "image": rng.choice(_IMAGE_FORMS[held_out]).format(
+            registry=rng.choice(_REGISTRIES[held_out]),
+            org=rng.choice(_ORGS),
+            app=values["app"],
+            tag=values["tag"],
+            public=rng.choice(_PUBLIC_IMAGES[held_out]),
+        ),
         "lport": lport,
         "minor": rng.randint(26, 33),
         "user": rng.choice(_USERS),

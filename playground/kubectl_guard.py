@@ -21,9 +21,10 @@ cluster-changing answer passes only when
 3. the request is not a question about the past, a state or a reason ("who…", "why…", "is web done…?") nor asks for
    advice or about consequences ("should I…", "is it safe to…", "what happens if…", "if I roll back…, will we
    lose…?"), it does not name an operation the task does not support ("autoscale", "taint", "annotate", "patch",
-   "edit", "exec", "helm", "service account", "spin up a new deployment"…, typos too: the nearest supported command
-   would be a guess), and a delete, drain or cordon does not come with "all", "every" (typos too) or ``--all`` (bulk
-   changes are not supported).
+   "edit", "exec", "helm", "bash", "a memory limit", "service account", "spin up a new deployment"…, typos too: the
+   nearest supported command would be a guess), an ``expose`` does not answer a request to reach something from the
+   visitor's machine ("open grafana in my browser": a port-forward), and a delete, drain or cordon does not come with
+   "all", "every" (typos too) or ``--all`` (bulk changes are not supported).
 
 Anything else is replaced by :data:`REFUSAL`. Read-only answers (get, describe, logs, top, port-forward…) and
 answers with no command always pass. Torch-free and pure: the chat panel and benchmarks/visitor_requests.py call
@@ -58,8 +59,8 @@ CUES: dict[str, tuple[str, ...]] = {
 # then whole words), unless the word is part of a name the command carries (a file "cronjob.yaml").
 UNSUPPORTED_OPERATIONS = ("autoscal", "taint", "annotat", "patch", "edit", "exec", "shell", "helm", "copy", "attach",
                           "debug", "admin", "grant", "rbac", "permission", "cronjob", "serviceaccount",
-                          "rolebinding", "pause")  # fmt: skip
-UNSUPPORTED_WORDS = ("hpa", "ssh", "cp")
+                          "rolebinding", "pause", "limit", "quota")  # fmt: skip
+UNSUPPORTED_WORDS = ("hpa", "ssh", "cp", "bash", "sh", "zsh", "terminal", "console")
 # ... and the same said in two words ("give the ci-bot service account …").
 _UNSUPPORTED_PHRASES = re.compile(
     r"\b(service accounts?|role ?bindings?|cluster ?roles?|"
@@ -87,6 +88,8 @@ _NOT_NAMES = {"the", "namespace", "ns", "node", "port", "pod"}
 _PAST_OR_REASON = re.compile(
     r"^\W*(who|why|when|where|what|which|whose|did|has|have|was|were|is|are|does)\b(?!\s+to\b)", re.IGNORECASE
 )  # not "have to reboot gpu-7, drain it first"; "is web done rolling out?" asks about a state
+# Reaching something from the visitor's own machine is a port-forward, not a service ("open grafana in my browser").
+_LOCAL_ACCESS = re.compile(r"\b(locally|local|localhost|my (browser|laptop|machine|computer|side))\b")
 # Advice and hypotheticals about a change are not a request for it ("should I scale web?", "is it safe to restart").
 _ADVICE = re.compile(
     r"\b(should (i|we)|shall (i|we)|is it (safe|ok|okay|wise|fine|a good idea)|what (happens|if)|would it|"
@@ -263,6 +266,10 @@ def check(request: str, answer: str) -> Verdict:
     namespace = dict(command.flags).get("--namespace")
     if namespace and namespace.lower() not in _namespaces_said(request, _NAMESPACE_MAY_BE):
         return Verdict(False, f"the request does not say '{namespace}' is the namespace")
+    if command.verb == "expose" and _LOCAL_ACCESS.search(lowered):
+        return Verdict(
+            False, "the request asks to reach it from the visitor's machine (a port-forward), not to expose it"
+        )
     if _PAST_OR_REASON.match(request) or _ADVICE.search(request):
         return Verdict(False, "the request asks a question, not for a change")
     unsupported = _unsupported_operation(words, command)

@@ -145,6 +145,11 @@ def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -
          "kubectl expose deployment service grafana --port=3000:80", "names two kinds"),
         ("put a service in front of grafana-proxy, port 3000",
          "kubectl expose deployment grafana-proxy --port=3000:3000", "'--port' takes a number"),
+        ("i want to open the grafana service on my laptop, 3000 to 3000, namespace monitoring",
+         "kubectl expose deployment grafana --port=3000 -n monitoring", "a port-forward"),
+        ("set a 2Gi memory limit on the worker deployment", "kubectl set image deployment worker=2Gi",
+         "'limit' is not"),
+        ("open bash inside worker-3 pls", "kubectl expose deployment worker-3 -n worker-3", "'bash' is not"),
     ],
 )  # fmt: skip
 def test_unasked_changes_are_held_back_with_the_reason(request_text: str, answer: str, reason: str) -> None:

@@ -1,7 +1,7 @@
 """A guard between a kubectl model and the person reading its answer: a command that would change the cluster is
 shown only when the request asked for that change.
 
-A 135M model fine-tuned for three minutes on two cores answers most visitor requests right, but when it meets a
+A 135M model fine-tuned for a few minutes on two cores answers most visitor requests right, but when it meets a
 request it cannot do ("who deleted my deployment?", "add 10 nodes to the cluster") it still tends to answer with
 some command, and some of those would change the cluster. The guard is an allow-list, not a classifier: a
 cluster-changing answer passes only when
@@ -59,8 +59,8 @@ CUES: dict[str, tuple[str, ...]] = {
 # then whole words), unless the word is part of a name the command carries (a file "cronjob.yaml").
 UNSUPPORTED_OPERATIONS = ("autoscal", "taint", "annotat", "patch", "edit", "exec", "shell", "helm", "copy", "attach",
                           "debug", "admin", "grant", "rbac", "permission", "cronjob", "serviceaccount",
-                          "rolebinding", "pause", "limit", "quota")  # fmt: skip
-UNSUPPORTED_WORDS = ("hpa", "ssh", "cp", "bash", "sh", "zsh", "terminal", "console")
+                          "rolebinding", "pause", "limit", "quota", "kustomiz")  # fmt: skip
+UNSUPPORTED_WORDS = ("hpa", "ssh", "cp", "bash", "sh", "zsh", "terminal", "console", "fix")  # "fixed": done
 # ... and the same said in two words ("give the ci-bot service account …").
 _UNSUPPORTED_PHRASES = re.compile(
     r"\b(service accounts?|role ?bindings?|cluster ?roles?|"
@@ -94,7 +94,8 @@ _LOCAL_ACCESS = re.compile(r"\b(locally|local|localhost|my (browser|laptop|machi
 _ADVICE = re.compile(
     r"\b(should (i|we)|shall (i|we)|is it (safe|ok|okay|wise|fine|a good idea)|what (happens|if)|would it|"
     r"do (i|we) need to|how (do|can|should) (i|we)|how to|(will|would) (we|i|it|that|this) (lose|break|hurt|"
-    r"affect|drop|kill|take down|cause))\b|^\W*if\b[^?]*\?",
+    r"affect|drop|kill|take down|cause))\b|^\W*if\b[^?]*\?|^\W*(will|would)\b(?!\s+(you|u)\b)|"
+    r"\b(lose|losing|break|breaking|downtime)\b[^?]*\?\s*$",
     re.IGNORECASE,
 )
 # A state the request describes is not a change it asks for: "it keeps restarting" does not say "restart".
@@ -123,6 +124,7 @@ _SAID_KINDS = {  # a word of the request → the kind it names
 _TAUGHT_FLAGS = {"scale": {"--replicas"}, "expose": {"--port"}, "drain": {"--ignore-daemonsets"},
                  "apply": {"--filename"}}  # fmt: skip
 _NUMBER_FLAGS = {"--replicas", "--port"}  # "--port=3000:80" is no port
+_MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")  # apply was taught files: a directory or a URL is a guess
 
 
 @dataclass(frozen=True)
@@ -243,6 +245,9 @@ def check(request: str, answer: str) -> Verdict:
     not_numbers = [flag for flag, value in command.flags if flag in _NUMBER_FLAGS and not (value or "").isdigit()]
     if not_numbers:
         return Verdict(False, f"'{not_numbers[0]}' takes a number")
+    files = [value or "" for flag, value in command.flags if flag == "--filename"]
+    if any(not file.lower().endswith(_MANIFEST_SUFFIXES) or "://" in file for file in files):
+        return Verdict(False, "the answer applies something other than a manifest file (a directory, a URL)")
     taught_flags = {"--namespace", "--all", *_TAUGHT_FLAGS.get(command.verb, ())}
     guessed_flags = [flag for flag, _ in command.flags if flag not in taught_flags]
     if guessed_flags:

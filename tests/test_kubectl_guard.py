@@ -68,6 +68,7 @@ from playground.kubectl_guard import REFUSAL, check, guard
             "kubectl set image deployment/mailer mailer=ghcr.io/acme/mailer:3.2.0 -n comms",
         ),
         ("please make deployment web to have 5 replicas", "kubectl scale deployment web --replicas=5"),  # not creating
+        ("would you restart the api deployment", "kubectl rollout restart deployment api"),  # a polite request
     ],
 )
 def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -> None:
@@ -150,6 +151,14 @@ def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -
         ("set a 2Gi memory limit on the worker deployment", "kubectl set image deployment worker=2Gi",
          "'limit' is not"),
         ("open bash inside worker-3 pls", "kubectl expose deployment worker-3 -n worker-3", "'bash' is not"),
+        # ... and from the blind set k (read when set l came)
+        ("kustomize build overlays/prod/app.yaml and apply it", "kubectl apply -f overlays/prod/app.yaml",
+         "'kustomize' is not"),
+        ("apply whatever is in overlays/prod", "kubectl apply -f overlays/prod", "other than a manifest file"),
+        # ... and from the blind set l (read when set m came)
+        ("will rolling back checkout lose any data?", "kubectl rollout undo deployment checkout", "asks a question"),
+        ("roll back checkout, or does that break the db?", "kubectl rollout undo deployment checkout", "a question"),
+        ("fix my app its down again", "kubectl uncordon app", "'fix' is not"),
     ],
 )  # fmt: skip
 def test_unasked_changes_are_held_back_with_the_reason(request_text: str, answer: str, reason: str) -> None:

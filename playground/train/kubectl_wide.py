@@ -17,6 +17,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from playground.train.data import _KINDS as CORE_KINDS  # stdlib-only module: the guard stays torch-free
+
 REFUSAL = "Sorry, I can't turn that into a single command."
 
 # Training phrasings added to the core operations (keyed by the core command): synonyms and word orders.
@@ -208,8 +210,7 @@ _PUBLIC_IMAGES = {False: ["nginx:1.25-alpine", "nginx:1.27", "redis:7.2", "postg
 
 
 # The kinds ``get`` lists on the wide task: the core ones and the other workload kinds visitors ask for.
-_WIDE_KINDS = ["pods", "deployments", "services", "configmaps", "secrets", "jobs", "ingresses", "statefulsets",
-               "cronjobs", "daemonsets", "replicasets"]  # fmt: skip
+_WIDE_KINDS = [*CORE_KINDS, "cronjobs", "daemonsets", "replicasets"]
 _NAME_SUFFIXES = ["", "", "", "", "-api", "-svc", "-v2", "-worker", "-db", "-web", "-service", "-2", "-ui", "-job",
                   "-prod", "-app"]  # fmt: skip
 _ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"

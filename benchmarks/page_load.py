@@ -12,6 +12,8 @@ visitor's browser keeps it; each load a new tab). Per load, from Chrome's own ne
 - **seconds to Launch**: navigation → the Launch button visible; **seconds to cards**: → the blueprint cards visible.
 
 Goals (issue 20 item 4, 2 idle cores): ≤ 1 MB per page load after the first visit; page → cards ≤ 3 s.
+`--preheat N` sets the booth's warm kernels (default 1; 0: a kernel started per page load); `--pause S` waits between
+loads (default 10 s: a visitor who comes after the warm kernel taken by the one before has been replaced).
 """
 
 from __future__ import annotations
@@ -39,12 +41,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_app(home: Path, blueprint: str) -> tuple[subprocess.Popen, str]:
+def start_app(home: Path, blueprint: str, preheat: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "PLAYGROUND_HOME": str(home), "PLAYGROUND_BOOTH_SECRET": SECRET,
            "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}  # fmt: skip
     command = [sys.executable, "-m", "playground.cli", "app", "--booth", "--port", str(port), "--no-browser",
-               "--blueprint", blueprint]  # fmt: skip
+               "--blueprint", blueprint, "--booth-preheat", str(preheat)]  # fmt: skip
     proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -85,18 +87,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loads", type=int, default=3)
     parser.add_argument("--blueprint", default="smollm2-135m-lora-kubectl")
+    parser.add_argument("--preheat", type=int, default=1, help="the booth's warm kernels (--booth-preheat)")
+    parser.add_argument("--pause", type=float, default=10, help="seconds between loads (and before the first)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_app(Path(tmp) / "home", args.blueprint)
+        proc, url = start_app(Path(tmp) / "home", args.blueprint, args.preheat)
         try:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch_persistent_context(
                     str(Path(tmp) / "profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
                     viewport={"width": 1366, "height": 768},
                 )  # fmt: skip
-                loads = [load_once(browser, url) for _ in range(args.loads)]
+                loads = []
+                for _ in range(args.loads):
+                    time.sleep(args.pause)  # visitors come apart: the warm kernel taken is replaced meanwhile
+                    loads.append(load_once(browser, url))
                 browser.close()
         finally:
             proc.terminate()

@@ -55,12 +55,13 @@ def _notebook(cells: list[nbformat.NotebookNode]) -> nbformat.NotebookNode:
 def app_notebook() -> nbformat.NotebookNode:
     """The Voila app: gallery → form → monitor → serve → chat. No torch in this kernel.
 
-    In booth mode (``playground app --booth``) the App reads the visitor's verified cookie itself.
+    In booth mode (``playground app --booth``) the App reads the visitor's verified cookie itself; a warm kernel
+    (preheated by Voila) gets it with the page request that takes it (``voila_app.identity.receive_request``).
     """
     nb = _notebook(
         [
             _code(
-                "app",
+                "imports",
                 """
 # Blueprint Playground: the Voila app (`playground app`). The kernel talks to jobs through the
 # backend only; it never imports torch or transformers.
@@ -71,14 +72,29 @@ import sys
 # rfc3987-syntax is installed: ~1.1 s of every visitor's page load on 2 cores. Nothing here checks IRIs.
 sys.modules.setdefault("rfc3987_syntax", None)
 
-from widgets import App  # noqa: E402
+from voila_app.identity import receive_request  # noqa: E402
+from widgets import App, preload  # noqa: E402
 
+preload()  # what App() would import on first use: done before a visitor comes when this kernel is a warm one
+""",
+            ),
+            _code(
+                "request",
+                """
+# Booth mode keeps warm kernels that ran the cell above before anyone came: such a kernel waits here for
+# the page request that takes it (with the visitor's cookie). Anywhere else this returns at once.
+receive_request()
+""",
+            ),
+            _code(
+                "app",
+                """
 App(
     backend_name=os.environ.get("PLAYGROUND_BACKEND", "local"),
     blueprint_id=os.environ.get("PLAYGROUND_BLUEPRINT") or None,
 )
 """,
-            )
+            ),
         ]
     )
     nb.metadata["title"] = "Blueprint Playground"  # the page title in Voila

@@ -51,8 +51,13 @@ def unused_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_app(port: int, proc: subprocess.Popen, timeout: float = 90) -> None:
-    """Until ``playground app`` (``proc``) listens on ``port``; an AssertionError when it exits first."""
+WARM_KERNEL_READY = "Kernel pool of playground.ipynb is filled"  # Voila's log line once the warm kernels ran the app
+
+
+def wait_for_app(port: int, proc: subprocess.Popen, timeout: float = 90, warm_log: Path | None = None) -> None:
+    """Until ``playground app`` (``proc``) listens on ``port``, and with ``warm_log`` (a booth's log) until its warm
+    kernel is ready, so that tests counting kernels start from a settled booth; an AssertionError when it exits
+    first."""
     import contextlib
 
     from _waiting import wait_for
@@ -64,6 +69,9 @@ def wait_for_app(port: int, proc: subprocess.Popen, timeout: float = 90) -> None
         return False
 
     wait_for(listening, timeout, f"playground app listening on port {port}", interval=0.3)
+    if warm_log is not None:
+        wait_for(lambda: listening() and WARM_KERNEL_READY in warm_log.read_text(errors="replace"), timeout,
+                 "the booth's warm kernel", interval=0.3)  # fmt: skip
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 20) -> None:

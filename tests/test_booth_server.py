@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from _fixtures import stop_process, unused_port, wait_for_app
+from _fixtures import WARM_KERNEL_READY, stop_process, unused_port, wait_for_app
 from _waiting import wait_for
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
@@ -85,7 +85,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     try:
-        wait_for_app(port, proc)
+        wait_for_app(port, proc, warm_log=log_path)
         yield Server(port, log_path, proc.pid)
     finally:
         stop_process(proc)
@@ -212,6 +212,78 @@ def test_kernel_routes_answer_only_the_kernels_visitor(server: Server, visitor_a
     assert websocket_status(server, kernel, None) == 403
     assert websocket_status(server, kernel, visitor_a.cookie) == 101
     assert "Traceback" not in server.log.read_text()
+
+
+def warm_kernel(server: Server) -> str:
+    """The id of the booth's warm kernel (started, not yet taken by a page, not shut down), once it is ready."""
+
+    def ready() -> str | None:
+        log = server.log.read_text(errors="replace")
+        started = re.findall(r"Kernel started: ([0-9a-f-]{36})", log)
+        gone = set(re.findall(r"(?:pre-heated kernel|Kernel shutdown): ([0-9a-f-]{36})", log))
+        waiting = [k for k in started if k not in gone]
+        return waiting[-1] if waiting and log.count(WARM_KERNEL_READY) >= len(started) - len(waiting) + 1 else None
+
+    assert wait_for(lambda: ready() is not None, 120, "the booth's warm kernel")
+    return ready() or ""
+
+
+async def _query(server: Server, kernel_id: str, headers: dict[str, str]) -> tuple[int, str | None]:
+    """Open ``/voila/query/<kernel_id>`` with ``headers``: (101 and the first message within 3 s, or None), or the
+    HTTP status it was refused with."""
+    url = f"ws://127.0.0.1:{server.port}/voila/query/{kernel_id}"
+    try:
+        ws = await websocket_connect(HTTPRequest(url, headers=headers, request_timeout=60))
+    except HTTPClientError as exc:
+        return exc.code, None
+    try:
+        message = await asyncio.wait_for(ws.read_message(), 3)
+    except TimeoutError:
+        message = None
+    finally:
+        ws.close()
+    return 101, message
+
+
+def test_a_page_takes_the_warm_kernel_which_answers_no_one_before(server: Server) -> None:
+    """A page load is served by the warm kernel (started and through the app's imports before the visitor came):
+    until then no visitor owns it, so none of its routes answers anyone; after, its visitor only."""
+    warm = warm_kernel(server)
+    early = new_cookie(server, "127.0.0.21")
+    with server.client("127.0.0.21") as client:
+        assert client.get(f"/api/kernels/{warm}", headers=cookies(early)).status_code == 403
+    assert websocket_status(server, warm, early) == 403
+    with server.client("127.0.0.21", follow_redirects=True) as client:
+        client.cookies.set(COOKIE_NAME, f'"{early}"')
+        page = client.get("/")
+        assert page.status_code == 200 and f'"kernelId": "{warm}"' in page.text.replace('":"', '": "')
+        assert client.get(f"/api/kernels/{warm}").status_code == 200
+    assert f"Using pre-heated kernel: {warm}" in server.log.read_text()
+    assert websocket_status(server, warm, early) == 101  # the app in it knows its visitor: it answers
+    assert websocket_status(server, warm, new_cookie(server, "127.0.0.21")) == 403
+
+
+def test_only_a_kernel_of_the_booth_reads_its_page_request(server: Server, visitor_a: Visitor) -> None:
+    """``/voila/query/<kernel>`` hands a warm kernel its page request, the visitor's cookie in it: a script cannot
+    read it (no proof, another kernel's proof, a visitor cookie: 403 before the upgrade), and once delivered it is
+    not kept for anyone who later shows the right proof."""
+    from voila_app.identity import KERNEL_PROOF_HEADER, kernel_proof
+
+    warm = warm_kernel(server)
+    refused = [
+        {},
+        {KERNEL_PROOF_HEADER: kernel_proof(SECRET, visitor_a.kernel_id)},  # another kernel's
+        {KERNEL_PROOF_HEADER: kernel_proof("another-secret-" + "x" * 30, warm)},  # another server's
+        cookies(visitor_a.cookie),
+    ]
+    for headers in refused:
+        assert asyncio.run(_query(server, warm, headers)) == (403, None), headers.keys()
+    # visitor A's kernel read A's request when A's page took it; nothing is left there for anyone
+    status, message = asyncio.run(
+        _query(server, visitor_a.kernel_id, {KERNEL_PROOF_HEADER: kernel_proof(SECRET, visitor_a.kernel_id)})
+    )
+    assert (status, message) == (101, None)
+    assert visitor_a.cookie not in server.log.read_text()
 
 
 def test_an_oversized_websocket_frame_closes_that_connection_only(server: Server, visitor_a: Visitor) -> None:

@@ -100,7 +100,7 @@ def booth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booth]:
                "--booth-max-kernels", str(MAX_KERNELS), "--blueprint", "tiny-llama-cpu"]  # fmt: skip
     proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     try:
-        wait_for_app(port, proc)
+        wait_for_app(port, proc, warm_log=log_path)
         yield Booth(f"http://127.0.0.1:{port}/", home, log_path, proc.pid)
     finally:
         stop_process(proc)

@@ -252,9 +252,16 @@ def test_the_app_kernel_starts_without_jsonschemas_iri_grammars(tmp_path: Path) 
     import subprocess
     import sys
 
-    (cell,) = [c for c in nbformat.read(NOTEBOOKS / "playground.ipynb", as_version=4).cells if c.cell_type == "code"]
-    probe = cell.source + "\nimport sys\nprint(sorted({'lark', 'jsonschema', 'plotly.basewidget'} & set(sys.modules)))"
+    cells = [
+        c.source for c in nbformat.read(NOTEBOOKS / "playground.ipynb", as_version=4).cells if c.cell_type == "code"
+    ]
+    assert len(cells) == 3  # imports (what a warm kernel runs before a visitor comes), the request, the App
+    modules = "\nimport sys\nprint(sorted({'lark', 'jsonschema', 'plotly.basewidget'} & set(sys.modules)))"
     env = notebook_env(tmp_path / "home")
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "['jsonschema', 'plotly.basewidget']"
+    # the whole app, and its first cell alone: a warm kernel has the chart's modules before anyone comes
+    for code in ("\n".join(cells), cells[0]):
+        done = subprocess.run(
+            [sys.executable, "-c", code + modules], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == "['jsonschema', 'plotly.basewidget']"

@@ -235,12 +235,23 @@ def test_booth_voila_guards_every_kernel_route_and_static_route() -> None:
     """The handler classes booth mode gives Voila's own routes (the real list of a configured BoothVoila)."""
     from tornado.web import StaticFileHandler
 
-    from voila_app.server import BoothKernelSocket, BoothVoila, RefusedHandler, _NotFoundOnBadPath, _OwnedKernelRoute
+    from voila_app import CONFIG_DIR
+    from voila_app.server import (
+        BoothKernelSocket,
+        BoothVoila,
+        RefusedHandler,
+        _ClaimOnHandOut,
+        _KernelQuery,
+        _NotFoundOnBadPath,
+        _OwnedKernelRoute,
+        _VisitorPage,
+    )
 
     notebook = Path(__file__).resolve().parents[1] / "notebooks" / "playground.ipynb"
     app = BoothVoila()
     app.initialize([str(notebook), "--no-browser", "--BoothVoila.trusted_proxies=10.0.0.5",
-                    "--BoothVoila.websocket_messages_per_second=20"])  # fmt: skip
+                    "--BoothVoila.websocket_messages_per_second=20",
+                    f"--Voila.config_file_paths={CONFIG_DIR}"])  # fmt: skip
     settings = app.init_settings()
     assert settings["websocket_max_message_size"] == 128 * 1024
     sockets = settings["playground_kernel_sockets"]
@@ -248,9 +259,15 @@ def test_booth_voila_guards_every_kernel_route_and_static_route() -> None:
     assert [str(n) for n in settings["playground_new_visitor_gate"].trusted_proxies] == ["10.0.0.5/32"]
     app.identity_provider, app.authorizer = settings["identity_provider"], settings["authorizer"]
     rules = app.init_handlers()
-    kernel_routes = [r for r in rules if "kernel" in r[0] or "shutdown" in r[0]]
+    kernel_routes = [r for r in rules if ("kernel" in r[0] or "shutdown" in r[0]) and "/voila/query/" not in r[0]]
     assert len(kernel_routes) >= 3  # /api/kernels/<id>, its /channels, /voila/api/shutdown/<id>
     assert all(issubclass(r[1], _OwnedKernelRoute) for r in kernel_routes if r[1] is not RefusedHandler)
+    # the warm kernels' route: only a kernel of this server may read it, so no visitor cookie is asked there
+    [query] = [r for r in rules if "/voila/query/" in r[0]]
+    assert issubclass(query[1], _KernelQuery) and not issubclass(query[1], _OwnedKernelRoute)
+    assert isinstance(app.kernel_manager, _ClaimOnHandOut)  # a page that takes a warm kernel makes it its visitor's
+    [page] = [r for r in rules if r[0] == "/(.*)"]
+    assert issubclass(page[1], _VisitorPage)  # the cookie before any kernel, warm or cold
     assert [r[0] for r in kernel_routes if issubclass(r[1], BoothKernelSocket)] == [
         r"/api/kernels/(?P<kernel_id>\w+-\w+-\w+-\w+-\w+)/channels"
     ]
@@ -258,3 +275,50 @@ def test_booth_voila_guards_every_kernel_route_and_static_route() -> None:
     assert len(statics) >= 4 and all(issubclass(r[1], _NotFoundOnBadPath) for r in statics)
     patterns = [r[0] for r in rules]
     assert patterns.index("/api/.*") == len(patterns) - 2 and patterns[-1] == "/(.*)"  # before the page route
+
+
+def test_without_warm_kernels_the_booth_has_no_query_route_and_no_pool() -> None:
+    from voila_app import CONFIG_DIR
+    from voila_app.server import BoothVoila, _ClaimOnHandOut, _VisitorPage
+
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "playground.ipynb"
+    app = BoothVoila()
+    app.initialize(
+        [str(notebook), "--no-browser", "--BoothVoila.preheat_kernels=0", f"--Voila.config_file_paths={CONFIG_DIR}"]
+    )
+    settings = app.init_settings()
+    app.identity_provider, app.authorizer = settings["identity_provider"], settings["authorizer"]
+    rules = app.init_handlers()
+    assert not [r for r in rules if "/voila/query/" in r[0]]
+    assert not isinstance(app.kernel_manager, _ClaimOnHandOut)
+    assert app.voila_configuration.prelaunch_hook is None  # the page route calls it, so Voila must not
+    assert issubclass(next(r[1] for r in rules if r[0] == "/(.*)"), _VisitorPage)
+
+
+def test_a_kernel_proof_is_bound_to_the_kernel_and_the_secret() -> None:
+    from voila_app.identity import kernel_proof, kernel_proof_ok
+
+    secret, kernel = "k" * 40, "2466d213-d9c5-407b-ba1c-45bddcaa8a69"
+    proof = kernel_proof(secret, kernel)
+    assert kernel_proof_ok(secret, kernel, proof)
+    assert not kernel_proof_ok(secret, "fba7ae07-eaf7-43a5-a7a3-2efa24a42db6", proof)  # another kernel's
+    assert not kernel_proof_ok("j" * 40, kernel, proof)  # another server's
+    assert not kernel_proof_ok(secret, kernel, "") and not kernel_proof_ok("", kernel, kernel_proof("", kernel))
+
+
+def test_a_kernel_that_was_not_preheated_does_not_wait_for_a_request() -> None:
+    from voila_app.identity import SECRET_ENV, receive_request
+
+    cold = {"VOILA_PREHEAT": "False", "VOILA_KERNEL_ID": "2466d213-d9c5-407b-ba1c-45bddcaa8a69", SECRET_ENV: "k" * 40}
+    assert receive_request(cold) is False and "HTTP_COOKIE" not in cold
+    # preheated, but nothing listens where the server should be: no identity, at once (fail closed)
+    warm = {**cold, "VOILA_PREHEAT": "True", "VOILA_APP_PORT": str(_closed_port())}
+    assert receive_request(warm, open_timeout=5) is False and "HTTP_COOKIE" not in warm
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

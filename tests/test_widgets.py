@@ -869,6 +869,7 @@ def test_repeated_comm_errors_are_one_line_a_second_with_a_count(capfd: pytest.C
         (["app", "--port", "0"], "--port 0: allowed: 1 to 65535"),
         (["app", "--booth", "--booth-max-kernels", "0"], "--booth-max-kernels 0: allowed: an integer from 1 to 1000"),
         (["app", "--booth", "--booth-cull-seconds", "5"], "--booth-cull-seconds 5: allowed: an integer from 30 to"),
+        (["app", "--booth", "--booth-preheat", "9"], "--booth-preheat 9: allowed: an integer from 0 to 8"),
         (["app", "--booth", "--booth-new-visitors-burst", "0"], "--booth-new-visitors-burst '0': allowed: an integer"),
         (
             ["app", "--booth", "--booth-websocket-messages-per-second", "0"],
@@ -913,15 +914,20 @@ def test_booth_mode_settings(isolated_home: Path) -> None:
     from voila_app.limits import TRUSTED_PROXIES_ENV, limits_from
 
     args = build_parser().parse_args(["app", "--booth"])
-    assert (args.booth_max_kernels, args.booth_cull_seconds) == (BOOTH_MAX_KERNELS, BOOTH_CULL_SECONDS)
+    assert (args.booth_max_kernels, args.booth_cull_seconds, args.booth_preheat) == (
+        BOOTH_MAX_KERNELS,
+        BOOTH_CULL_SECONDS,
+        1,
+    )
     command = voila_command(Path("app.ipynb"), port=1, ip="0.0.0.0", open_browser=False, cull_idle_seconds=120,
-                            booth_max_kernels=16)  # fmt: skip
+                            booth_max_kernels=16, booth_preheat=args.booth_preheat)  # fmt: skip
     for flag in (
         "--MappingKernelManager.cull_idle_timeout=120",
         "--MappingKernelManager.cull_interval=30",
         "--MappingKernelManager.cull_connected=False",
         f"--Voila.config_file_paths={CONFIG_DIR}",
         "--BoothKernelManager.max_kernels=16",
+        "--BoothVoila.preheat_kernels=1",  # one warm kernel: the app imported before a visitor comes
         "--BoothVoila.new_visitors_per_minute=20",  # the Voila server's booth limits (voila_app.limits)
         "--BoothVoila.new_visitors_burst=30",
         f"--BoothVoila.websocket_max_bytes={128 * 1024}",

@@ -11,10 +11,14 @@ once under ``$PLAYGROUND_HOME/booth/secret`` (mode 0600), so identities survive 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import os
 import re
 import secrets
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, MutableMapping
 from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 
@@ -81,6 +85,42 @@ def visitor_from_environ(environ: Mapping[str, str] | None = None) -> str | None
     if len(secret) < MIN_SECRET_CHARS:
         return None
     return verify(secret, cookie_value(environ.get("HTTP_COOKIE")))
+
+
+KERNEL_PROOF_HEADER = "X-Playground-Kernel"
+
+
+def kernel_proof(secret: str, kernel_id: str) -> str:
+    """What a warm kernel shows to read its page request (``/voila/query/<kernel_id>``): an HMAC of its id."""
+    return hmac.new(secret.encode(), b"voila-query\0" + kernel_id.encode(), hashlib.sha256).hexdigest()
+
+
+def kernel_proof_ok(secret: str, kernel_id: str, proof: str) -> bool:
+    return bool(secret and kernel_id and proof) and hmac.compare_digest(kernel_proof(secret, kernel_id), proof)
+
+
+def receive_request(environ: MutableMapping[str, str] | None = None, *, open_timeout: float = 10) -> bool:
+    """In a warm (preheated) kernel: wait until a page request takes this kernel, then put the request's variables
+    (``HTTP_COOKIE`` among them) into ``environ``, as a kernel started for the request has them from its start.
+    True when a request arrived; False at once in a kernel that was not preheated, or when the server cannot be
+    reached (then the app has no visitor and shows nothing)."""
+    environ = os.environ if environ is None else environ
+    kernel_id, secret = environ.get("VOILA_KERNEL_ID", ""), environ.get(SECRET_ENV, "")
+    if environ.get("VOILA_PREHEAT") != "True" or not kernel_id or len(secret) < MIN_SECRET_CHARS:
+        return False
+    host, port = environ.get("VOILA_APP_IP") or "127.0.0.1", environ.get("VOILA_APP_PORT", "8866")
+    url = f"ws://{host}:{port}{environ.get('VOILA_SERVER_URL', '/')}voila/query/{kernel_id}"
+    from websockets.sync.client import connect
+
+    try:
+        with connect(url, additional_headers={KERNEL_PROOF_HEADER: kernel_proof(secret, kernel_id)},
+                     open_timeout=open_timeout, max_size=256 * 1024) as socket:  # fmt: skip
+            request = json.loads(socket.recv())
+    except Exception as exc:  # no server, refused, closed: no identity (fail closed)
+        print(f"playground: this warm kernel got no page request ({type(exc).__name__})", file=sys.stderr)
+        return False
+    environ.update({k: v for k, v in request.items() if isinstance(k, str) and isinstance(v, str)})
+    return True
 
 
 def booth_secret(home: Path, environ: Mapping[str, str] | None = None) -> str:

@@ -1,9 +1,15 @@
 """Booth mode inside the Voila server (loaded by ``voila_app/config/voila.py`` only).
 
-- :func:`prelaunch_hook` runs before Voila starts a visitor's kernel: a browser without a valid
+- :func:`prelaunch_hook` runs before every page request (:class:`_VisitorPage`): a browser without a valid
   visitor cookie gets a new signed one and is redirected once to the same page, so the request
-  that starts the kernel always carries it (Voila passes the ``Cookie`` header to the kernel as
+  that starts (or is handed) a kernel always carries it (Voila passes the ``Cookie`` header to the kernel as
   ``HTTP_COOKIE``; the kernel verifies it, see :mod:`voila_app.identity`).
+- **Warm kernels** (``BoothVoila.preheat_kernels``, default 1): Voila's kernel pool keeps kernels that already
+  imported the app, waiting for a page (:func:`voila_app.identity.receive_request`). The page request that takes
+  one makes its visitor the kernel's owner (:class:`_ClaimOnHandOut`) and Voila sends it the request's headers over
+  ``/voila/query/<kernel>``, a route only a kernel of this server can read (:class:`_KernelQuery`: an HMAC of the
+  kernel id under the booth secret); the kernel then verifies the cookie as a cold one does. Warm kernels count
+  toward ``max_kernels``; with none ready a page starts its kernel as before.
 - :class:`BoothKernelManager` caps live kernels (``max_kernels``; beyond it the page is a friendly
   HTTP 503 "the booth is full" that refreshes itself), keeps at most ``max_kernels_per_visitor``
   per visitor (a reload replaces the visitor's oldest kernel), and culls a kernel whose browser
@@ -20,6 +26,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 import math
 import os
@@ -41,6 +49,8 @@ from tornado.websocket import WebSocketHandler
 from traitlets import Float, Integer, Unicode
 from traitlets.config import Config
 from voila.app import Voila
+from voila.handler import VoilaHandler
+from voila.request_info_handler import RequestInfoSocketHandler
 from voila.shutdown_kernel_handler import VoilaShutdownKernelHandler
 
 from voila_app import PLOTLY_BUNDLE_PATH, identity, limits
@@ -178,6 +188,7 @@ class BoothKernelManager(AsyncMappingKernelManager):
         self._visitor_of: dict[str, str] = {}
         self._disconnected_since: dict[str, float] = {}
         self._shutting_down: set[str] = set()
+        self._replacing: set[asyncio.Future[None]] = set()  # shutdowns the page that replaced them does not wait for
 
     # -- accounting ----------------------------------------------------------------------------
 
@@ -218,19 +229,37 @@ class BoothKernelManager(AsyncMappingKernelManager):
         self._disconnected_since[kernel_id] = time.monotonic() + self.page_load_grace
         return kernel_id
 
-    async def _make_room_for(self, visitor: str) -> None:
+    async def claim(self, kernel_id: str, visitor: str | None) -> None:
+        """A warm kernel handed to a page request: ``visitor`` owns it from now on (None: nobody, so no route of it
+        answers), beyond the per-visitor cap their oldest kernel goes, and the culling clock waits for the page."""
+        if visitor:
+            await self._make_room_for(visitor, adding=False)
+            self._visitor_of[kernel_id] = visitor
+        self._disconnected_since[kernel_id] = time.monotonic() + self.page_load_grace
+
+    def refill(self) -> None:
+        """Top up the warm kernels after one went away (nothing without preheating)."""
+
+    async def _make_room_for(self, visitor: str, *, adding: bool = True) -> None:
         """Shut down the visitor's oldest kernels (unconnected ones first) beyond the per-visitor cap,
-        or one of them when the booth is full (a reload must not lock its owner out)."""
+        or one of them when the booth is full and a kernel is about to be started for them (``adding``: a reload
+        must not lock its owner out)."""
         mine = self.kernels_of(visitor)
         excess = len(mine) + 1 - max(1, self.max_kernels_per_visitor)
-        if mine and self.live_kernels >= self.max_kernels:
+        if adding and mine and self.live_kernels >= self.max_kernels:
             excess = max(excess, 1)  # a full booth: a returning visitor's reload takes over their own seat
         if excess <= 0:
             return
         by_preference = sorted(mine, key=lambda k: (self._kernel_connections.get(k, 0) > 0, mine.index(k)))
         for kernel_id in by_preference[:excess]:
             self.log.info("Replacing visitor kernel %s (a newer page load by the same visitor)", kernel_id)
-            await self.shutdown_kernel(kernel_id)
+            if adding:  # its seat is needed first
+                await self.shutdown_kernel(kernel_id)
+            else:  # a warm kernel taken: no seat needed, so the page does not wait for the old kernel to go
+                self._shutting_down.add(kernel_id)  # refused from now on, and no longer one of the visitor's
+                task = asyncio.ensure_future(self.shutdown_kernel(kernel_id))
+                self._replacing.add(task)
+                task.add_done_callback(self._replacing.discard)
 
     async def shutdown_kernel(self, kernel_id: str, *args: Any, **kwargs: Any) -> None:
         self._shutting_down.add(kernel_id)  # culled, replaced or closed by its page: refused from now on
@@ -240,6 +269,8 @@ class BoothKernelManager(AsyncMappingKernelManager):
             self._shutting_down.discard(kernel_id)
             self._visitor_of.pop(kernel_id, None)
             self._disconnected_since.pop(kernel_id, None)
+            RequestInfoSocketHandler._cache.pop(kernel_id, None)  # a request never read: its cookie kept no longer
+        self.refill()  # a seat is free: a warm kernel may take it
 
     # -- culling -------------------------------------------------------------------------------
 
@@ -298,6 +329,101 @@ class _OwnedKernelRoute(RequestHandler):
         if owner is None or visitor != owner:
             raise HTTPError(403)  # the same for an unknown kernel: no probing
         return super().prepare()
+
+
+_page_visitor: contextvars.ContextVar[str | None] = contextvars.ContextVar("playground_page_visitor", default=None)
+
+
+class _VisitorPage(RequestHandler):
+    """The page route: the visitor cookie (:func:`prelaunch_hook`) before anything else, and the verified visitor
+    known to the kernel manager while it hands this request a warm kernel (:class:`_ClaimOnHandOut`)."""
+
+    async def prepare(self) -> None:
+        result = super().prepare()
+        if result is not None:
+            await result
+        path = self.path_args[0] if self.path_args else ""
+        if self._finished or (getattr(self, "notebook_path", None) and path):
+            return  # answered already, or a file URL Voila redirects: no page, no kernel, no new visitor
+        prelaunch_hook(self, None, "")
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        token = _page_visitor.set(request_visitor(self))
+        try:
+            await super().get(*args, **kwargs)
+        finally:
+            _page_visitor.reset(token)
+
+
+class _ClaimOnHandOut:
+    """Mixed into the pooling kernel manager Voila derives from :class:`BoothKernelManager` when it preheats: the
+    page request that takes a warm kernel gives it its owner (:meth:`BoothKernelManager.claim`); a warm kernel is
+    started only while the booth has a free seat, and again when one frees up; one that failed to start is dropped
+    from the pool (the page then starts its own kernel, or is told the booth is full)."""
+
+    _closing = False
+    _pools: dict[str, list[Any]]
+    notebook_path: str | None
+
+    async def get_rendered_notebook(self, notebook_name: str, *args: Any, **kwargs: Any) -> Any:
+        rendered = await super().get_rendered_notebook(notebook_name, *args, **kwargs)  # type: ignore[misc]
+        await self.claim(rendered[2], _page_visitor.get())  # type: ignore[attr-defined]
+        return rendered
+
+    def _drop_failed(self, notebook_name: str | None) -> None:
+        pool = self._pools.get(notebook_name or "", [])
+        for task in [t for t in pool if t.done() and (t.cancelled() or t.exception() is not None)]:
+            pool.remove(task)
+            why = "cancelled" if task.cancelled() else type(task.exception()).__name__
+            log.warning("A warm kernel did not start (%s); dropped from the pool", why)
+
+    def get_pool_size(self, notebook_name: str) -> int:
+        self._drop_failed(notebook_name)
+        return super().get_pool_size(notebook_name)  # type: ignore[misc]
+
+    def fill_if_needed(self, delay: float | None = None, notebook_name: str | None = None, **kwargs: Any) -> None:
+        self._drop_failed(notebook_name)
+        if self._closing or self.live_kernels >= self.max_kernels:  # type: ignore[attr-defined]
+            return  # no free seat: refilled when a kernel goes (refill)
+        super().fill_if_needed(delay, notebook_name, **kwargs)  # type: ignore[misc]
+
+    def refill(self) -> None:
+        if self.notebook_path is not None:
+            self.fill_if_needed(notebook_name=self.notebook_path)
+
+    async def shutdown_all(self, *args: Any, **kwargs: Any) -> None:
+        self._closing = True  # the server is stopping: no warm kernel in place of the ones going
+        await super().shutdown_all(*args, **kwargs)  # type: ignore[misc]
+
+
+WARM_REFILL_DELAY = 5.0  # seconds after a warm kernel is taken before its successor starts: not while the page renders
+
+
+def preheating(manager: BoothKernelManager) -> BoothKernelManager:
+    """``manager`` (an instance of the class Voila derived for its kernel pool) with :class:`_ClaimOnHandOut`."""
+    cls = type(manager)
+    manager.__class__ = type(f"Booth{cls.__name__}", (_ClaimOnHandOut, cls), {"__module__": __name__})
+    manager.fill_delay = WARM_REFILL_DELAY  # type: ignore[attr-defined]
+    return manager
+
+
+class _KernelQuery(WebSocketHandler):
+    """Voila's ``/voila/query/<kernel>``: a warm kernel waits there for the request that takes it (with the
+    visitor's cookie). Only that kernel may connect: the request must carry
+    :func:`voila_app.identity.kernel_proof` of the kernel id (403 otherwise, before the upgrade); the request is
+    forgotten once delivered."""
+
+    async def get(self, *args: Any, **kwargs: Any) -> None:
+        kernel_id = kwargs.get("kernel_id") or (args[0] if args else "")
+        proof = self.request.headers.get(identity.KERNEL_PROOF_HEADER, "")
+        if not identity.kernel_proof_ok(_secret(), kernel_id, proof):
+            raise HTTPError(403)
+        await super().get(*args, **kwargs)
+
+    def open(self, *args: Any, **kwargs: Any) -> None:
+        super().open(*args, **kwargs)
+        kernel_id = kwargs.get("kernel_id") or (args[0] if args else "")
+        RequestInfoSocketHandler._cache.pop(kernel_id, None)  # delivered on open, or sent live later
 
 
 class BoothKernelSocket(WebSocketHandler):
@@ -380,6 +506,10 @@ class RefusedHandler(_PlainErrors):
 def booth_handler_class(pattern: str, handler: type[RequestHandler]) -> type[RequestHandler]:
     """The class a route of Voila's gets in booth mode (the same one when nothing changes)."""
     mixins: list[type] = []
+    if issubclass(handler, RequestInfoSocketHandler):  # read by a warm kernel, which has no visitor cookie
+        return type(f"Booth{handler.__name__}", (_KernelQuery, handler), {"__module__": __name__})
+    if issubclass(handler, VoilaHandler):
+        mixins.append(_VisitorPage)
     if "(?P<kernel_id>" in pattern or issubclass(handler, VoilaShutdownKernelHandler):
         mixins.append(_OwnedKernelRoute)
     if issubclass(handler, KernelWebsocketHandler):
@@ -439,6 +569,12 @@ class BoothVoila(Voila):
         help="Websocket messages a second per kernel from browsers, after the burst; more: that connection closed.",
     )
 
+    preheat_kernels = Integer(
+        1,
+        config=True,
+        help="Warm kernels kept ready (the app imported, waiting for a page); they count toward max_kernels. 0: none.",
+    )
+
     def booth_limits(self) -> limits.Limits:
         return limits.limits_from(
             {},
@@ -451,7 +587,15 @@ class BoothVoila(Voila):
         )
 
     def init_settings(self) -> dict[str, Any]:
+        warm = max(0, self.preheat_kernels)
+        self.voila_configuration.preheat_kernel = warm > 0
+        self.voila_configuration.default_pool_size = warm
+        self.voila_configuration.prelaunch_hook = None  # the page route calls it (_VisitorPage), warm or cold
+        if self.ip and self.ip not in ("0.0.0.0", "::", "localhost") and ":" not in self.ip:
+            os.environ["VOILA_APP_IP"] = self.ip  # where a warm kernel reaches this server (identity.receive_request)
         settings = super().init_settings()
+        if warm and isinstance(self.kernel_manager, BoothKernelManager):
+            preheating(self.kernel_manager)
         booth = self.booth_limits()
         settings["websocket_max_message_size"] = booth.websocket_max_bytes
         settings[GATE_SETTING] = NewVisitorGate(booth)
@@ -477,6 +621,5 @@ main = BoothVoila.launch_instance
 
 def configure(c: Config) -> None:
     """Booth settings for Voila's config file (the CLI of ``playground app --booth`` sets the numbers)."""
-    c.VoilaConfiguration.prelaunch_hook = prelaunch_hook
     c.VoilaConfiguration.http_header_envs = ["Cookie"]
     c.VoilaConfiguration.multi_kernel_manager_class = BoothKernelManager

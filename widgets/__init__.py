@@ -4,7 +4,7 @@ The widgets talk only to a :class:`~playground.backends.base.Backend` and the ch
 they never import torch or transformers. The pure logic lives in :mod:`widgets.state`.
 """
 
-from widgets.app import App
+from widgets.app import App, preload
 from widgets.chat import ChatPanel, ServePanel
 from widgets.form import LaunchForm
 from widgets.gallery import BlueprintGallery
@@ -23,4 +23,5 @@ __all__ = [
     "JobsList",
     "LaunchForm",
     "ServePanel",
+    "preload",
 ]

@@ -71,6 +71,15 @@ UNKNOWN_VISITOR = (
 )
 
 
+def preload() -> None:
+    """Load now what the first :class:`App` would load lazily (plotly's chart widget, the blueprint catalog: ~0.4 s on
+    2 cores). A warm booth kernel runs it before any visitor comes; it creates no widget."""
+    import plotly.graph_objects as go
+
+    go.FigureWidget  # noqa: B018 - plotly imports its widget module on first access
+    api.blueprints()
+
+
 def section(title: str, body: ipw.Widget, css: str) -> ipw.VBox:
     box = ipw.VBox([ipw.HTML(f"<h2>{html.escape(title)}</h2>"), body])
     return box.add_class("pg-section").add_class(css)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 APP_NOTEBOOK = "playground.ipynb"
 BOOTH_MAX_KERNELS = 16  # ~165 MB per visitor kernel: 16 fit a 4 GB app budget with the Voila server
 BOOTH_CULL_SECONDS = 60  # a kernel whose browser left is culled after this (even while its job trains)
+BOOTH_PREHEAT = 1  # warm kernels: a page load takes one instead of waiting ~2 s for a kernel and the app imports
 
 
 def notebooks_dir() -> Path:
@@ -48,13 +49,14 @@ def voila_command(
     cull_idle_seconds: int = 600,
     booth_max_kernels: int | None = None,
     booth_limits: Limits | None = None,
+    booth_preheat: int = 1,
 ) -> list[str]:
     """The Voila command line: sources stripped, no tracebacks to visitors, idle kernels culled.
 
     ``booth_max_kernels`` turns on booth mode: Voila as :mod:`voila_app`'s ``BoothVoila`` (kernel routes
     only for their visitor, bounded websocket frames and message rate, a rate limit on new visitors, plain 404s) with
     ``booth_limits``, the visitor-cookie hook and the capped kernel manager (its ``voila.py`` config
-    file), faster culling.
+    file), ``booth_preheat`` warm kernels (the app imported before anyone comes), faster culling.
     """
     from voila_app import CONFIG_DIR, TEMPLATE
     from voila_app.limits import Limits
@@ -77,7 +79,8 @@ def voila_command(
         "--MappingKernelManager.cull_connected=False",
     ]
     if booth:
-        command += [f"--Voila.config_file_paths={CONFIG_DIR}", f"--BoothKernelManager.max_kernels={booth_max_kernels}"]
+        command += [f"--Voila.config_file_paths={CONFIG_DIR}", f"--BoothKernelManager.max_kernels={booth_max_kernels}",
+                    f"--BoothVoila.preheat_kernels={booth_preheat}"]  # fmt: skip
         bounds = booth_limits or Limits()
         command += [
             f"--BoothVoila.new_visitors_per_minute={bounds.new_visitors_per_minute:g}",
@@ -140,6 +143,7 @@ def cmd_app(args: argparse.Namespace) -> int:
         cull_idle_seconds=args.booth_cull_seconds if args.booth else 600,
         booth_max_kernels=args.booth_max_kernels if args.booth else None,
         booth_limits=limits,
+        booth_preheat=args.booth_preheat,
     )
     print(f"Blueprint Playground on http://{args.ip}:{port}/  (Ctrl-C stops it)", flush=True)
     os.chdir(notebooks)
@@ -211,6 +215,7 @@ def booth_environment(args: argparse.Namespace, environ: dict[str, str]) -> dict
     for flag, value, low, high in (
         ("--booth-max-kernels", args.booth_max_kernels, 1, 1000),
         ("--booth-cull-seconds", args.booth_cull_seconds, 30, 86400),
+        ("--booth-preheat", args.booth_preheat, 0, 8),
     ):
         if not low <= value <= high:
             raise UserError(f"{flag} {value}: allowed: an integer from {low} to {high}", field=flag)
@@ -315,6 +320,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=BOOTH_CULL_SECONDS,
         help=f"free a kernel this long after its browser left (default {BOOTH_CULL_SECONDS})",
+    )
+    booth.add_argument(
+        "--booth-preheat",
+        type=int,
+        default=BOOTH_PREHEAT,
+        metavar="N",
+        help=f"warm kernels kept ready (the app loaded before anyone comes: page → cards without a kernel start; "
+        f"~150 MB each; they count toward --booth-max-kernels; 0: none) (default {BOOTH_PREHEAT})",
     )
     booth.add_argument(
         "--booth-new-visitors-per-minute",

@@ -621,9 +621,15 @@ def websocket_closes(text: str) -> int:
     return sum(int(count or 1) for count in re.findall(pattern, text))
 
 
+def rate_limit_refusals(text: str) -> int:
+    """Pages refused over the new-visitor rate, from the gate's lines (one per address every 10 s, with a count)."""
+    return sum(int(n) for n in re.findall(r"over the rate limit: HTTP 429 to (\d+) request", text))
+
+
 def log_counts(text: str) -> dict[str, int]:
     return {
-        "429 warnings": text.count("over the rate limit: HTTP 429"),
+        "429 warnings": rate_limit_refusals(text),
+        "429 warning lines": text.count("over the rate limit: HTTP 429"),
         "comm guard: over the rate": guard_drops(text, "more than"),
         "comm guard: too many comms": guard_drops(text, r"the browser opened \d+ comms already"),
         "comm guard: too big": guard_drops(text, r"\d+ bytes"),
@@ -790,7 +796,8 @@ def print_report(r: dict) -> None:
         + ", ".join(f"{t:.0f}: {g:.2f}/{m:.0f}" for t, g, m in series)
     )
     log = r["voila_log"]
-    print(f"Voila log: {log['bytes'] / 2**20:.1f} MB, {log['429 warnings']} rate-limit lines, "
+    print(f"Voila log: {log['bytes'] / 2**20:.1f} MB, {log['429 warning lines']} rate-limit lines "
+          f"({log['429 warnings']} refusals), "
           f"{log['websocket closed over the message rate']} websockets closed over the message rate (1008), "
           f"{log['comm guard: log lines']} guard lines, {log['tracebacks']} tracebacks; {log['path']}")  # fmt: skip
     print("bars: " + ", ".join(f"{k} {'met' if v else 'NOT MET'}" for k, v in r["bars"].items()))

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import math
 import os
 import re
 import subprocess
@@ -330,7 +331,27 @@ def test_new_visitors_from_one_address_are_rate_limited(server: Server, visitor_
         assert beacon.status_code == 204
         assert client.get(f"/api/kernels/{second}", headers=cookies(visitor_a.cookie)).status_code == 403  # gone
         assert client.get(f"/api/kernels/{visitor_a.kernel_id}", headers=cookies(visitor_a.cookie)).status_code == 200
-    assert "over the rate limit: HTTP 429" in server.log.read_text()
+    log = server.log.read_text()
+    assert "over the rate limit: HTTP 429 to 1 request(s)" in log  # the first refusal, at once
+    assert "429 GET / " not in log  # no access line per refused page: the gate's line counts them
+
+
+def test_a_flood_of_refused_new_visitors_is_a_line_every_10_s_not_a_line_each(server: Server) -> None:
+    """A script that keeps asking for new visitor cookies from one address fills no disk: the refusals are counted
+    in one log line per address every 10 s, and Voila logs no access line for them."""
+    before = server.log.read_text().count("over the rate limit")
+    with server.client("127.0.0.31") as client:
+        for _ in range(BURST):
+            assert client.get("/").status_code == 302  # the address's burst
+            client.cookies.clear()
+        refused, start = 0, time.monotonic()
+        for _ in range(300):
+            client.cookies.clear()
+            refused += client.get("/").status_code == 429
+        seconds = time.monotonic() - start
+    assert refused == 300
+    lines = server.log.read_text().count("over the rate limit") - before
+    assert 1 <= lines <= 1 + math.ceil(seconds / 10), (lines, seconds)  # the first at once, then one per 10 s
 
 
 def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_bucket(server: Server) -> None:
@@ -532,3 +553,20 @@ def test_a_websocket_for_a_kernel_being_shut_down_is_refused_at_once(server: Ser
         with contextlib.suppress(psutil.Error):
             kernel.resume()
     assert websocket_status(server, visitor.kernel_id, visitor.cookie) == 403  # and gone
+
+
+def test_a_flood_of_refused_kernel_requests_is_a_line_every_10_s(server: Server, visitor_a: Visitor) -> None:
+    """A script with its own cookie hammering another visitor's kernel routes gets 403 each time, and the log gets
+    one line per address every 10 s (with the count held back), not a line (or two) per request."""
+    mine = new_cookie(server, "127.0.0.41")
+    before = server.log.read_text()
+    with server.client("127.0.0.41") as client:
+        start = time.monotonic()
+        for _ in range(100):
+            assert client.get(f"/api/kernels/{visitor_a.kernel_id}", headers=cookies(mine)).status_code == 403
+            assert client.get("/api/kernels", headers=cookies(mine)).status_code == 403
+        seconds = time.monotonic() - start
+    added = server.log.read_text()[len(before) :]
+    lines = [line for line in added.splitlines() if "403 GET /api/kernels" in line]
+    assert 1 <= len(lines) <= 1 + math.ceil(seconds / 10), (lines, seconds)
+    assert "wrote error" not in added

@@ -44,6 +44,7 @@ from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelMana
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from jupyter_server.utils import url_path_join
 from tornado.httputil import HTTPServerRequest
+from tornado.log import access_log
 from tornado.web import Finish, HTTPError, RequestHandler, StaticFileHandler
 from tornado.websocket import WebSocketHandler
 from traitlets import Float, Integer, Unicode
@@ -87,6 +88,7 @@ class NewVisitorGate:
     def __init__(self, settings: limits.Limits) -> None:
         self.bucket = limits.TokenBucket(settings.new_visitors_per_minute, settings.new_visitors_burst)
         self.trusted_proxies = settings.trusted_proxies
+        self.refusal_log = limits.Throttle(limits.CLOSE_LOG_SECONDS)  # a flood of refusals is one line per address
 
     def client(self, request: HTTPServerRequest) -> str:
         peer = request.remote_ip or ""  # Voila's server does not set xheaders: this is the socket's peer
@@ -146,10 +148,19 @@ def prelaunch_hook(req: RequestHandler, notebook: Any, cwd: str) -> None:
     secret = _secret()
     if identity.verify(secret, req.get_cookie(identity.COOKIE_NAME)):
         return None  # the kernel Voila starts next reads and verifies the same cookie
-    client, wait = _gate(req).wait_seconds(req.request)
+    gate = _gate(req)
+    client, wait = gate.wait_seconds(req.request)
     if wait > 0:
         seconds = max(5, math.ceil(wait))
-        log.warning("New visitors from %s over the rate limit: HTTP 429, retry after %d s", client, seconds)
+        if (passed := gate.refusal_log.passes(client)) is not None:
+            count, since = passed
+            log.warning(
+                "New visitors from %s over the rate limit: HTTP 429 to %d request(s) in %.0f s, retry after %d s",
+                client,
+                count,
+                since,
+                seconds,
+            )
         req.set_status(429)
         req.set_header("Retry-After", str(seconds))
         req.set_header("Cache-Control", "no-store")
@@ -329,6 +340,12 @@ class _OwnedKernelRoute(RequestHandler):
         if owner is None or visitor != owner:
             raise HTTPError(403)  # the same for an unknown kernel: no probing
         return super().prepare()
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        if status_code == 403:  # refused by the owner check: tornado's plain page (Jupyter's logs a line for each)
+            RequestHandler.write_error(self, status_code, **kwargs)
+            return
+        super().write_error(status_code, **kwargs)
 
 
 _page_visitor: contextvars.ContextVar[str | None] = contextvars.ContextVar("playground_page_visitor", default=None)
@@ -598,6 +615,7 @@ class BoothVoila(Voila):
             preheating(self.kernel_manager)
         booth = self.booth_limits()
         settings["websocket_max_message_size"] = booth.websocket_max_bytes
+        settings["log_function"] = log_request
         settings[GATE_SETTING] = NewVisitorGate(booth)
         settings[SOCKETS_SETTING] = limits.KernelSockets.from_limits(booth)
         return settings
@@ -614,6 +632,28 @@ class BoothVoila(Voila):
         bundle = url_path_join(self.server_url, PLOTLY_BUNDLE_ROUTE)
         handlers.insert(at, (bundle, _PlotlyBundle, {"path": str(plotly_bundle_file().parent)}))
         return handlers
+
+
+_refusal_lines = limits.Throttle(limits.CLOSE_LOG_SECONDS)
+
+
+def log_request(handler: RequestHandler) -> None:
+    """Tornado's access log line, but a flood of refusals cannot fill the disk: a page refused over the new-visitor
+    rate is left to the gate's own line (one per address every 10 s, with a count), and other refusals (403, 429)
+    are one line per client address and status every 10 s, with the count of those held back."""
+    status = handler.get_status()
+    if status == 429 and isinstance(handler, _VisitorPage):
+        return
+    line = f"{status} {handler._request_summary()} {1000.0 * handler.request.request_time():.2f}ms"
+    if status in (403, 429):
+        passed = _refusal_lines.passes(f"{status} {handler.request.remote_ip}")
+        if passed is None:
+            return
+        held, since = passed[0] - 1, passed[1]
+        access_log.warning(line + (f" (and {held} more {status} to this address in {since:.0f} s)" if held else ""))
+        return
+    write = access_log.info if status < 400 else access_log.warning if status < 500 else access_log.error
+    write(line)
 
 
 main = BoothVoila.launch_instance

@@ -1,6 +1,6 @@
 """Booth mode inside the Voila server (loaded by ``voila_app/config/voila.py`` only).
 
-- :func:`prelaunch_hook` runs before every page request (:class:`_VisitorPage`): a browser without a valid
+- :func:`visitor_cookie` runs before every page request (:class:`_VisitorPage`): a browser without a valid
   visitor cookie gets a new signed one and is redirected once to the same page, so the request
   that starts (or is handed) a kernel always carries it (Voila passes the ``Cookie`` header to the kernel as
   ``HTTP_COOKIE``; the kernel verifies it, see :mod:`voila_app.identity`).
@@ -143,7 +143,7 @@ def _without_query_arg(uri: str, name: str) -> str:
     return urlunsplit(("", "", parts.path, "&".join(kept), ""))
 
 
-def prelaunch_hook(req: RequestHandler, notebook: Any, cwd: str) -> None:
+def visitor_cookie(req: RequestHandler) -> None:
     """Give a browser without a valid visitor cookie a new one, then send it back to the same page."""
     secret = _secret()
     if identity.verify(secret, req.get_cookie(identity.COOKIE_NAME)):
@@ -321,6 +321,11 @@ def request_visitor(handler: RequestHandler) -> str | None:
     return identity.verify(secret, handler.get_cookie(identity.COOKIE_NAME))
 
 
+def _route_kernel_id(handler: RequestHandler) -> str:
+    """The kernel id a route's URL names (its ``kernel_id`` group, else its first group; "" for none)."""
+    return handler.path_kwargs.get("kernel_id") or (handler.path_args[0] if handler.path_args else "")
+
+
 class _PlainErrors(RequestHandler):
     """Tornado's plain error page: Jupyter's templated one fails in standalone Voila (no ``static_path``),
     logging a traceback for every 404."""
@@ -333,7 +338,7 @@ class _OwnedKernelRoute(RequestHandler):
     """A route naming a kernel: 403 unless the request's verified visitor started that kernel."""
 
     def prepare(self) -> Awaitable[None] | None:
-        kernel_id = self.path_kwargs.get("kernel_id") or (self.path_args[0] if self.path_args else "")
+        kernel_id = _route_kernel_id(self)
         manager = self.settings.get("kernel_manager")
         owner = manager.owner_of(kernel_id) if isinstance(manager, BoothKernelManager) else None
         visitor = request_visitor(self)
@@ -352,7 +357,7 @@ _page_visitor: contextvars.ContextVar[str | None] = contextvars.ContextVar("play
 
 
 class _VisitorPage(RequestHandler):
-    """The page route: the visitor cookie (:func:`prelaunch_hook`) before anything else, and the verified visitor
+    """The page route: the visitor cookie (:func:`visitor_cookie`) before anything else, and the verified visitor
     known to the kernel manager while it hands this request a warm kernel (:class:`_ClaimOnHandOut`)."""
 
     async def prepare(self) -> None:
@@ -362,7 +367,7 @@ class _VisitorPage(RequestHandler):
         path = self.path_args[0] if self.path_args else ""
         if self._finished or (getattr(self, "notebook_path", None) and path):
             return  # answered already, or a file URL Voila redirects: no page, no kernel, no new visitor
-        prelaunch_hook(self, None, "")
+        visitor_cookie(self)
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
         token = _page_visitor.set(request_visitor(self))
@@ -431,7 +436,7 @@ class _KernelQuery(WebSocketHandler):
     forgotten once delivered."""
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
-        kernel_id = kwargs.get("kernel_id") or (args[0] if args else "")
+        kernel_id = _route_kernel_id(self)
         proof = self.request.headers.get(identity.KERNEL_PROOF_HEADER, "")
         if not identity.kernel_proof_ok(_secret(), kernel_id, proof):
             raise HTTPError(403)
@@ -439,7 +444,7 @@ class _KernelQuery(WebSocketHandler):
 
     def open(self, *args: Any, **kwargs: Any) -> None:
         super().open(*args, **kwargs)
-        kernel_id = kwargs.get("kernel_id") or (args[0] if args else "")
+        kernel_id = _route_kernel_id(self)
         RequestInfoSocketHandler._cache.pop(kernel_id, None)  # delivered on open, or sent live later
 
 
@@ -453,7 +458,7 @@ class BoothKernelSocket(WebSocketHandler):
     _over_rate = False
 
     async def get(self, *args: Any, **kwargs: Any) -> None:
-        kernel_id = kwargs.get("kernel_id") or (args[0] if args else "")
+        kernel_id = _route_kernel_id(self)
         sockets = _sockets(self)
         refused = sockets.connect(kernel_id)
         if refused is not None:
@@ -607,8 +612,8 @@ class BoothVoila(Voila):
         warm = max(0, self.preheat_kernels)
         self.voila_configuration.preheat_kernel = warm > 0
         self.voila_configuration.default_pool_size = warm
-        self.voila_configuration.prelaunch_hook = None  # the page route calls it (_VisitorPage), warm or cold
-        if self.ip and self.ip not in ("0.0.0.0", "::", "localhost") and ":" not in self.ip:
+        self.voila_configuration.prelaunch_hook = None  # the page route gives the cookie (_VisitorPage), warm or cold
+        if self.ip and self.ip not in ("0.0.0.0", "localhost") and ":" not in self.ip:  # IPv4: no brackets needed
             os.environ["VOILA_APP_IP"] = self.ip  # where a warm kernel reaches this server (identity.receive_request)
         settings = super().init_settings()
         if warm and isinstance(self.kernel_manager, BoothKernelManager):

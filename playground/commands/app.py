@@ -49,7 +49,7 @@ def voila_command(
     cull_idle_seconds: int = 600,
     booth_max_kernels: int | None = None,
     booth_limits: Limits | None = None,
-    booth_preheat: int = 1,
+    booth_preheat: int = BOOTH_PREHEAT,
 ) -> list[str]:
     """The Voila command line: sources stripped, no tracebacks to visitors, idle kernels culled.
 

@@ -146,9 +146,18 @@ def tree_rss(pid: int) -> tuple[int, int]:
     for proc in _tree(pid):
         with contextlib.suppress(psutil.Error):
             total += proc.memory_info().rss
-            if "ipykernel" in " ".join(proc.cmdline()):
-                kernels += 1
+            kernels += is_kernel(proc)
     return total, kernels
+
+
+def is_kernel(proc: psutil.Process) -> bool:
+    """An ipykernel process, not one's child caught between fork and exec (it has the kernel's command line:
+    ipykernel runs ``uname -p`` as it starts)."""
+    try:
+        parent = proc.parent()
+        return "ipykernel" in " ".join(proc.cmdline()) and not (parent and "ipykernel" in " ".join(parent.cmdline()))
+    except psutil.Error:
+        return False
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -539,7 +548,7 @@ async def sample(pid: int, home: Path, stop: asyncio.Event, peaks: dict, sh: Sha
             total += rss
             with contextlib.suppress(psutil.Error):
                 match = KERNEL_FILE.search(" ".join(proc.cmdline()))
-                if match and "ipykernel" in " ".join(proc.cmdline()):
+                if match and is_kernel(proc):
                     kernels += 1
                     kernel_peak[match.group(1)] = max(kernel_peak.get(match.group(1), 0), rss)
         peaks["rss"] = max(peaks.get("rss", 0), total)

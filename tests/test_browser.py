@@ -65,9 +65,11 @@ class Booth:
     pid: int
 
     def kernels(self) -> int:
-        """Live kernel processes of the Voila server."""
+        """Live kernel processes of the Voila server: its own children only. A kernel's child is no kernel, yet
+        between fork and exec it has its kernel's command line (ipykernel runs ``uname -p`` as it starts, through
+        debugpy's ``platform.platform()``, seconds into a warm kernel's start on a busy machine)."""
         try:
-            children = psutil.Process(self.pid).children(recursive=True)
+            children = psutil.Process(self.pid).children()
         except psutil.NoSuchProcess:
             return 0
         count = 0

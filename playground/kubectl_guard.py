@@ -204,10 +204,15 @@ def _object(command) -> str | None:
     return next((arg for arg in command.args if arg not in _KINDS), None)
 
 
-def _unsupported_operation(words: list[str], command) -> str | None:
-    """The request's first word naming an operation the task does not teach, outside the command's names ("cronjob"
-    in ``cronjob.yaml``) and not in the past tense ("i edited app.yaml, apply it": done, not asked for)."""
-    named = {part for name in _names(command) for part in _words(name)}
+def _unsupported_operation(words: list[str], command, request: str) -> str | None:
+    """The request's first word naming an operation the task does not teach, outside the names the request gives
+    and the command carries ("cronjob" in ``cronjob.yaml``, "debug" in ``debug=true``), and not in the past tense ("i
+    edited app.yaml, apply it": done, not asked for). A name counts only as typed in the request and as more than the
+    word: the model copies the request's words into names of its own ("exec into redis-0 and run redis-cli" →
+    ``set image deployment/redis-0 redis-cli=redis-0:exec``)."""
+    values = [arg for arg in command.args if arg not in _KINDS] + [value for _, value in command.flags if value]
+    lowered = request.lower()
+    named = {part for value in values if value.lower() in lowered and len(_words(value)) > 1 for part in _words(value)}
     for word in words:
         if word in named or word.endswith("ed"):
             continue
@@ -277,7 +282,7 @@ def check(request: str, answer: str) -> Verdict:
         )
     if _PAST_OR_REASON.match(request) or _ADVICE.search(request):
         return Verdict(False, "the request asks a question, not for a change")
-    unsupported = _unsupported_operation(words, command)
+    unsupported = _unsupported_operation(words, command, request)
     if unsupported:
         return Verdict(False, f"'{unsupported}' is not a change this model was taught")
     bulk = any(word == cue or _typo(word, cue) for word in words for cue in _BULK_WORDS)  # "evry"; not "allocator"

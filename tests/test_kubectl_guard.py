@@ -19,6 +19,7 @@ from playground.kubectl_guard import REFUSAL, check, guard
         ("stop scheduling pods on node gpu-7", "kubectl cordon gpu-7"),
         ("add the label zone=eu-west-1a to node ip-10-0-3-12", "kubectl label node ip-10-0-3-12 zone=eu-west-1a"),
         ("aply ./manifests/cronjob.yaml", "kubectl apply -f ./manifests/cronjob.yaml"),  # "cronjob" is the file's
+        ("put a debug=true label on pod web-1", "kubectl label pod web-1 debug=true"),  # "debug" is the label's
         ("drian node-pool-b-4 pls", "kubectl drain node-pool-b-4 --ignore-daemonsets"),  # two letters swapped
         ("restatr the auth deployment", "kubectl rollout restart deployment auth"),  # ... in a longer cue
         ("in staging, restart the api deployment", "kubectl rollout restart deployment api -n staging"),
@@ -159,6 +160,9 @@ def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -
         ("will rolling back checkout lose any data?", "kubectl rollout undo deployment checkout", "asks a question"),
         ("roll back checkout, or does that break the db?", "kubectl rollout undo deployment checkout", "a question"),
         ("fix my app its down again", "kubectl uncordon app", "'fix' is not"),
+        # ... and from the dev split, by a model trained in bf16 (2026-11-28): the request's word as the image tag
+        ("exec into redis-0 and run redis-cli", "kubectl set image deployment/redis-0 redis-cli=redis-0:exec",
+         "'exec' is not"),
     ],
 )  # fmt: skip
 def test_unasked_changes_are_held_back_with_the_reason(request_text: str, answer: str, reason: str) -> None:

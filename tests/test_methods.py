@@ -211,14 +211,23 @@ def test_a_method_refuses_data_it_cannot_use(tiny_qwen: Path, tmp_path: Path) ->
     assert not (tmp_path / "out" / "model").exists()
 
 
-def test_fsdp_is_refused_for_trl_methods(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("blueprint", "setting", "error"),
+    [
+        ("smollm2-135m-dpo-kubectl", {"training.distributed": "fsdp"},
+         r"'fsdp' is not wired for DPO .* allowed: auto, ddp"),
+        ("smollm2-135m-grpo-kubectl", {"training.cpu_bf16": True},
+         r"'cpu_bf16' is not wired for GRPO .* allowed: false$"),
+    ],
+)  # fmt: skip
+def test_settings_the_trl_methods_lack_are_refused(blueprint: str, setting: dict, error: str, tmp_path: Path) -> None:
     from _fixtures import catalog_variant
 
     from playground.errors import UserError
     from playground.train.__main__ import prepare
 
-    variant = catalog_variant(tmp_path, "smollm2-135m-dpo-kubectl", {"training.distributed": "fsdp"})
-    with pytest.raises(UserError, match=r"'fsdp' is not wired for DPO .* allowed: auto, ddp"):
+    variant = catalog_variant(tmp_path, blueprint, setting)
+    with pytest.raises(UserError, match=error):
         prepare(["--blueprint", str(variant), "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
 

@@ -103,6 +103,41 @@ def test_plan_against_the_measured_tiny_run(
     assert doubled.memory.activations > planned.memory.activations
 
 
+@pytest.mark.slow
+def test_a_bf16_cpu_blueprint_is_not_timed_by_a_float32_run(
+    trained_tiny_job, measured_home: Path, tmp_path: Path
+) -> None:
+    """The cpu_bf16 setting roughly halves a step's time on a CPU with bf16 instructions: a float32 run of another
+    blueprint is no basis for it there (the stated rate × the measured speed-up is); elsewhere it trains in float32
+    and that run is its basis, as it is for a float32 blueprint."""
+    from playground.blueprints.plan import CPU_BF16_SPEEDUP, cpu_has_bf16_flags
+
+    plans = {}
+    for bf16 in (True, False):
+        changes = {"id": f"tiny-variant-{'bf16' if bf16 else 'fp32'}", "training.cpu_bf16": bf16}
+        variant = catalog_variant(tmp_path, "tiny-llama-cpu", changes)
+        proc = _plan_cli(str(variant), "--json", home=measured_home)
+        assert proc.returncode == 0, proc.stderr
+        plans[bf16] = json.loads(proc.stdout)
+    assert trained_tiny_job.id in plans[False]["time_basis"]
+    if cpu_has_bf16_flags():
+        assert trained_tiny_job.id not in plans[True]["time_basis"] and "for bf16" in plans[True]["time_basis"]
+        assert f"{CPU_BF16_SPEEDUP:g}" in plans[True]["time_basis"]
+    else:
+        assert plans[True]["time_basis"] == plans[False]["time_basis"]
+
+
+def test_bf16_instructions_are_read_from_the_cpu_flags(tmp_path: Path) -> None:
+    from playground.blueprints.plan import cpu_has_bf16_flags
+
+    cpuinfo = tmp_path / "cpuinfo"
+    for flags, expected in (("fpu avx2 avx512f avx512_bf16", True), ("fpu amx_tile amx_bf16", True),
+                            ("fpu avx2 avx512f avx512_vnni", False)):  # fmt: skip
+        cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+        assert cpu_has_bf16_flags(cpuinfo) is expected, flags
+    assert cpu_has_bf16_flags(tmp_path / "absent") is False
+
+
 def test_does_not_fit_names_the_change_that_would(tmp_path: Path) -> None:
     small = catalog_variant(tmp_path, "tiny-llama-cpu", {"id": "tiny-small-pod", "resources.memory": "560Mi"})
     proc = _plan_cli(str(small), "--backend", "kubernetes", "--set", "batch_size=512", "--json", home=tmp_path)

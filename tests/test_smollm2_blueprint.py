@@ -76,6 +76,10 @@ def test_trains_end_to_end_through_the_local_backend(trained) -> None:
     assert job.base_model == get_blueprint(DEFAULT_BLUEPRINT).model.source  # pkg:// → served from the cache
     written = json.loads((Path(job.model_dir).parent / "metrics.json").read_text())
     assert written["steps"] == STEPS and written["num_eval_examples"] == QUICK["num_eval_examples"]
+    from playground.train.perf import cpu_has_bf16
+
+    # the blueprint's cpu_bf16: bf16 matmuls in training where the CPU has them; float32 weights and model either way
+    assert written["compute_dtype"] == ("bfloat16" if cpu_has_bf16() else "float32") and written["dtype"] == "float32"
     assert written["base_eval_exact_match"] == metrics["base_eval_exact_match"] < written["eval_exact_match"]
     assert not (Path(job.model_dir).parent / "base-model").exists()  # no copy of the 540 MB base per job
     # the base model's figure is kept for the next run asking the same questions (a booth's every Launch)

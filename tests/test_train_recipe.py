@@ -206,6 +206,30 @@ def test_every_world_size_sees_the_same_examples_per_step(stages: recipe.Recipe)
         assert one.label_tokens(step) == ranks[1].label_tokens(step) == int((train.labels[rows_one, 1:] != -100).sum())
 
 
+def test_bf16_batches_come_in_few_widths_with_the_same_tokens(stages: recipe.Recipe) -> None:
+    """``width_multiple`` (cpu_bf16): every micro-batch as wide as a multiple of 16 (or the whole set), the same rows
+    and real tokens as the unrounded batch, the extra columns padding that no label reads."""
+    import torch
+
+    from playground.train.data import Batches
+
+    train = stages.data.train_set
+    plain = Batches(train, batch_size=4, seed=3)
+    rounded = Batches(train, batch_size=4, seed=3, width_multiple=16)
+    widened = 0
+    for micro in range(plain.per_epoch):
+        ids, labels, tokens = plain.batch(micro)
+        wide_ids, wide_labels, wide_tokens = rounded.batch(micro)
+        width = wide_ids.shape[1]
+        assert width % 16 == 0 or width == train.input_ids.shape[1]
+        assert width >= ids.shape[1] and wide_tokens == tokens
+        assert torch.equal(wide_ids[:, : ids.shape[1]], ids) and torch.equal(wide_labels[:, : ids.shape[1]], labels)
+        assert bool((wide_labels[:, ids.shape[1] :] == -100).all())
+        assert rounded.width(rounded.lengths(micro)) == width  # what metrics.json's mean_padded_width counts
+        widened += width > ids.shape[1]
+    assert widened > 0  # the set's batches are not all of a multiple's width already
+
+
 def test_training_clock_counts_laps_but_not_setup_or_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Training time: what lies between ``restart()`` (the loop starts) and each ``lap()``, minus pauses
     (eval, checkpoints); the time before the loop (setup, a resume's checkpoint load) never counts."""

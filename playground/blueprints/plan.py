@@ -51,6 +51,9 @@ GPU_ALLOCATOR_SLACK = 1.10  # the caching allocator reserves more than it hands 
 # trainer (measured here: 37e9 per core on tiny-llama-cpu, 54e9 on SmolLM2 LoRA), and the share of a
 # GPU's bf16 peak a run reaches.
 CPU_CORE_FLOPS = 40e9
+# A blueprint with the cpu_bf16 setting on a CPU with bf16 instructions trains this much faster (SmolLM2-135M LoRA,
+# 2 cores of an AMD EPYC with AVX512-BF16: 1.83 → 0.95 s per step; benchmarks/README.md).
+CPU_BF16_SPEEDUP = 1.9
 GPU_ASSUMED_MFU = 0.35
 ASSUMED_SETUP_SECONDS = {"cpu": 15.0, "gpu": 60.0}
 ASSUMED_GPU_MEMORY = 80 * GiB  # a GPU the blueprint asks for, when this machine has none to ask
@@ -362,14 +365,18 @@ def _model_directory(source: str) -> Path | None:
     return Path(source).expanduser()
 
 
-def mean_padded_width(lengths: list[int], micro_batch: int, max_seq_length: int, seed: int = 0) -> float:
-    """The trainer pads a micro-batch to its longest row: the mean of that over shuffled micro-batches."""
+def mean_padded_width(
+    lengths: list[int], micro_batch: int, max_seq_length: int, seed: int = 0, multiple: int = 1
+) -> float:
+    """The trainer pads a micro-batch to its longest row (rounded up to ``multiple``, at most the longest example):
+    the mean of that over shuffled micro-batches."""
     import random
 
     order = [min(n, max_seq_length) for n in lengths]
+    longest = max(order, default=0)
     random.Random(seed).shuffle(order)
     chunks = [order[i : i + micro_batch] for i in range(0, len(order) - micro_batch + 1, micro_batch)] or [order]
-    return sum(max(chunk) for chunk in chunks) / len(chunks)
+    return sum(min(-(-max(chunk) // multiple) * multiple, longest) for chunk in chunks) / len(chunks)
 
 
 # ------------------------------------------------------------------------------------ history
@@ -395,6 +402,7 @@ class MeasuredRun:
     peak_memory_bytes: int | None = None
     micro_batch_size: int | None = None
     finish_seconds: float | None = None  # the final evaluation and the save
+    compute_dtype: str = "float32"  # of the training matmuls (bfloat16: a GPU, or a CPU with cpu_bf16)
 
     @property
     def seconds_per_step(self) -> float:
@@ -436,6 +444,7 @@ def measured_runs(home: Path | None = None) -> list[MeasuredRun]:
                 peak_memory_bytes=metrics.get("peak_memory_bytes"),
                 micro_batch_size=metrics.get("micro_batch_size"),
                 finish_seconds=metrics.get("finish_seconds"),
+                compute_dtype=str(metrics.get("compute_dtype") or "float32"),
             )
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a run that did not finish, or an older trainer's metrics: not a basis
@@ -554,8 +563,12 @@ def make_plan(
     same_model = [r for r in same if not model_source or r.model_source == str(model_source)] or same
     widths = [r for r in same_model if r.mean_padded_width]
     lengths = example_lengths(blueprint, params, source, dataset_source=dataset_source)
+    cpu_bf16 = device == "cpu" and bool(setting("cpu_bf16")) and cpu_has_bf16_flags()
     if lengths:
-        tokens_per_example = mean_padded_width(lengths, micro_batch, max_seq)
+        from playground.train.perf import CPU_BF16_WIDTH_MULTIPLE  # torch-free at import
+
+        multiple = CPU_BF16_WIDTH_MULTIPLE if cpu_bf16 else 1
+        tokens_per_example = mean_padded_width(lengths, micro_batch, max_seq, multiple=multiple)
         tokenizer_known = _tokenizer_known(blueprint, source)
         how = "the tokenizer" if tokenizer_known else f"~{CHARS_PER_TOKEN:g} characters per token"
         tokens_basis = f"padded width of {len(lengths)} examples through the chat template and {how}"
@@ -641,12 +654,18 @@ def make_plan(
             "scaled by FLOPs per step"
         )
     else:
-        measured = next((r for r in runs if r.device == device and r.flops_per_second), None)
+        compute = "bfloat16" if device == "gpu" or cpu_bf16 else "float32"
+        measured = next(
+            (r for r in runs if r.device == device and r.compute_dtype == compute and r.flops_per_second), None
+        )
         if measured is not None:
             rate = measured.flops_per_second * (processes / measured.world_size)
             time_basis = f"FLOPs at the FLOP/s run {measured.job_id} reached here ({measured.flops_per_second:.2e}/s)"
         else:
             rate, time_basis = _stated_throughput(device, processes)
+            if device == "cpu" and compute == "bfloat16":
+                rate *= CPU_BF16_SPEEDUP
+                time_basis += f", × {CPU_BF16_SPEEDUP:g} for bf16 (cpu_bf16, measured on SmolLM2 LoRA)"
         seconds_per_step = step_flops / rate
         overhead = ASSUMED_SETUP_SECONDS[device] * (3 if pretrained and device == "cpu" else 1)
         notes.append("setup, evaluation and saving time are estimated; a measured run of this blueprint refines them")
@@ -741,6 +760,17 @@ def _run_step_flops(run: MeasuredRun, flops: Any) -> float | None:
         width = run.mean_padded_width
         return flops.batch(int(run.global_batch * width), int(run.global_batch * width * width))
     return None
+
+
+def cpu_has_bf16_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), from its flags: what the trainer's ``cpu_bf16``
+    needs (it asks oneDNN, which reads the same CPUID bits); False where the flags cannot be read."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _stated_throughput(device: str, processes: int) -> tuple[float, str]:

@@ -32,6 +32,7 @@ KNOWN_PARAMETERS: dict[str, str] = {
     "log_every": "print a progress line every N steps",
     "packing": "pack each micro-batch's examples into one row without padding (no cross-example attention)",
     "compile": "torch.compile the training forward/backward",
+    "cpu_bf16": "on a CPU with native bf16 (AVX512-BF16, AMX): the training forward/backward in bf16 (autocast)",
     "distributed": "several processes: auto (FSDP2 when DDP's replicated state would not fit), ddp or fsdp",
     "beta": "DPO/GRPO: how far the policy may move from the reference model (the KL weight)",
     "sft_weight": "DPO: weight of the SFT loss on the chosen answer beside the DPO loss (0: pure DPO)",
@@ -61,6 +62,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "log_every": 10,
     "packing": False,  # speed levers (playground/train/perf.py): fixed settings, off unless a blueprint sets them
     "compile": False,
+    "cpu_bf16": False,
     "distributed": "auto",  # auto | ddp | fsdp (playground/train/parallel.py has the rule)
     # Preference and reinforcement methods (method.objective dpo | grpo; playground/train/dpo.py, grpo.py)
     "beta": 0.1,

@@ -489,12 +489,22 @@ class Batches:
     Optimizer step ``s`` takes the next ``global_batch = batch_size × world_size × grad_accum``
     examples of its epoch's permutation (epoch ``e``: ``randperm(N)`` seeded by ``seed`` and ``e``);
     its ``grad_accum`` micro-batches are consecutive slices of that, and rank ``r`` of ``w`` takes
-    every ``w``-th example of each slice. ``batch(micro_step)`` needs no state at all."""
+    every ``w``-th example of each slice. ``batch(micro_step)`` needs no state at all. A micro-batch is as wide
+    as its longest row, rounded up to ``width_multiple`` (few distinct shapes: oneDNN keeps a bf16 matmul for each)."""
 
     def __init__(
-        self, data: TokenizedSet, *, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, grad_accum: int = 1
+        self,
+        data: TokenizedSet,
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        grad_accum: int = 1,
+        width_multiple: int = 1,
     ):
         self.data = data
+        self.width_multiple = max(1, width_multiple)
         self.batch_size = batch_size
         self.seed = seed
         self.rank = rank
@@ -519,11 +529,16 @@ class Batches:
         return int(self._label_counts[self._step_rows(step)].sum())
 
     def batch(self, micro_step: int) -> tuple[Any, Any, int]:
-        """``(input_ids, labels, n_tokens)`` of one micro-batch, trimmed to its longest row."""
+        """``(input_ids, labels, n_tokens)`` of one micro-batch, trimmed to :meth:`width`."""
         rows = self._rows(micro_step)
         lengths = self.data.lengths[rows]
-        width = int(lengths.max())
+        width = self.width(lengths)
         return self.data.input_ids[rows, :width], self.data.labels[rows, :width], int(lengths.sum())
+
+    def width(self, lengths: Any) -> int:
+        """A micro-batch's padded width: its longest row, rounded up to ``width_multiple`` (at most the set's)."""
+        multiple = self.width_multiple
+        return min(-(-int(lengths.max()) // multiple) * multiple, self.data.input_ids.shape[1])
 
     def lengths(self, micro_step: int) -> Any:
         """Token counts of the rows of one micro-batch (what the FLOP counter needs)."""

@@ -36,7 +36,7 @@ from playground.train.data import Batches, file_splits, load_rows, synthetic_spl
 from playground.train.finish import FinishReporter, earlier_finish_seconds
 from playground.train.flops import MFU_WARMUP_STEPS, FlopCounter, count_flops, mfu, peak_flops
 from playground.train.parallel import gradient_sync
-from playground.train.perf import causal_lm_loss, compile_model, model_inputs
+from playground.train.perf import CPU_BF16_WIDTH_MULTIPLE, causal_lm_loss, compile_model, cpu_has_bf16, model_inputs
 from playground.train.reporting import Reporter
 from playground.train.save import save_model_dir, unwrap
 from playground.train.settings import BatchPlan, Settings, TrainSpec, check_resume
@@ -186,11 +186,19 @@ class Runtime:
     device: Any
     cuda: bool
     bf16: bool  # bf16 autocast / weights (GPU with bf16 support only)
+    cpu_bf16: bool = False  # the training forward/backward under bf16 autocast on a CPU (the cpu_bf16 setting)
 
     def autocast(self) -> contextlib.AbstractContextManager:
+        """Evaluation's and generation's numeric mode: bf16 on a GPU; float32 on a CPU, as the model is served."""
         import torch
 
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+
+    def train_autocast(self) -> contextlib.AbstractContextManager:
+        """The training step's numeric mode: :meth:`autocast`, or bf16 on a CPU with ``cpu_bf16``."""
+        import torch
+
+        return torch.autocast("cpu", dtype=torch.bfloat16) if self.cpu_bf16 else self.autocast()
 
     def synchronize(self) -> None:
         """Wait for queued device work (CUDA runs asynchronously), before reading a clock."""
@@ -301,11 +309,16 @@ def setup_distributed(recipe: Recipe) -> Runtime:
     cuda = torch.cuda.is_available()
     if not cuda:
         torch.set_num_threads(cpu_threads())
-    # bf16 on GPU (autocast over fp32 masters for scratch models, bf16 weights for hub models);
-    # float32 on CPU, where bf16 matmuls are slow and gain nothing at these sizes.
+    # bf16 on GPU (autocast over fp32 masters for scratch models, bf16 weights for hub models); float32 on CPU,
+    # unless the blueprint asks for cpu_bf16 and the CPU has bf16 instructions (emulated bf16 is slower).
     bf16 = cuda and torch.cuda.is_bf16_supported()
+    cpu_bf16 = not cuda and recipe.settings.cpu_bf16
+    if cpu_bf16 and not cpu_has_bf16():
+        cpu_bf16 = False
+        recipe.reporter.log("cpu_bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX); training in float32")
     torch.manual_seed(recipe.settings.seed)
-    return Runtime(dist, torch.device(f"cuda:{dist.local_rank}" if cuda else "cpu"), cuda, bf16)
+    device = torch.device(f"cuda:{dist.local_rank}" if cuda else "cpu")
+    return Runtime(dist, device, cuda, bf16, cpu_bf16)
 
 
 def setup_data(recipe: Recipe) -> DataState:
@@ -330,6 +343,7 @@ def setup_data(recipe: Recipe) -> DataState:
         rank=runtime.dist.rank,
         world_size=runtime.dist.world_size,
         grad_accum=plan.micro_steps,
+        width_multiple=CPU_BF16_WIDTH_MULTIPLE if runtime.cpu_bf16 else 1,
     )
     return DataState(tokenizer, train_set, eval_set, batches, plan)
 
@@ -603,7 +617,7 @@ def train_loop(recipe: Recipe) -> None:
             micro_step = (step - 1) * micro_steps + micro
             ids, labels, n_tokens = data.batches.batch(micro_step)
             inputs = model_inputs(ids, labels, data.batches.lengths(micro_step), packing=settings.packing)
-            with gradient_sync(model.train_model, model.strategy, micro == micro_steps - 1), runtime.autocast():
+            with gradient_sync(model.train_model, model.strategy, micro == micro_steps - 1), runtime.train_autocast():
                 loss = causal_lm_loss(model.train_model, inputs, label_tokens, answer_only=not settings.compile)
             (loss * world).backward()
             window.loss += loss.detach()
@@ -757,7 +771,7 @@ def measured_footprint(recipe: Recipe) -> dict[str, Any]:
         lengths = data.batches.lengths(micro_step)
         tokens += int(lengths.sum())
         squares += int((lengths * lengths).sum())
-        widths += int(lengths.max())
+        widths += data.batches.width(lengths)
     world = runtime.dist.world_size
     return {
         "trainable_parameters": sum(p.numel() for p in model.trainable),  # FSDP2 DTensors: the global size
@@ -767,6 +781,7 @@ def measured_footprint(recipe: Recipe) -> dict[str, Any]:
         "mean_padded_width": round(widths / max(1, micro_steps), 2),
         "micro_batch_size": data.plan.micro_batch,
         "dtype": "bfloat16" if model.weights_dtype == torch.bfloat16 else "float32",
+        "compute_dtype": "bfloat16" if runtime.bf16 or runtime.cpu_bf16 else "float32",  # the training matmuls
     }
 
 

@@ -78,6 +78,7 @@ class Settings:
     checkpoint_every: int
     packing: bool
     compile: bool
+    cpu_bf16: bool
     distributed: str
     max_seq_length: int
     num_train_examples: int | None
@@ -131,6 +132,12 @@ class Settings:
                 "(TRL's trainer runs one process or DDP under torchrun); allowed: auto, ddp",
                 field="distributed",
             )
+        if spec.setting("cpu_bf16") and spec.blueprint.method.objective != "sft":
+            raise UserError(
+                f"training setting 'cpu_bf16' is not wired for {spec.blueprint.method.objective.upper()} (TRL's "
+                "trainer pads batches to every width, and oneDNN keeps a bf16 matmul per shape); allowed: false",
+                field="cpu_bf16",
+            )
         if distributed not in STRATEGIES:
             raise UserError(
                 f"training setting 'distributed': {distributed!r} is not allowed; allowed: {', '.join(STRATEGIES)}",
@@ -148,6 +155,7 @@ class Settings:
             eval_every=int(spec.setting("eval_every")),
             checkpoint_every=int(spec.setting("checkpoint_every")),
             packing=bool(spec.setting("packing")),
+            cpu_bf16=bool(spec.setting("cpu_bf16")),
             compile=bool(spec.setting("compile")),
             distributed=distributed,
             max_seq_length=int(spec.setting("max_seq_length")),

@@ -46,7 +46,9 @@ RUN_NAME = "qwen2.5-1.5b-lora-alpaca"
 CANARY = "e2e-canary-7d1f0c9a4b2e"
 QUOTED_CANARY = 'quoted"canary\\e2e-55aa'  # JSON and repr() escape it: those forms must go too
 HF_CANARY = "hf_" + "Zq8" * 12  # shaped like a Hugging Face token
-HANG_TIMEOUT = 30  # papermill and the kernel start in ~5 s idle, ~15 s beside a CPU hog
+HANG_TIMEOUT = 90  # the broken run's --timeout, for both its notebooks: the failing one starts papermill, a kernel
+# and a trainer that fails (~15 s idle); beside a CPU hog, the smoke run and the other lane that took more than 30 s
+# (its job ended Failed, then papermill was killed at 30 s: a timeout). The smoke run beside it takes longer anyway.
 
 # ~1 min on 2 idle cores; the limit leaves room for a loaded machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]

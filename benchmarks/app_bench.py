@@ -134,17 +134,9 @@ def _kernels(root_pid: int) -> list:
         children = psutil.Process(root_pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [p for p in children if _is_kernel(p)]
+    from booth_bench import is_kernel  # benchmarks/ is on sys.path when a benchmark runs
 
-
-def _is_kernel(proc) -> bool:
-    """An ipykernel process, not one's child caught between fork and exec (it has the kernel's command line)."""
-    import psutil
-
-    try:
-        return "ipykernel" in " ".join(proc.cmdline()) and "ipykernel" not in " ".join(proc.parent().cmdline())
-    except (psutil.Error, AttributeError):  # gone, or no parent
-        return False
+    return [p for p in children if is_kernel(p)]
 
 
 def bench_render() -> dict[str, float]:

@@ -376,7 +376,9 @@ def mean_padded_width(
     longest = max(order, default=0)
     random.Random(seed).shuffle(order)
     chunks = [order[i : i + micro_batch] for i in range(0, len(order) - micro_batch + 1, micro_batch)] or [order]
-    return sum(min(-(-max(chunk) // multiple) * multiple, longest) for chunk in chunks) / len(chunks)
+    from playground.train.perf import padded_width  # torch-free at import
+
+    return sum(padded_width(max(chunk), multiple, longest) for chunk in chunks) / len(chunks)
 
 
 # ------------------------------------------------------------------------------------ history

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.errors import UserError
+from playground.train.perf import padded_width
 
 EVAL_SEED_OFFSET = 1_000_003  # the held-out set is the same whatever the training seed
 
@@ -537,8 +538,7 @@ class Batches:
 
     def width(self, lengths: Any) -> int:
         """A micro-batch's padded width: its longest row, rounded up to ``width_multiple`` (at most the set's)."""
-        multiple = self.width_multiple
-        return min(-(-int(lengths.max()) // multiple) * multiple, self.data.input_ids.shape[1])
+        return padded_width(int(lengths.max()), self.width_multiple, self.data.input_ids.shape[1])
 
     def lengths(self, micro_step: int) -> Any:
         """Token counts of the rows of one micro-batch (what the FLOP counter needs)."""

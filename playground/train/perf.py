@@ -39,6 +39,12 @@ PERF_SETTINGS = ("packing", "compile", "cpu_bf16")
 CPU_BF16_WIDTH_MULTIPLE = 16  # tokens: a bf16 micro-batch's width is a multiple of this (few shapes for oneDNN)
 
 
+def padded_width(longest: int, multiple: int, cap: int) -> int:
+    """A micro-batch's width: its longest row rounded up to ``multiple`` tokens, at most ``cap`` (the trainer's
+    :class:`~playground.train.data.Batches` and ``playground plan`` both ask this)."""
+    return min(-(-longest // multiple) * multiple, cap)
+
+
 def cpu_has_bf16() -> bool:
     """Whether this CPU runs bf16 matmuls natively (oneDNN's check: AVX512-BF16 or AMX)."""
     import torch

@@ -194,6 +194,11 @@ class Runtime:
 
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
+    @property
+    def compute_dtype(self) -> str:
+        """The training matmuls' dtype, as metrics.json records it (``playground plan`` matches runs by it)."""
+        return "bfloat16" if self.bf16 or self.cpu_bf16 else "float32"
+
     def train_autocast(self) -> contextlib.AbstractContextManager:
         """The training step's numeric mode: :meth:`autocast`, or bf16 on a CPU with ``cpu_bf16``."""
         import torch
@@ -781,7 +786,7 @@ def measured_footprint(recipe: Recipe) -> dict[str, Any]:
         "mean_padded_width": round(widths / max(1, micro_steps), 2),
         "micro_batch_size": data.plan.micro_batch,
         "dtype": "bfloat16" if model.weights_dtype == torch.bfloat16 else "float32",
-        "compute_dtype": "bfloat16" if runtime.bf16 or runtime.cpu_bf16 else "float32",  # the training matmuls
+        "compute_dtype": runtime.compute_dtype,
     }
 
 

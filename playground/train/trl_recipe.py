@@ -261,7 +261,7 @@ class TrlRecipe:
             "world_size": runtime.dist.world_size,
             "strategy": "ddp" if runtime.dist.world_size > 1 else "single",
             "global_batch_size": self.plan.global_batch,
-            "compute_dtype": "bfloat16" if runtime.bf16 or runtime.cpu_bf16 else "float32",  # the training matmuls
+            "compute_dtype": runtime.compute_dtype,
             "history": self.history,
             **peak_memory(runtime),
             "finish_seconds": self.finish.seconds,  # the final evaluation and the save: the next run's ETA has it

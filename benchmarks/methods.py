@@ -291,6 +291,7 @@ def _trl_own(method: str, steps: int, tmp: Path, target: Target) -> tuple[float,
             num_generations=s.num_generations,
             max_completion_length=s.max_completion_length,
             beta=s.beta,
+            temperature=s.temperature,
         )
         trainer = GRPOTrainer(
             model=model,

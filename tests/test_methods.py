@@ -178,10 +178,16 @@ def test_dpo_trains_reports_its_figures_and_resumes(tiny_qwen: Path, tmp_path: P
 
 
 def test_grpo_warm_starts_samples_and_resumes(tiny_qwen: Path, tmp_path: Path) -> None:
+    import torch
+
     sets = ("max_steps=4", "batch_size=2", "num_generations=2", "warm_start_steps=3", "checkpoint_every=2",
-            "log_every=1", "sample_every=2", "num_eval_examples=10")  # fmt: skip
+            "log_every=1", "sample_every=2", "num_eval_examples=10", "temperature=0.5", "beta=0.04")  # fmt: skip
     run = _train("smollm2-135m-grpo-kubectl", tiny_qwen, tmp_path / "out", *sets)
     assert run.returncode == 0, run.stderr[-3000:]
+    trainer_args = torch.load(
+        tmp_path / "out" / "checkpoints" / "checkpoint-2" / "training_args.bin", weights_only=False
+    )
+    assert trainer_args.temperature == 0.5  # the run's sampling temperature is TRL's
     events = _events(run.stdout)
     lines = [e.line for e in events if isinstance(e, Log)]
     assert "warm start: step 3/3" in " ".join(lines)  # the warm start's steps are log lines, not chart points
@@ -191,7 +197,7 @@ def test_grpo_warm_starts_samples_and_resumes(tiny_qwen: Path, tmp_path: Path) -
     points = [e for e in events if isinstance(e, Progress)]
     assert [p.step for p in points] == [1, 2, 3, 4]
     for point in points:
-        assert list(point.metrics) == ["mean_reward", "reward_std", "kl", "completion_length"]
+        assert list(point.metrics) == ["mean_reward", "reward_std", "kl", "completion_length"]  # β > 0: a KL
         assert 0.0 <= point.metrics["mean_reward"] <= 1.0 and point.metrics["completion_length"] > 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["objective"] == "grpo"
@@ -218,9 +224,13 @@ def test_a_method_refuses_data_it_cannot_use(tiny_qwen: Path, tmp_path: Path) ->
          r"'fsdp' is not wired for DPO .* allowed: auto, ddp"),
         ("smollm2-135m-grpo-kubectl", {"training.cpu_bf16": True},
          r"'cpu_bf16' is not wired for GRPO .* allowed: false$"),
+        ("smollm2-135m-grpo-kubectl", {"parameters.temperature.min": 0.0, "parameters.temperature.default": 0.0},
+         r"^training setting 'temperature': 0.0 is not allowed; allowed: a number above 0"),
     ],
 )  # fmt: skip
-def test_settings_the_trl_methods_lack_are_refused(blueprint: str, setting: dict, error: str, tmp_path: Path) -> None:
+def test_settings_a_trl_method_cannot_use_are_refused(
+    blueprint: str, setting: dict, error: str, tmp_path: Path
+) -> None:
     from _fixtures import catalog_variant
 
     from playground.errors import UserError

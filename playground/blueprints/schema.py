@@ -38,6 +38,7 @@ KNOWN_PARAMETERS: dict[str, str] = {
     "sft_weight": "DPO: weight of the SFT loss on the chosen answer beside the DPO loss (0: pure DPO)",
     "num_generations": "GRPO: completions sampled per prompt (their rewards are compared)",
     "max_completion_length": "GRPO: tokens per sampled completion",
+    "temperature": "GRPO: sampling temperature of the tries (lower: nearer the greedy answer evaluated and served)",
     "warm_start_steps": "GRPO: supervised steps on the task before the reward takes over (0: start from the base)",
     "sample_every": "GRPO: print sampled completions with their rewards every N steps (0: never)",
 }
@@ -69,6 +70,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "sft_weight": 0.0,
     "num_generations": 4,
     "max_completion_length": 32,
+    "temperature": 1.0,
     "warm_start_steps": 0,
     "sample_every": 10,
 }

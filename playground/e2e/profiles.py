@@ -95,7 +95,7 @@ SMOKE = Profile(
     name="smoke",
     description="CPU: the SmolLM2 blueprints (SFT, DPO, GRPO) and tiny-llama-cpu with full defaults, hub blueprints "
     "on local stand-ins for a few steps",
-    # on 2 idle cores: SmolLM2 SFT trains ~2-3 min, DPO ~4, GRPO ~8 (its warm start included), tiny ~60 s; shared
+    # on 2 idle cores: SmolLM2 SFT trains ~2-3 min, DPO ~4, GRPO ~10 (its warm start included), tiny ~60 s; shared
     # CI is slower
     cell_timeout=1200,
     run_timeout=1800,

@@ -109,7 +109,7 @@ class GrpoRecipe(TrlRecipe):
             num_generations=settings.num_generations,
             max_completion_length=settings.max_completion_length,
             beta=settings.beta,
-            temperature=1.0,
+            temperature=settings.temperature,
             log_completions=False,
             disable_dropout=True,
         )

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tornado.web import create_signed_value
@@ -235,8 +236,9 @@ def test_bad_booth_limit_settings_are_one_line_naming_the_setting(kwargs, env, n
 
 
 @contextmanager
-def _configured_booth(*options: str) -> Iterator[object]:
-    """A configured BoothVoila (not serving) on an event loop of its own, its warm-kernel pool shut down after.
+def _configured_booth(*options: str) -> Iterator[tuple[Any, dict[str, Any], list]]:
+    """A configured BoothVoila (not serving), its tornado settings and its route rules, on an event loop of its own;
+    its warm-kernel pool shut down after.
 
     Voila's kernel manager queues a warm kernel's start on the current event loop as it is made; left there, that
     task runs in a later test's loop, fails (no web app), and its unretrieved error is logged when the garbage
@@ -252,7 +254,9 @@ def _configured_booth(*options: str) -> Iterator[object]:
     try:
         app = BoothVoila()
         app.initialize([str(notebook), "--no-browser", *options, f"--Voila.config_file_paths={CONFIG_DIR}"])
-        yield app
+        settings = app.init_settings()
+        app.identity_provider, app.authorizer = settings["identity_provider"], settings["authorizer"]
+        yield app, settings, app.init_handlers()
         loop.run_until_complete(app.kernel_manager.shutdown_all())
         assert not asyncio.all_tasks(loop)  # nothing of this app left to run in another test
     finally:
@@ -276,15 +280,12 @@ def test_booth_voila_guards_every_kernel_route_and_static_route() -> None:
 
     with _configured_booth(
         "--BoothVoila.trusted_proxies=10.0.0.5", "--BoothVoila.websocket_messages_per_second=20"
-    ) as app:
-        settings = app.init_settings()
+    ) as (app, settings, rules):
         assert settings["websocket_max_message_size"] == 128 * 1024
         sockets = settings["playground_kernel_sockets"]
         socket_limits = (sockets.burst, sockets.per_second, sockets.connect_cost, sockets.max_connections)
         assert socket_limits == (200, 20.0, 20.0, 4)
         assert [str(n) for n in settings["playground_new_visitor_gate"].trusted_proxies] == ["10.0.0.5/32"]
-        app.identity_provider, app.authorizer = settings["identity_provider"], settings["authorizer"]
-        rules = app.init_handlers()
         kernel_routes = [r for r in rules if ("kernel" in r[0] or "shutdown" in r[0]) and "/voila/query/" not in r[0]]
         assert len(kernel_routes) >= 3  # /api/kernels/<id>, its /channels, /voila/api/shutdown/<id>
         assert all(issubclass(r[1], _OwnedKernelRoute) for r in kernel_routes if r[1] is not RefusedHandler)
@@ -306,10 +307,7 @@ def test_booth_voila_guards_every_kernel_route_and_static_route() -> None:
 def test_without_warm_kernels_the_booth_has_no_query_route_and_no_pool() -> None:
     from voila_app.server import _ClaimOnHandOut, _VisitorPage
 
-    with _configured_booth("--BoothVoila.preheat_kernels=0") as app:
-        settings = app.init_settings()
-        app.identity_provider, app.authorizer = settings["identity_provider"], settings["authorizer"]
-        rules = app.init_handlers()
+    with _configured_booth("--BoothVoila.preheat_kernels=0") as (app, _, rules):
         assert not [r for r in rules if "/voila/query/" in r[0]]
         assert not isinstance(app.kernel_manager, _ClaimOnHandOut)
         assert app.voila_configuration.prelaunch_hook is None  # the page route calls it, so Voila must not

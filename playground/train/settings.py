@@ -139,9 +139,10 @@ class Settings:
                 "trainer pads batches to every width, and oneDNN keeps a bf16 matmul per shape); allowed: false",
                 field="cpu_bf16",
             )
-        if not float(spec.setting("temperature")) > 0:
+        temperature = spec.setting("temperature")
+        if not float(temperature) > 0:
             raise UserError(
-                f"training setting 'temperature': {spec.setting('temperature')!r} is not allowed; allowed: a number "
+                f"training setting 'temperature': {temperature!r} is not allowed; allowed: a number "
                 "above 0 (GRPO samples its tries at it)",
                 field="temperature",
             )
@@ -172,7 +173,7 @@ class Settings:
             sft_weight=float(spec.setting("sft_weight")),
             num_generations=int(spec.setting("num_generations")),
             max_completion_length=int(spec.setting("max_completion_length")),
-            temperature=float(spec.setting("temperature")),
+            temperature=float(temperature),
             warm_start_steps=int(spec.setting("warm_start_steps")),
             sample_every=int(spec.setting("sample_every")),
         )

@@ -50,6 +50,17 @@ def test_pack_rows_layout() -> None:
     assert labels[1, 0] == -100 and ids[1, 2] == 0  # the inputs are not modified
 
 
+def test_packed_row_rounded_up_by_a_filler_of_its_own() -> None:
+    """With a width multiple the row gets a padding filler: positions from 0 (its own sequence), no labels."""
+    ids, labels, lengths = _batch()
+    packed_ids, packed_labels, positions = pack_rows(ids, labels, lengths, width_multiple=8)
+    assert packed_ids.tolist() == [[11, 12, 13, 14, 15, 21, 22, 31, 32, 33, 34, 0, 0, 0, 0, 0]]
+    assert positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 0, 1, 2, 3, 0, 1, 2, 3, 4]]
+    assert packed_labels.tolist() == [[-100, -100, 13, 14, 15, -100, 22, -100, 32, 33, 34] + [-100] * 5]
+    # a row already a multiple wide gets none
+    assert pack_rows(ids, labels, lengths, width_multiple=11)[0].shape == (1, 11)
+
+
 def test_model_inputs_leave_full_or_unpacked_batches_alone() -> None:
     ids, labels, lengths = _batch()
     assert set(model_inputs(ids, labels, lengths, packing=False)) == {"input_ids", "labels", "use_cache"}
@@ -58,9 +69,11 @@ def test_model_inputs_leave_full_or_unpacked_batches_alone() -> None:
     assert model_inputs(ids, labels, lengths, packing=True)["input_ids"].shape == (1, 11)
 
 
+@pytest.mark.parametrize("width_multiple", [1, 16], ids=["exact-width", "rounded-width"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_packed_loss_and_gradients_equal_the_padded_batch(arch: str) -> None:
-    """Same loss, same gradients: the block-diagonal mask keeps examples apart (a leak would change both)."""
+def test_packed_loss_and_gradients_equal_the_padded_batch(arch: str, width_multiple: int) -> None:
+    """Same loss, same gradients: the block-diagonal mask keeps examples apart (a leak would change both),
+    and a rounding filler is attended by no example."""
     model = _tiny_causal_lm(arch)
     gen = torch.Generator().manual_seed(1)
     lengths = torch.tensor([9, 3, 6, 12])
@@ -73,12 +86,17 @@ def test_packed_loss_and_gradients_equal_the_padded_batch(arch: str) -> None:
 
     padded = model_inputs(ids, labels, lengths, packing=False)
     padded_loss, padded_grads = _loss_and_grads(model, lambda: model(**padded).loss)
-    packed = model_inputs(ids, labels, lengths, packing=True)
-    assert packed["input_ids"].shape == (1, int(lengths.sum()))
+    packed = model_inputs(ids, labels, lengths, packing=True, width_multiple=width_multiple)
+    assert packed["input_ids"].shape == (1, -(-int(lengths.sum()) // width_multiple) * width_multiple)
     packed_loss, packed_grads = _loss_and_grads(model, lambda: model(**packed).loss)
     assert packed_loss == pytest.approx(padded_loss, rel=1e-5)
     for a, b in zip(padded_grads, packed_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # the trainer's loss (answer positions' logits only) on the packed row: the same loss
+    from playground.train.perf import causal_lm_loss
+
+    answers = int((labels[:, 1:] != -100).sum())
+    assert causal_lm_loss(model, packed, answers).item() == pytest.approx(padded_loss, rel=1e-5)
 
     # without the position restarts the examples would attend to each other: a different loss
     leaky = {"input_ids": packed["input_ids"], "labels": packed["labels"], "use_cache": False}

@@ -230,6 +230,27 @@ def test_bf16_batches_come_in_few_widths_with_the_same_tokens(stages: recipe.Rec
     assert widened > 0  # the set's batches are not all of a multiple's width already
 
 
+def test_packed_batches_count_the_row_the_forward_computes(stages: recipe.Recipe) -> None:
+    """With ``packing`` the width a run reports per example (metrics.json's mean_padded_width, what ``playground
+    plan`` learns from) is the packed row's: the batch's real tokens rounded up to the multiple, over its rows;
+    the row ``model_inputs`` builds is exactly that wide."""
+    from playground.train.data import Batches
+    from playground.train.perf import model_inputs
+
+    train = stages.data.train_set
+    packed = Batches(train, batch_size=4, seed=3, width_multiple=16, packing=True)
+    padded = Batches(train, batch_size=4, seed=3, width_multiple=16)
+    narrower = 0
+    for micro in range(packed.per_epoch):
+        ids, labels, _ = packed.batch(micro)
+        lengths = packed.lengths(micro)
+        row = model_inputs(ids, labels, lengths, packing=True, width_multiple=16)["input_ids"]
+        assert packed.computed_width(lengths) * len(lengths) == row.numel()
+        assert row.shape[1] % 16 == 0 or row.shape == ids.shape
+        narrower += packed.computed_width(lengths) < padded.computed_width(lengths) == padded.width(lengths)
+    assert narrower > 0  # some batch computes fewer positions packed than padded
+
+
 def test_training_clock_counts_laps_but_not_setup_or_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     """Training time: what lies between ``restart()`` (the loop starts) and each ``lap()``, minus pauses
     (eval, checkpoints); the time before the loop (setup, a resume's checkpoint load) never counts."""

@@ -366,10 +366,12 @@ def _model_directory(source: str) -> Path | None:
 
 
 def mean_padded_width(
-    lengths: list[int], micro_batch: int, max_seq_length: int, seed: int = 0, multiple: int = 1
-) -> float:
+    lengths: list[int], micro_batch: int, max_seq_length: int, seed: int = 0, multiple: int = 1,
+    packing: bool = False,
+) -> float:  # fmt: skip
     """The trainer pads a micro-batch to its longest row (rounded up to ``multiple``, at most the longest example):
-    the mean of that over shuffled micro-batches."""
+    the mean of that over shuffled micro-batches. With ``packing`` a padded micro-batch is computed as one row of
+    its tokens (rounded up to ``multiple``): per example, that row's width over the rows."""
     import random
 
     order = [min(n, max_seq_length) for n in lengths]
@@ -378,7 +380,13 @@ def mean_padded_width(
     chunks = [order[i : i + micro_batch] for i in range(0, len(order) - micro_batch + 1, micro_batch)] or [order]
     from playground.train.perf import padded_width  # torch-free at import
 
-    return sum(padded_width(max(chunk), multiple, longest) for chunk in chunks) / len(chunks)
+    def computed(chunk: list[int]) -> float:
+        width = padded_width(max(chunk), multiple, longest)
+        if packing and min(chunk) < width:
+            return padded_width(sum(chunk), multiple, 1 << 30) / len(chunk)
+        return float(width)
+
+    return sum(computed(chunk) for chunk in chunks) / len(chunks)
 
 
 # ------------------------------------------------------------------------------------ history
@@ -570,10 +578,13 @@ def make_plan(
         from playground.train.perf import CPU_BF16_WIDTH_MULTIPLE  # torch-free at import
 
         multiple = CPU_BF16_WIDTH_MULTIPLE if cpu_bf16 else 1
-        tokens_per_example = mean_padded_width(lengths, micro_batch, max_seq, multiple=multiple)
+        packing = bool(setting("packing"))
+        tokens_per_example = mean_padded_width(lengths, micro_batch, max_seq, multiple=multiple, packing=packing)
         tokenizer_known = _tokenizer_known(blueprint, source)
         how = "the tokenizer" if tokenizer_known else f"~{CHARS_PER_TOKEN:g} characters per token"
-        tokens_basis = f"padded width of {len(lengths)} examples through the chat template and {how}"
+        tokens_basis = (
+            f"{'packed' if packing else 'padded'} width of {len(lengths)} examples through the chat template and {how}"
+        )
     elif widths and widths[0].micro_batch_size == micro_batch:
         tokens_per_example = min(float(widths[0].mean_padded_width or max_seq), max_seq)
         tokens_basis = "padded width measured by an earlier run"

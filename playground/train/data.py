@@ -491,7 +491,8 @@ class Batches:
     examples of its epoch's permutation (epoch ``e``: ``randperm(N)`` seeded by ``seed`` and ``e``);
     its ``grad_accum`` micro-batches are consecutive slices of that, and rank ``r`` of ``w`` takes
     every ``w``-th example of each slice. ``batch(micro_step)`` needs no state at all. A micro-batch is as wide
-    as its longest row, rounded up to ``width_multiple`` (few distinct shapes: oneDNN keeps a bf16 matmul for each)."""
+    as its longest row, rounded up to ``width_multiple`` (few distinct shapes: oneDNN keeps a bf16 matmul for each);
+    with ``packing`` the trainer computes its rows as one (:meth:`computed_width`)."""
 
     def __init__(
         self,
@@ -503,9 +504,11 @@ class Batches:
         world_size: int = 1,
         grad_accum: int = 1,
         width_multiple: int = 1,
+        packing: bool = False,
     ):
         self.data = data
         self.width_multiple = max(1, width_multiple)
+        self.packing = packing
         self.batch_size = batch_size
         self.seed = seed
         self.rank = rank
@@ -539,6 +542,14 @@ class Batches:
     def width(self, lengths: Any) -> int:
         """A micro-batch's padded width: its longest row, rounded up to ``width_multiple`` (at most the set's)."""
         return padded_width(int(lengths.max()), self.width_multiple, self.data.input_ids.shape[1])
+
+    def computed_width(self, lengths: Any) -> float:
+        """Positions the forward computes per example: the padded width, or with ``packing`` (and some padding)
+        the packed row (every real token, rounded up to ``width_multiple``) over the rows."""
+        width = self.width(lengths)
+        if not self.packing or int(lengths.min()) == width:
+            return float(width)
+        return padded_width(int(lengths.sum()), self.width_multiple, 1 << 30) / len(lengths)
 
     def lengths(self, micro_step: int) -> Any:
         """Token counts of the rows of one micro-batch (what the FLOP counter needs)."""

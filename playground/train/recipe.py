@@ -349,6 +349,7 @@ def setup_data(recipe: Recipe) -> DataState:
         world_size=runtime.dist.world_size,
         grad_accum=plan.micro_steps,
         width_multiple=CPU_BF16_WIDTH_MULTIPLE if runtime.cpu_bf16 else 1,
+        packing=recipe.settings.packing,
     )
     return DataState(tokenizer, train_set, eval_set, batches, plan)
 
@@ -621,7 +622,10 @@ def train_loop(recipe: Recipe) -> None:
         for micro in range(micro_steps):
             micro_step = (step - 1) * micro_steps + micro
             ids, labels, n_tokens = data.batches.batch(micro_step)
-            inputs = model_inputs(ids, labels, data.batches.lengths(micro_step), packing=settings.packing)
+            inputs = model_inputs(
+                ids, labels, data.batches.lengths(micro_step), packing=data.batches.packing,
+                width_multiple=data.batches.width_multiple,
+            )  # fmt: skip
             with gradient_sync(model.train_model, model.strategy, micro == micro_steps - 1), runtime.train_autocast():
                 loss = causal_lm_loss(model.train_model, inputs, label_tokens, answer_only=not settings.compile)
             (loss * world).backward()
@@ -776,7 +780,7 @@ def measured_footprint(recipe: Recipe) -> dict[str, Any]:
         lengths = data.batches.lengths(micro_step)
         tokens += int(lengths.sum())
         squares += int((lengths * lengths).sum())
-        widths += data.batches.width(lengths)
+        widths += data.batches.computed_width(lengths)
     world = runtime.dist.world_size
     return {
         "trainable_parameters": sum(p.numel() for p in model.trainable),  # FSDP2 DTensors: the global size

@@ -10,7 +10,8 @@ GGUF header of a packaged model, or the hub architectures the project knows), ne
   (``FRAMEWORK_BYTES`` + ``TRACKING_BYTES``), or by an earlier run of the same blueprint when there is one;
   on a GPU, the CUDA context and the allocator's slack instead (``CUDA_CONTEXT_BYTES``).
 * weights: parameters × bytes of the training dtype (float32 on CPU; bf16 for pretrained models on a
-  GPU); the peak comes during training, after the checkpoint's file pages are released.
+  GPU); the peak comes during training, after the checkpoint's file pages are released. With ``cpu_bf16``,
+  plus oneDNN's bf16 matmuls per row shape the run meets (``CPU_BF16_BYTES_PER_SHAPE``, measured).
 * gradients and AdamW's two moments: trainable parameters × bytes each (LoRA adapters train in fp32).
   DDP replicates them; FSDP2 divides weights, gradients and optimizer state by the processes.
 * activations kept for the backward pass of a Llama/Qwen2 decoder layer, per token:
@@ -54,6 +55,9 @@ CPU_CORE_FLOPS = 40e9
 # A blueprint with the cpu_bf16 setting on a CPU with bf16 instructions trains this much faster (SmolLM2-135M LoRA,
 # 2 cores of an AMD EPYC with AVX512-BF16: 1.83 → 0.95 s per step; benchmarks/README.md).
 CPU_BF16_SPEEDUP = 1.9
+# ... and keeps, per row shape it meets, bf16 matmuls with their own copies of the weights: SmolLM2-135M LoRA, 40 steps
+# of batch 8 on 2 cores, bf16 over float32: +0.13 GB padded (4 widths), +0.43 GB packed (~16 row widths).
+CPU_BF16_BYTES_PER_SHAPE = int(0.027 * GiB)
 GPU_ASSUMED_MFU = 0.35
 ASSUMED_SETUP_SECONDS = {"cpu": 15.0, "gpu": 60.0}
 ASSUMED_GPU_MEMORY = 80 * GiB  # a GPU the blueprint asks for, when this machine has none to ask
@@ -365,13 +369,13 @@ def _model_directory(source: str) -> Path | None:
     return Path(source).expanduser()
 
 
-def mean_padded_width(
+def computed_widths(
     lengths: list[int], micro_batch: int, max_seq_length: int, seed: int = 0, multiple: int = 1,
     packing: bool = False,
-) -> float:  # fmt: skip
-    """The trainer pads a micro-batch to its longest row (rounded up to ``multiple``, at most the longest example):
-    the mean of that over shuffled micro-batches. With ``packing`` a padded micro-batch is computed as one row of
-    its tokens (rounded up to ``multiple``): per example, that row's width over the rows."""
+) -> list[float]:  # fmt: skip
+    """Per shuffled micro-batch, the positions the forward computes per example. The trainer pads a micro-batch to its
+    longest row (rounded up to ``multiple``, at most the longest example); with ``packing`` a padded micro-batch is
+    computed as one row of its tokens (rounded up to ``multiple``): that row's width over the rows."""
     import random
 
     order = [min(n, max_seq_length) for n in lengths]
@@ -386,7 +390,16 @@ def mean_padded_width(
             return padded_width(sum(chunk), multiple, 1 << 30) / len(chunk)
         return float(width)
 
-    return sum(computed(chunk) for chunk in chunks) / len(chunks)
+    return [computed(chunk) for chunk in chunks]
+
+
+def mean_padded_width(
+    lengths: list[int], micro_batch: int, max_seq_length: int, seed: int = 0, multiple: int = 1,
+    packing: bool = False,
+) -> float:  # fmt: skip
+    """The mean of :func:`computed_widths`: positions computed per example."""
+    widths = computed_widths(lengths, micro_batch, max_seq_length, seed, multiple, packing)
+    return sum(widths) / len(widths)
 
 
 # ------------------------------------------------------------------------------------ history
@@ -574,12 +587,16 @@ def make_plan(
     widths = [r for r in same_model if r.mean_padded_width]
     lengths = example_lengths(blueprint, params, source, dataset_source=dataset_source)
     cpu_bf16 = device == "cpu" and bool(setting("cpu_bf16")) and cpu_has_bf16_flags()
+    bf16_shapes = 0
     if lengths:
         from playground.train.perf import CPU_BF16_WIDTH_MULTIPLE  # torch-free at import
 
         multiple = CPU_BF16_WIDTH_MULTIPLE if cpu_bf16 else 1
         packing = bool(setting("packing"))
-        tokens_per_example = mean_padded_width(lengths, micro_batch, max_seq, multiple=multiple, packing=packing)
+        widths = computed_widths(lengths, micro_batch, max_seq, multiple=multiple, packing=packing)
+        tokens_per_example = sum(widths) / len(widths)
+        if cpu_bf16:  # oneDNN's bf16 matmuls: one set per row shape the run meets
+            bf16_shapes = len({round(w * micro_batch) for w in widths[: max_steps * accum]})
         tokenizer_known = _tokenizer_known(blueprint, source)
         how = "the tokenizer" if tokenizer_known else f"~{CHARS_PER_TOKEN:g} characters per token"
         tokens_basis = (
@@ -597,7 +614,7 @@ def make_plan(
     framework = CUDA_CONTEXT_BYTES if device == "gpu" else FRAMEWORK_BYTES
     framework += TRACKING_BYTES if tracking_enabled() else 0
     pretrained = not source.startswith("scratch://")
-    weights = n_params * wbytes
+    weights = n_params * wbytes + bf16_shapes * CPU_BF16_BYTES_PER_SHAPE
     replicated = weights + trainable * tbytes * 3
     strategy = _strategy(str(setting("distributed") or "auto"), processes, replicated, capacity)
     shard = processes if strategy == "fsdp" else 1

@@ -369,37 +369,21 @@ def _model_directory(source: str) -> Path | None:
     return Path(source).expanduser()
 
 
-def computed_widths(
+def micro_batch_positions(
     lengths: list[int], micro_batch: int, max_seq_length: int, seed: int = 0, multiple: int = 1,
     packing: bool = False,
-) -> list[float]:  # fmt: skip
-    """Per shuffled micro-batch, the positions the forward computes per example. The trainer pads a micro-batch to its
-    longest row (rounded up to ``multiple``, at most the longest example); with ``packing`` a padded micro-batch is
-    computed as one row of its tokens (rounded up to ``multiple``): that row's width over the rows."""
+) -> tuple[list[int], int]:  # fmt: skip
+    """Shuffled micro-batches of these examples as the trainer makes them: the positions its forward computes for each
+    (:func:`~playground.train.perf.computed_positions`: padded rows, or one packed row) and the rows per micro-batch."""
     import random
 
     order = [min(n, max_seq_length) for n in lengths]
     longest = max(order, default=0)
     random.Random(seed).shuffle(order)
     chunks = [order[i : i + micro_batch] for i in range(0, len(order) - micro_batch + 1, micro_batch)] or [order]
-    from playground.train.perf import padded_width  # torch-free at import
+    from playground.train.perf import computed_positions  # torch-free at import
 
-    def computed(chunk: list[int]) -> float:
-        width = padded_width(max(chunk), multiple, longest)
-        if packing and min(chunk) < width:
-            return padded_width(sum(chunk), multiple, 1 << 30) / len(chunk)
-        return float(width)
-
-    return [computed(chunk) for chunk in chunks]
-
-
-def mean_padded_width(
-    lengths: list[int], micro_batch: int, max_seq_length: int, seed: int = 0, multiple: int = 1,
-    packing: bool = False,
-) -> float:  # fmt: skip
-    """The mean of :func:`computed_widths`: positions computed per example."""
-    widths = computed_widths(lengths, micro_batch, max_seq_length, seed, multiple, packing)
-    return sum(widths) / len(widths)
+    return [computed_positions(chunk, multiple, longest, packing=packing) for chunk in chunks], len(chunks[0])
 
 
 # ------------------------------------------------------------------------------------ history
@@ -593,10 +577,10 @@ def make_plan(
 
         multiple = CPU_BF16_WIDTH_MULTIPLE if cpu_bf16 else 1
         packing = bool(setting("packing"))
-        widths = computed_widths(lengths, micro_batch, max_seq, multiple=multiple, packing=packing)
-        tokens_per_example = sum(widths) / len(widths)
+        positions, rows = micro_batch_positions(lengths, micro_batch, max_seq, multiple=multiple, packing=packing)
+        tokens_per_example = sum(positions) / len(positions) / rows
         if cpu_bf16:  # oneDNN's bf16 matmuls: one set per row shape the run meets
-            bf16_shapes = len({round(w * micro_batch) for w in widths[: max_steps * accum]})
+            bf16_shapes = len(set(positions[: max_steps * accum]))
         tokenizer_known = _tokenizer_known(blueprint, source)
         how = "the tokenizer" if tokenizer_known else f"~{CHARS_PER_TOKEN:g} characters per token"
         tokens_basis = (

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.errors import UserError
-from playground.train.perf import padded_width
+from playground.train.perf import computed_positions, padded_width
 
 EVAL_SEED_OFFSET = 1_000_003  # the held-out set is the same whatever the training seed
 
@@ -546,10 +546,9 @@ class Batches:
     def computed_width(self, lengths: Any) -> float:
         """Positions the forward computes per example: the padded width, or with ``packing`` (and some padding)
         the packed row (every real token, rounded up to ``width_multiple``) over the rows."""
-        width = self.width(lengths)
-        if not self.packing or int(lengths.min()) == width:
-            return float(width)
-        return padded_width(int(lengths.sum()), self.width_multiple, 1 << 30) / len(lengths)
+        rows = lengths.tolist()
+        cap = self.data.input_ids.shape[1]
+        return computed_positions(rows, self.width_multiple, cap, packing=self.packing) / len(rows)
 
     def lengths(self, micro_step: int) -> Any:
         """Token counts of the rows of one micro-batch (what the FLOP counter needs)."""

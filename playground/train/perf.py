@@ -47,6 +47,16 @@ def padded_width(longest: int, multiple: int, cap: int) -> int:
     return min(-(-longest // multiple) * multiple, cap)
 
 
+def computed_positions(lengths: list[int], multiple: int, cap: int, *, packing: bool) -> int:
+    """Positions the forward computes for a micro-batch of rows this long: the rows at their padded width
+    (:func:`padded_width`), or with ``packing`` and some padding the one packed row, its tokens rounded up to
+    ``multiple`` (what :func:`model_inputs` builds). The trainer and ``playground plan`` both ask this."""
+    width = padded_width(max(lengths), multiple, cap)
+    if packing and min(lengths) < width:
+        return -(-sum(lengths) // multiple) * multiple
+    return width * len(lengths)
+
+
 def cpu_has_bf16() -> bool:
     """Whether this CPU runs bf16 matmuls natively (oneDNN's check: AVX512-BF16 or AMX)."""
     import torch

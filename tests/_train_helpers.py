@@ -115,3 +115,17 @@ def trainer_status_server(token_file: Path) -> Iterator[tuple[dict[str, str], li
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def busy_processes(count: int) -> Iterator[list[subprocess.Popen]]:
+    """``count`` processes that keep a core busy each (``while True: pass``), killed on exit."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5)  # running, not starting
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait(timeout=10)

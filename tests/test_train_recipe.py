@@ -6,14 +6,17 @@ from __future__ import annotations
 import copy
 import io
 import math
+import os
+import time
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 import pytest
+from _train_helpers import busy_processes
 
 from playground.blueprints import TRAINING_DEFAULTS, get_blueprint
 from playground.events import Progress, parse_line
-from playground.train import recipe
+from playground.train import cpu_share, recipe
 from playground.train.__main__ import prepare
 from playground.train.reporting import Reporter
 from playground.train.settings import Settings, TrainSpec, resolve_setting
@@ -123,6 +126,37 @@ def test_loop_checkpoint_restore_and_mfu_after_warmup(stages: recipe.Recipe, mon
     assert (restored.start_step, restored.history) == (STEPS, state.history)
     assert all(torch.equal(weights[k], v) for k, v in model.model.state_dict().items())
     assert fresh.scheduler.last_epoch == STEPS
+
+
+@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+def test_the_loop_gives_cpu_threads_back_while_other_processes_wait(stages: recipe.Recipe) -> None:
+    """A spinning run's thread guard on this machine's real CPU pressure: with more busy processes than cores,
+    the loop drops to half its threads between steps and says so in its log."""
+    import torch
+
+    full = torch.get_num_threads()
+    if full < 2:
+        pytest.skip("one CPU thread: nothing to give back")
+    run = stages
+    run.optim = recipe.setup_optimizer(run)
+    run.state = recipe.restore(run)
+    run.reporter, stream = _reporter()
+    guard = cpu_share.ThreadGuard(full, period=0.2, settle=0.0)
+    run.runtime = replace(run.runtime, thread_guard=guard)
+    try:
+        with busy_processes(len(os.sched_getaffinity(0)) + 1):
+            guard.watch()
+            deadline = time.monotonic() + 30
+            while guard.wanted == full and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert guard.wanted == full // 2, "the busy processes made no CPU pressure the guard saw"
+            recipe.train_loop(run)
+            assert torch.get_num_threads() == full // 2 == guard.threads
+    finally:
+        guard.stop()
+        torch.set_num_threads(full)
+    assert f"CPU threads {full} → {full // 2}: other processes wait for the CPU" in stream.getvalue()
+    assert run.state.step == STEPS
 
 
 def test_final_eval_and_save(stages: recipe.Recipe) -> None:

@@ -1,13 +1,12 @@
 """The training entrypoint (``python -m playground.train``), run locally or in a TrainJob pod.
 
 Modules: ``recipe`` (the loop), ``settings`` (torch-free: the run's settings), ``data``, ``tokenizer``,
-``model``, ``evaluate``, ``checkpoint``, ``save``, ``reporting``, ``standins``. Only trainer processes import
-this package's heavy parts.
+``model``, ``evaluate``, ``checkpoint``, ``save``, ``reporting``, ``standins``, ``cpu_share`` (OpenMP waits,
+threads). Only trainer processes import this package's heavy parts.
 """
 
-import os
+from playground.train import cpu_share
 
-# Sleep, don't spin, in OpenMP waits. Must be set before torch loads libgomp. On a shared CPU
-# (several trainers, servers and notebooks on 2 cores) spinning threads starve each other: a step
-# measured 4.4 s spinning vs 0.41 s passive under load 13 on 2 cores.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Must run before torch loads libgomp: sleeping OpenMP waits for every process but a training entrypoint that
+# starts alone on an idle machine, which spins and hands threads back while others need the CPU (cpu_share).
+cpu_share.choose_wait_policy()

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.events import JobPhase, Progress
-from playground.train import checkpoint, evaluate, parallel
+from playground.train import checkpoint, cpu_share, evaluate, parallel
 from playground.train import model as models
 from playground.train.data import Batches, file_splits, load_rows, synthetic_splits, tokenize
 from playground.train.finish import FinishReporter, earlier_finish_seconds
@@ -187,6 +187,12 @@ class Runtime:
     cuda: bool
     bf16: bool  # bf16 autocast / weights (GPU with bf16 support only)
     cpu_bf16: bool = False  # the training forward/backward under bf16 autocast on a CPU (the cpu_bf16 setting)
+    thread_guard: Any = None  # a spinning CPU run's cpu_share.ThreadGuard: fewer threads while others need the CPU
+
+    def share_cpu(self, reporter: Any) -> None:
+        """Apply the thread guard's ask between steps (the training thread owns torch's thread count)."""
+        if self.thread_guard is not None and (change := self.thread_guard.apply()):
+            reporter.log(change)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Evaluation's and generation's numeric mode: bf16 on a GPU; float32 on a CPU, as the model is served."""
@@ -312,8 +318,11 @@ def setup_distributed(recipe: Recipe) -> Runtime:
     dist = init_distributed()
     recipe.reporter.enabled = recipe.reporter.enabled and dist.main
     cuda = torch.cuda.is_available()
+    guard = None
     if not cuda:
         torch.set_num_threads(cpu_threads())
+        if dist.world_size == 1:
+            guard = cpu_share.ThreadGuard.for_this_process(torch.get_num_threads())
     # bf16 on GPU (autocast over fp32 masters for scratch models, bf16 weights for hub models); float32 on CPU,
     # unless the blueprint asks for cpu_bf16 and the CPU has bf16 instructions (emulated bf16 is slower).
     bf16 = cuda and torch.cuda.is_bf16_supported()
@@ -323,7 +332,7 @@ def setup_distributed(recipe: Recipe) -> Runtime:
         recipe.reporter.log("cpu_bf16: this CPU has no bf16 instructions (AVX512-BF16 or AMX); training in float32")
     torch.manual_seed(recipe.settings.seed)
     device = torch.device(f"cuda:{dist.local_rank}" if cuda else "cpu")
-    return Runtime(dist, device, cuda, bf16, cpu_bf16)
+    return Runtime(dist, device, cuda, bf16, cpu_bf16, thread_guard=guard)
 
 
 def setup_data(recipe: Recipe) -> DataState:
@@ -542,6 +551,7 @@ def evaluate_model(recipe: Recipe, on_answered: Callable[[int, int], None] | Non
     forward pass is a collective: there every rank runs the same eval (generation with
     ``synced_gpus``, which transformers turns on for FSDP-managed models)."""
     spec, runtime, data, state = recipe.spec, recipe.runtime, recipe.data, recipe.state
+    runtime.share_cpu(recipe.reporter)
     results: dict[str, float] = {}
     trained_seconds = state.clock.wall_total()  # before the eval's own time
     if runtime.dist.main or recipe.model.strategy == "fsdp":
@@ -617,7 +627,10 @@ def train_loop(recipe: Recipe) -> None:
     model.train_model.train()
     window = _Window(torch.zeros((), device=runtime.device))
     state.clock.restart()  # training time starts now: setup and a resume's checkpoint load are not training
+    if runtime.thread_guard is not None:
+        runtime.thread_guard.watch()
     for step in range(state.start_step + 1, max_steps + 1):
+        runtime.share_cpu(recipe.reporter)
         label_tokens = data.batches.label_tokens(step - 1)
         for micro in range(micro_steps):
             micro_step = (step - 1) * micro_steps + micro
@@ -795,7 +808,9 @@ def measured_footprint(recipe: Recipe) -> dict[str, Any]:
 
 
 def teardown(recipe: Recipe) -> None:
-    """Wait for every rank, then leave the process group."""
+    """Stop the thread guard; wait for every rank, then leave the process group."""
+    if recipe.runtime.thread_guard is not None:
+        recipe.runtime.thread_guard.stop()
     if recipe.runtime.dist.world_size > 1:
         import torch.distributed
 

@@ -316,7 +316,12 @@ class _Events:
         raise AttributeError(name)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.recipe.runtime.thread_guard is not None:
+            self.recipe.runtime.thread_guard.watch()
         self.window_start, self.window_step = time.perf_counter(), state.global_step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.recipe.runtime.share_cpu(self.recipe.reporter)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step >= state.max_steps:

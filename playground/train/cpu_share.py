@@ -1,0 +1,160 @@
+"""Sharing the CPU: OpenMP threads that spin while the trainer has the machine, fewer threads while others need it.
+
+PyTorch's OpenMP threads wait for each other thousands of times a training step. Spinning in those waits
+(libgomp's default) makes the default blueprint's step 1.5× faster on an idle 2-core machine (40 steps: 30.9 s
+spinning, 47.4 s sleeping), but a spinning process starves and is starved by anything else that wants the cores
+(one step beside a CPU hog: 2.6 s spinning, 1.3 s sleeping; two spinning trainers: 3.6 s each, 1.4 s sleeping).
+
+So (``PLAYGROUND_CPU_WAIT=auto``, the default) only the training entrypoint of a single-process run that starts
+on an idle machine spins; every other process sleeps (``OMP_WAIT_POLICY=PASSIVE``), as before. A spinning
+trainer runs :class:`ThreadGuard`: once a second it reads how long other tasks waited for a CPU (Linux PSI,
+``/proc/pressure/cpu``) and how many cores sat idle (``/proc/stat``); while others wait it halves its threads
+(one thread has no OpenMP waits to spin in), and when the cores it gave up are idle again it takes them back.
+``spin`` or ``passive`` force the choice. Torch-free: ``playground.train`` decides before torch loads libgomp.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import MutableMapping
+from pathlib import Path
+
+SETTING = "PLAYGROUND_CPU_WAIT"  # auto | spin | passive
+CHOICES = ("auto", "spin", "passive")
+DEFAULTED = "PLAYGROUND_OMP_WAIT_DEFAULT"  # marks an OMP_WAIT_POLICY a playground process chose, not its caller
+PRESSURE = Path("/proc/pressure/cpu")
+STAT = Path("/proc/stat")
+BUSY_PRESSURE = 5.0  # PSI "some" avg10 (%) at start above which the machine is not idle
+CONTENDED = 0.2  # share of a second in which some task waited for a CPU: give threads back
+IDLE_SHARE = 0.7  # share of the given-up cores idle: take them back
+SAMPLES = 2  # consecutive one-second samples that must agree before the thread count changes
+SETTLE_SECONDS = 5.0  # not sampled after watch(): a run's first steps make pressure of their own (allocations)
+
+
+def _trainer_entrypoint(argv: list[str]) -> bool:
+    """Whether this interpreter was started as ``python [flags] -m playground.train``."""
+    return any(arg == "-m" and argv[i + 1 : i + 2] == ["playground.train"] for i, arg in enumerate(argv))
+
+
+def machine_idle(samples: int = 5, interval: float = 0.05) -> bool | None:
+    """Whether nothing else wants the CPU now: other tasks barely waited for a CPU in the last 10 s (PSI) and fewer
+    than half the cores run another task (the median of a few looks at the running count in /proc/loadavg;
+    the 1-minute load average would still count a run that just ended). None where Linux PSI is missing."""
+    try:
+        avg10 = float(PRESSURE.read_text().splitlines()[0].split("avg10=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    running = []
+    for i in range(samples):
+        running.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)  # less this process
+        if i < samples - 1:
+            time.sleep(interval)
+    others = sorted(running)[len(running) // 2]
+    return avg10 < BUSY_PRESSURE and others < max(1, cores / 2)
+
+
+def choose_wait_policy(environ: MutableMapping[str, str] | None = None, argv: list[str] | None = None) -> str:
+    """Set ``OMP_WAIT_POLICY`` for this process before torch loads (see the module doc); returns ``"PASSIVE"``,
+    ``"spin"`` (left to libgomp's default) or the caller's own policy, which is kept."""
+    environ = os.environ if environ is None else environ
+    argv = list(getattr(sys, "orig_argv", sys.argv)) if argv is None else argv
+    policy = environ.get("OMP_WAIT_POLICY")
+    if policy is not None and environ.get(DEFAULTED) != policy:
+        return policy  # the caller's choice
+    choice = environ.get(SETTING, "auto").strip().lower()
+    single = int(environ.get("LOCAL_WORLD_SIZE", "1") or 1) == 1
+    if choice == "spin" or (choice == "auto" and single and _trainer_entrypoint(argv) and machine_idle()):
+        environ.pop("OMP_WAIT_POLICY", None)
+        environ.pop(DEFAULTED, None)
+        return "spin"
+    environ["OMP_WAIT_POLICY"] = environ[DEFAULTED] = "PASSIVE"
+    return "PASSIVE"
+
+
+def spinning(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether this process's OpenMP threads spin in their waits (libgomp's default, or ``ACTIVE``)."""
+    environ = os.environ if environ is None else environ
+    return environ.get("OMP_WAIT_POLICY", "").strip().upper() != "PASSIVE"
+
+
+def next_threads(current: int, full: int, pressure: float, idle_cores: float) -> int:
+    """The thread count one sample asks for: half while others wait for a CPU (``pressure``: the share of the
+    last second some task waited), back up when the cores given up are idle, else ``current``."""
+    if pressure >= CONTENDED and current > 1:
+        return max(1, current // 2)
+    if current < full and idle_cores >= IDLE_SHARE * (min(full, current * 2) - current):
+        return min(full, current * 2)
+    return current
+
+
+def _pressure_total() -> int | None:
+    """Microseconds some task has waited for a CPU since boot (PSI), or None."""
+    try:
+        return int(PRESSURE.read_text().splitlines()[0].split("total=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _idle_jiffies() -> tuple[int, int]:
+    """(idle + iowait, all) jiffies of all CPUs since boot."""
+    values = [int(v) for v in STAT.read_text().splitlines()[0].split()[1:]]
+    return values[3] + values[4], sum(values)
+
+
+class ThreadGuard:
+    """A daemon thread that samples the machine once a ``period`` and asks for a thread count
+    (:func:`next_threads`); the training thread applies it between steps (:meth:`apply`), since torch's thread
+    count belongs to the thread that sets it."""
+
+    def __init__(self, full: int, period: float = 1.0, settle: float = SETTLE_SECONDS) -> None:
+        self.full = self.threads = self.wanted = full
+        self.period, self.settle = period, settle
+        self._asks: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="playground-thread-guard", daemon=True)
+
+    @classmethod
+    def for_this_process(cls, full: int) -> ThreadGuard | None:
+        """A guard for a spinning process with more than one thread where PSI exists, else None; it samples from
+        :meth:`watch` on (setup's model loading makes pressure of its own)."""
+        if full < 2 or not spinning() or _pressure_total() is None:
+            return None
+        return cls(full)
+
+    def watch(self) -> None:
+        """Start sampling (once; training is about to begin)."""
+        if not self._thread.is_alive() and not self._stop.is_set():
+            self._thread.start()
+
+    def _run(self) -> None:
+        if self._stop.wait(self.settle):
+            return
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        pressure, (idle, total), clock = _pressure_total() or 0, _idle_jiffies(), time.monotonic()
+        while not self._stop.wait(self.period):
+            now_pressure, (now_idle, now_total), now = _pressure_total() or 0, _idle_jiffies(), time.monotonic()
+            waited = (now_pressure - pressure) / 1e6 / max(1e-6, now - clock)
+            idle_cores = cores * (now_idle - idle) / max(1, now_total - total)
+            pressure, idle, total, clock = now_pressure, now_idle, now_total, now
+            self._asks = [*self._asks[-(SAMPLES - 1) :], next_threads(self.threads, self.full, waited, idle_cores)]
+            if len(self._asks) == SAMPLES and len(set(self._asks)) == 1:
+                self.wanted = self._asks[0]
+
+    def apply(self) -> str | None:
+        """Set torch's thread count to the guard's ask (call from the training thread); a log line when it changed."""
+        wanted = self.wanted
+        if wanted == self.threads:
+            return None
+        import torch
+
+        torch.set_num_threads(wanted)
+        before, self.threads, self._asks = self.threads, wanted, []
+        why = "other processes wait for the CPU" if wanted < before else "the CPU is free again"
+        return f"CPU threads {before} → {wanted}: {why}"
+
+    def stop(self) -> None:
+        self._stop.set()

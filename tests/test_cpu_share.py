@@ -1,0 +1,64 @@
+"""Sharing the CPU (playground/train/cpu_share.py): which processes spin in OpenMP waits, and how a spinning
+trainer's thread guard decides. The guard on real pressure, inside the training loop, is in test_train_recipe.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from playground.train import cpu_share
+from playground.train.cpu_share import DEFAULTED, SETTING, choose_wait_policy, next_threads
+
+TRAINER = ["/usr/bin/python3", "-u", "-m", "playground.train", "--blueprint", "tiny-llama-cpu", "--output", "o"]
+NOTEBOOK = ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "kernel.json"]
+
+
+def test_threads_halve_while_others_wait_and_come_back_when_the_cores_are_idle() -> None:
+    assert next_threads(2, 2, pressure=0.5, idle_cores=0.0) == 1  # a busy process beside a spinning trainer
+    assert next_threads(2, 2, pressure=0.01, idle_cores=0.0) == 2  # alone: the busy cores are its own spinning
+    assert next_threads(1, 2, pressure=0.0, idle_cores=0.95) == 2  # the other process is gone
+    assert next_threads(1, 2, pressure=0.0, idle_cores=0.1) == 1  # still there: its core is not idle
+    assert next_threads(1, 2, pressure=0.9, idle_cores=0.0) == 1  # never fewer than one
+    # a bigger machine steps by halves: 16 → 8 under pressure, back to 16 only when ~8 cores sit idle
+    assert next_threads(16, 16, pressure=0.3, idle_cores=0.0) == 8
+    assert next_threads(8, 16, pressure=0.0, idle_cores=6.0) == 16
+    assert next_threads(8, 16, pressure=0.0, idle_cores=4.0) == 8
+    assert next_threads(4, 16, pressure=0.0, idle_cores=3.0) == 8
+
+
+def test_only_a_training_entrypoint_may_spin_and_a_callers_policy_is_kept() -> None:
+    caller = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert choose_wait_policy(caller, TRAINER) == "ACTIVE" and caller == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+    kernel: dict[str, str] = {}  # a notebook kernel, the app, pytest: any process but the trainer sleeps
+    assert choose_wait_policy(kernel, NOTEBOOK) == "PASSIVE"
+    assert kernel == {"OMP_WAIT_POLICY": "PASSIVE", DEFAULTED: "PASSIVE"}
+    # its trainer child inherits that default, marked as one, so the child decides for itself
+    child = {**kernel, SETTING: "spin"}
+    assert choose_wait_policy(child, TRAINER) == "spin"
+    assert "OMP_WAIT_POLICY" not in child and DEFAULTED not in child
+    # ... while a policy the operator set (no mark, or another value) is theirs
+    operator = {"OMP_WAIT_POLICY": "PASSIVE", SETTING: "spin"}
+    assert choose_wait_policy(operator, TRAINER) == "PASSIVE" and operator["OMP_WAIT_POLICY"] == "PASSIVE"
+
+    assert choose_wait_policy({SETTING: "passive"}, TRAINER) == "PASSIVE"
+    assert choose_wait_policy({SETTING: "spin"}, NOTEBOOK) == "spin"  # forced
+    # torchrun's processes share the cores already: never spinning on their own decision
+    assert choose_wait_policy({"LOCAL_WORLD_SIZE": "2"}, TRAINER) == "PASSIVE"
+    assert cpu_share.spinning({}) and cpu_share.spinning({"OMP_WAIT_POLICY": "active"})
+    assert not cpu_share.spinning({"OMP_WAIT_POLICY": "passive"})
+
+
+@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+def test_a_busy_machine_is_not_idle() -> None:
+    """Three busy processes on this machine's cores: a trainer starting now would sleep, not spin."""
+    from _train_helpers import busy_processes
+
+    with busy_processes(3):
+        assert cpu_share.machine_idle() is False
+
+
+def test_no_guard_for_a_sleeping_process_or_a_single_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert cpu_share.ThreadGuard.for_this_process(2) is None
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert cpu_share.ThreadGuard.for_this_process(1) is None

@@ -62,3 +62,22 @@ def test_no_guard_for_a_sleeping_process_or_a_single_thread(monkeypatch: pytest.
     assert cpu_share.ThreadGuard.for_this_process(2) is None
     monkeypatch.delenv("OMP_WAIT_POLICY")
     assert cpu_share.ThreadGuard.for_this_process(1) is None
+
+
+@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+def test_the_entrypoint_spins_with_a_guard_only_where_it_may(tmp_path) -> None:
+    """The real entrypoint, from this (sleeping) test process: told to spin, its model line says so and it trains;
+    told to sleep, it does not."""
+    import os
+
+    from _train_helpers import describe, run_trainer
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: a single thread has nothing to spin for")
+    few = ("--blueprint", "tiny-llama-cpu", "--set", "max_steps=3", "--set", "num_eval_examples=10")
+    spin = run_trainer(*few, "--output", str(tmp_path / "spin"), env={SETTING: "spin"})
+    sleep = run_trainer(*few, "--output", str(tmp_path / "sleep"), env={SETTING: "passive"})
+    assert spin.returncode == 0 and sleep.returncode == 0, describe(spin) + describe(sleep)
+    model_line = next(line for line in spin.stdout.splitlines() if line.startswith("model: "))
+    assert model_line.endswith("threads (spinning: alone on an idle CPU)"), model_line
+    assert "spinning" not in sleep.stdout

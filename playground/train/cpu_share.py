@@ -27,7 +27,8 @@ CHOICES = ("auto", "spin", "passive")
 DEFAULTED = "PLAYGROUND_OMP_WAIT_DEFAULT"  # marks an OMP_WAIT_POLICY a playground process chose, not its caller
 PRESSURE = Path("/proc/pressure/cpu")
 STAT = Path("/proc/stat")
-BUSY_PRESSURE = 5.0  # PSI "some" avg10 (%) at start above which the machine is not idle
+BUSY_PRESSURE = 20.0  # PSI "some" avg10 (%) at start above which the machine is not idle (a run that just
+# ended leaves ~5-10 %: the running tasks say more)
 CONTENDED = 0.2  # share of a second in which some task waited for a CPU: give threads back
 IDLE_SHARE = 0.7  # share of the given-up cores idle: take them back
 SAMPLES = 2  # consecutive one-second samples that must agree before the thread count changes
@@ -39,8 +40,8 @@ def _trainer_entrypoint(argv: list[str]) -> bool:
     return any(arg == "-m" and argv[i + 1 : i + 2] == ["playground.train"] for i, arg in enumerate(argv))
 
 
-def machine_idle(samples: int = 5, interval: float = 0.05) -> bool | None:
-    """Whether nothing else wants the CPU now: other tasks barely waited for a CPU in the last 10 s (PSI) and fewer
+def machine_idle(samples: int = 10, interval: float = 0.05) -> bool | None:
+    """Whether nothing else wants the CPU now: other tasks waited little for a CPU in the last 10 s (PSI) and fewer
     than half the cores run another task (the median of a few looks at the running count in /proc/loadavg;
     the 1-minute load average would still count a run that just ended). None where Linux PSI is missing."""
     try:

@@ -407,6 +407,7 @@ def setup_model(recipe: Recipe) -> ModelState:
         f"{dist.world_size} GPUs"
         if runtime.cuda
         else f"{dist.world_size} process(es) × {torch.get_num_threads()} threads"
+        + (" (spinning: alone on an idle CPU)" if runtime.thread_guard is not None else "")
     )
     recipe.reporter.log(
         f"model: {spec.model_source} ({n_params / 1e6:.2f}M parameters, {n_trainable / 1e6:.2f}M trainable, "

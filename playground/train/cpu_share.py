@@ -23,10 +23,10 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 SETTING = "PLAYGROUND_CPU_WAIT"  # auto | spin | passive
-CHOICES = ("auto", "spin", "passive")
 DEFAULTED = "PLAYGROUND_OMP_WAIT_DEFAULT"  # marks an OMP_WAIT_POLICY a playground process chose, not its caller
 PRESSURE = Path("/proc/pressure/cpu")
 STAT = Path("/proc/stat")
+LOADAVG = Path("/proc/loadavg")
 BUSY_PRESSURE = 20.0  # PSI "some" avg10 (%) at start above which the machine is not idle (a run that just
 # ended leaves ~5-10 %: the running tasks say more)
 CONTENDED = 0.2  # share of a second in which some task waited for a CPU: give threads back
@@ -40,22 +40,33 @@ def _trainer_entrypoint(argv: list[str]) -> bool:
     return any(arg == "-m" and argv[i + 1 : i + 2] == ["playground.train"] for i, arg in enumerate(argv))
 
 
+def available_cores() -> int:
+    """CPUs this process may run on (its affinity mask; the machine's count where there is none)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _psi_some(field: str) -> float | None:
+    """A field of PSI's ``some`` line for the CPU (``avg10``: % of the last 10 s; ``total``: µs since boot), or None."""
+    try:
+        return float(PRESSURE.read_text().splitlines()[0].split(f"{field}=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def machine_idle(samples: int = 10, interval: float = 0.05) -> bool | None:
     """Whether nothing else wants the CPU now: other tasks waited little for a CPU in the last 10 s (PSI) and fewer
     than half the cores run another task (the median of a few looks at the running count in /proc/loadavg;
     the 1-minute load average would still count a run that just ended). None where Linux PSI is missing."""
-    try:
-        avg10 = float(PRESSURE.read_text().splitlines()[0].split("avg10=")[1].split()[0])
-    except (OSError, IndexError, ValueError):
+    avg10 = _psi_some("avg10")
+    if avg10 is None:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     running = []
     for i in range(samples):
-        running.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)  # less this process
+        running.append(int(LOADAVG.read_text().split()[3].split("/")[0]) - 1)  # less this process
         if i < samples - 1:
             time.sleep(interval)
     others = sorted(running)[len(running) // 2]
-    return avg10 < BUSY_PRESSURE and others < max(1, cores / 2)
+    return avg10 < BUSY_PRESSURE and others < max(1, available_cores() / 2)
 
 
 def choose_wait_policy(environ: MutableMapping[str, str] | None = None, argv: list[str] | None = None) -> str:
@@ -92,14 +103,6 @@ def next_threads(current: int, full: int, pressure: float, idle_cores: float) ->
     return current
 
 
-def _pressure_total() -> int | None:
-    """Microseconds some task has waited for a CPU since boot (PSI), or None."""
-    try:
-        return int(PRESSURE.read_text().splitlines()[0].split("total=")[1].split()[0])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _idle_jiffies() -> tuple[int, int]:
     """(idle + iowait, all) jiffies of all CPUs since boot."""
     values = [int(v) for v in STAT.read_text().splitlines()[0].split()[1:]]
@@ -122,7 +125,7 @@ class ThreadGuard:
     def for_this_process(cls, full: int) -> ThreadGuard | None:
         """A guard for a spinning process with more than one thread where PSI exists, else None; it samples from
         :meth:`watch` on (setup's model loading makes pressure of its own)."""
-        if full < 2 or not spinning() or _pressure_total() is None:
+        if full < 2 or not spinning() or _psi_some("total") is None:
             return None
         return cls(full)
 
@@ -134,10 +137,10 @@ class ThreadGuard:
     def _run(self) -> None:
         if self._stop.wait(self.settle):
             return
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        pressure, (idle, total), clock = _pressure_total() or 0, _idle_jiffies(), time.monotonic()
+        cores = available_cores()
+        pressure, (idle, total), clock = _psi_some("total") or 0, _idle_jiffies(), time.monotonic()
         while not self._stop.wait(self.period):
-            now_pressure, (now_idle, now_total), now = _pressure_total() or 0, _idle_jiffies(), time.monotonic()
+            now_pressure, (now_idle, now_total), now = _psi_some("total") or 0, _idle_jiffies(), time.monotonic()
             waited = (now_pressure - pressure) / 1e6 / max(1e-6, now - clock)
             idle_cores = cores * (now_idle - idle) / max(1, now_total - total)
             pressure, idle, total, clock = now_pressure, now_idle, now_total, now

@@ -78,7 +78,7 @@ def init_distributed() -> Dist:
 def cpu_threads() -> int:
     """Cores this process may really use: the affinity mask, capped by a cgroup CPU quota, shared
     with the other training processes on this machine."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = cpu_share.available_cores()
     with contextlib.suppress(OSError, ValueError):
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
         if quota != "max":
@@ -188,6 +188,11 @@ class Runtime:
     bf16: bool  # bf16 autocast / weights (GPU with bf16 support only)
     cpu_bf16: bool = False  # the training forward/backward under bf16 autocast on a CPU (the cpu_bf16 setting)
     thread_guard: Any = None  # a spinning CPU run's cpu_share.ThreadGuard: fewer threads while others need the CPU
+
+    def watch_cpu(self) -> None:
+        """Training begins: the thread guard (if any) starts sampling."""
+        if self.thread_guard is not None:
+            self.thread_guard.watch()
 
     def share_cpu(self, reporter: Any) -> None:
         """Apply the thread guard's ask between steps (the training thread owns torch's thread count)."""
@@ -628,8 +633,7 @@ def train_loop(recipe: Recipe) -> None:
     model.train_model.train()
     window = _Window(torch.zeros((), device=runtime.device))
     state.clock.restart()  # training time starts now: setup and a resume's checkpoint load are not training
-    if runtime.thread_guard is not None:
-        runtime.thread_guard.watch()
+    runtime.watch_cpu()
     for step in range(state.start_step + 1, max_steps + 1):
         runtime.share_cpu(recipe.reporter)
         label_tokens = data.batches.label_tokens(step - 1)

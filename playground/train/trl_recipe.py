@@ -316,8 +316,7 @@ class _Events:
         raise AttributeError(name)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.recipe.runtime.thread_guard is not None:
-            self.recipe.runtime.thread_guard.watch()
+        self.recipe.runtime.watch_cpu()
         self.window_start, self.window_step = time.perf_counter(), state.global_step
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -81,3 +81,37 @@ def test_the_entrypoint_spins_with_a_guard_only_where_it_may(tmp_path) -> None:
     model_line = next(line for line in spin.stdout.splitlines() if line.startswith("model: "))
     assert model_line.endswith("threads (spinning: alone on an idle CPU)"), model_line
     assert "spinning" not in sleep.stdout
+
+
+def test_pressure_is_read_from_the_process_cgroup_where_it_has_one(tmp_path) -> None:
+    """In a container (cgroup v2) the guard reads its own cgroup's cpu.pressure: the host's other containers
+    have their own CPU shares. Elsewhere (cgroup v1, as on this VM, or the root cgroup) the machine's PSI."""
+    root = tmp_path / "cgroup"
+    pod = root / "kubepods.slice" / "pod-1" / "trainer"
+    pod.mkdir(parents=True)
+    (pod / "cpu.pressure").write_text("some avg10=1.50 avg60=0.40 avg300=0.10 total=123456\nfull avg10=0.00 total=0\n")
+    self_cgroup = tmp_path / "self-cgroup"
+    self_cgroup.write_text("0::/kubepods.slice/pod-1/trainer\n")
+    assert cpu_share.pressure_file(self_cgroup, root) == pod / "cpu.pressure"
+    assert cpu_share._read_psi_some(pod / "cpu.pressure", "total") == 123456.0
+    assert cpu_share._read_psi_some(pod / "cpu.pressure", "avg10") == 1.5
+    self_cgroup.write_text("4:memory:/process_api/x\n1:cpu:/\n0::/\n")  # v1 controllers; the v2 root has no file
+    assert cpu_share.pressure_file(self_cgroup, root) == cpu_share.PRESSURE
+    assert cpu_share.pressure_file(tmp_path / "missing", root) == cpu_share.PRESSURE
+
+
+def test_idle_cores_count_the_cores_this_process_may_use() -> None:
+    """A trainer pinned to cpu1 of a host whose cpu0 is busy sees its one core idle (the aggregate line would say
+    half a core); over every CPU the per-core lines add up to the aggregate line."""
+    before = "cpu  100 0 100 200 0 0 0 0 0 0\ncpu0 100 0 100 0 0 0 0 0 0 0\ncpu1 0 0 0 200 0 0 0 0 0 0\n"
+    after = "cpu  300 0 100 400 0 0 0 0 0 0\ncpu0 300 0 100 0 0 0 0 0 0 0\ncpu1 0 0 0 400 0 0 0 0 0 0\n"
+    pinned = cpu_share.idle_cores(cpu_share.idle_jiffies({1}, before), cpu_share.idle_jiffies({1}, after), 1)
+    assert pinned == 1.0
+    both = cpu_share.idle_cores(cpu_share.idle_jiffies({0, 1}, before), cpu_share.idle_jiffies({0, 1}, after), 2)
+    assert both == 1.0  # one of two cores idle
+    assert cpu_share.idle_cores(cpu_share.idle_jiffies({0}, before), cpu_share.idle_jiffies({0}, after), 1) == 0.0
+    stat = cpu_share.STAT.read_text()
+    every = {int(line.split()[0][3:]) for line in stat.splitlines() if line[:3] == "cpu" and line[3].isdigit()}
+    idle, total = cpu_share.idle_jiffies(every, stat)
+    aggregate = [int(v) for v in stat.splitlines()[0].split()[1:]]
+    assert abs(idle - (aggregate[3] + aggregate[4])) <= len(every) and abs(total - sum(aggregate)) <= 10 * len(every)

@@ -3,11 +3,13 @@ torch-free settings they read."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from playground.events import Progress, parse_line
 from playground.train import cpu_share, recipe
 from playground.train.__main__ import prepare
 from playground.train.reporting import Reporter
+from playground.train.save import unwrap
 from playground.train.settings import Settings, TrainSpec, resolve_setting
 
 STEPS = 6
@@ -128,19 +131,15 @@ def test_loop_checkpoint_restore_and_mfu_after_warmup(stages: recipe.Recipe, mon
     assert fresh.scheduler.last_epoch == STEPS
 
 
-@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
-def test_the_loop_gives_cpu_threads_back_while_other_processes_wait(stages: recipe.Recipe) -> None:
-    """A spinning run's thread guard on this machine's real CPU pressure: with more busy processes than cores,
-    the loop drops to half its threads between steps and says so in its log."""
+@contextlib.contextmanager
+def _threads_asked_back(run: recipe.Recipe) -> Iterator[int]:
+    """A spinning run's thread guard on this machine's real CPU pressure: more busy processes than cores until the
+    guard asks for half the threads; yields the full count (restored after)."""
     import torch
 
     full = torch.get_num_threads()
     if full < 2:
         pytest.skip("one CPU thread: nothing to give back")
-    run = stages
-    run.optim = recipe.setup_optimizer(run)
-    run.state = recipe.restore(run)
-    run.reporter, stream = _reporter()
     guard = cpu_share.ThreadGuard(full, period=0.2, settle=0.0)
     run.runtime = replace(run.runtime, thread_guard=guard)
     try:
@@ -150,13 +149,41 @@ def test_the_loop_gives_cpu_threads_back_while_other_processes_wait(stages: reci
             while guard.wanted == full and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert guard.wanted == full // 2, "the busy processes made no CPU pressure the guard saw"
-            recipe.train_loop(run)
-            assert torch.get_num_threads() == full // 2 == guard.threads
+            yield full
     finally:
         guard.stop()
         torch.set_num_threads(full)
+
+
+@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+def test_the_loop_gives_cpu_threads_back_while_other_processes_wait(stages: recipe.Recipe) -> None:
+    """With more busy processes than cores, the loop drops to half its threads between steps and says so in its log."""
+    import torch
+
+    run = stages
+    run.optim = recipe.setup_optimizer(run)
+    run.state = recipe.restore(run)
+    run.reporter, stream = _reporter()
+    with _threads_asked_back(run) as full:
+        recipe.train_loop(run)
+        assert torch.get_num_threads() == full // 2 == run.runtime.thread_guard.threads
     assert f"CPU threads {full} → {full // 2}: other processes wait for the CPU" in stream.getvalue()
     assert run.state.step == STEPS
+
+
+@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+def test_the_held_out_answers_give_cpu_threads_back_too(stages: recipe.Recipe) -> None:
+    """The final evaluation's generation (a minute on 2 cores) applies the guard's ask between its batches."""
+    import torch
+
+    run = stages
+    run.reporter, stream = _reporter()
+    answered: list[tuple[int, int]] = []
+    with _threads_asked_back(run) as full:
+        recipe.held_out_exact_match(run, unwrap(run.model.model), lambda done, total: answered.append((done, total)))
+        assert torch.get_num_threads() == full // 2
+    assert f"CPU threads {full} → {full // 2}: other processes wait for the CPU" in stream.getvalue()
+    assert answered and answered[-1][0] == answered[-1][1] == len(run.data.eval_set)  # the caller's progress too
 
 
 def test_final_eval_and_save(stages: recipe.Recipe) -> None:

@@ -7,8 +7,9 @@ spinning, 47.4 s sleeping), but a spinning process starves and is starved by any
 
 So (``PLAYGROUND_CPU_WAIT=auto``, the default) only the training entrypoint of a single-process run that starts
 on an idle machine spins; every other process sleeps (``OMP_WAIT_POLICY=PASSIVE``), as before. A spinning
-trainer runs :class:`ThreadGuard`: once a second it reads how long other tasks waited for a CPU (Linux PSI,
-``/proc/pressure/cpu``) and how many cores sat idle (``/proc/stat``); while others wait it halves its threads
+trainer runs :class:`ThreadGuard`: once a second it reads how long other tasks waited for a CPU (Linux PSI: the
+process's cgroup v2 ``cpu.pressure`` where it has one, as in a container, else ``/proc/pressure/cpu``) and how many of
+its cores sat idle (their lines of ``/proc/stat``); while others wait it halves its threads
 (one thread has no OpenMP waits to spin in), and when the cores it gave up are idle again it takes them back.
 ``spin`` or ``passive`` force the choice. Torch-free: ``playground.train`` decides before torch loads libgomp.
 """
@@ -24,7 +25,9 @@ from pathlib import Path
 
 SETTING = "PLAYGROUND_CPU_WAIT"  # auto | spin | passive
 DEFAULTED = "PLAYGROUND_OMP_WAIT_DEFAULT"  # marks an OMP_WAIT_POLICY a playground process chose, not its caller
-PRESSURE = Path("/proc/pressure/cpu")
+PRESSURE = Path("/proc/pressure/cpu")  # the whole machine's
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # cgroup v2: <root>/<this process's cgroup>/cpu.pressure
+SELF_CGROUP = Path("/proc/self/cgroup")
 STAT = Path("/proc/stat")
 LOADAVG = Path("/proc/loadavg")
 BUSY_PRESSURE = 20.0  # PSI "some" avg10 (%) at start above which the machine is not idle (a run that just
@@ -40,17 +43,41 @@ def _trainer_entrypoint(argv: list[str]) -> bool:
     return any(arg == "-m" and argv[i + 1 : i + 2] == ["playground.train"] for i, arg in enumerate(argv))
 
 
+def _affinity() -> set[int]:
+    """The CPUs this process may run on (its affinity mask; every CPU where there is none)."""
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
 def available_cores() -> int:
-    """CPUs this process may run on (its affinity mask; the machine's count where there is none)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """How many CPUs this process may run on."""
+    return len(_affinity())
+
+
+def _read_psi_some(path: Path, field: str) -> float | None:
+    try:
+        return float(path.read_text().splitlines()[0].split(f"{field}=")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pressure_file(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> Path:
+    """Where this process's CPU pressure is: its cgroup v2 ``cpu.pressure`` (a container's own tasks, not the
+    host's other containers, which have their own CPU shares), else the machine's ``/proc/pressure/cpu``."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return PRESSURE
+    for line in lines:
+        if line.startswith("0::"):  # the unified (v2) hierarchy
+            candidate = cgroup_root / line[3:].strip().lstrip("/") / "cpu.pressure"
+            if _read_psi_some(candidate, "total") is not None:
+                return candidate
+    return PRESSURE
 
 
 def _psi_some(field: str) -> float | None:
     """A field of PSI's ``some`` line for the CPU (``avg10``: % of the last 10 s; ``total``: µs since boot), or None."""
-    try:
-        return float(PRESSURE.read_text().splitlines()[0].split(f"{field}=")[1].split()[0])
-    except (OSError, IndexError, ValueError):
-        return None
+    return _read_psi_some(pressure_file(), field)
 
 
 def machine_idle(samples: int = 10, interval: float = 0.05) -> bool | None:
@@ -103,10 +130,21 @@ def next_threads(current: int, full: int, pressure: float, idle_cores: float) ->
     return current
 
 
-def _idle_jiffies() -> tuple[int, int]:
-    """(idle + iowait, all) jiffies of all CPUs since boot."""
-    values = [int(v) for v in STAT.read_text().splitlines()[0].split()[1:]]
-    return values[3] + values[4], sum(values)
+def idle_jiffies(cpus: set[int], stat: str | None = None) -> tuple[int, int]:
+    """(idle + iowait, all) jiffies since boot summed over ``cpus``' own lines of ``/proc/stat`` (a container pinned
+    to some cores of a bigger host counts those, not the host's average)."""
+    idle = total = 0
+    for line in (STAT.read_text() if stat is None else stat).splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            values = [int(v) for v in fields]
+            idle, total = idle + values[3] + values[4], total + sum(values)
+    return idle, total
+
+
+def idle_cores(before: tuple[int, int], after: tuple[int, int], cores: int) -> float:
+    """How many of ``cores`` sat idle between two :func:`idle_jiffies` readings."""
+    return cores * (after[0] - before[0]) / max(1, after[1] - before[1])
 
 
 class ThreadGuard:
@@ -137,14 +175,15 @@ class ThreadGuard:
     def _run(self) -> None:
         if self._stop.wait(self.settle):
             return
-        cores = available_cores()
-        pressure, (idle, total), clock = _psi_some("total") or 0, _idle_jiffies(), time.monotonic()
+        cpus = _affinity()
+        psi = pressure_file()
+        pressure, jiffies, clock = _read_psi_some(psi, "total") or 0, idle_jiffies(cpus), time.monotonic()
         while not self._stop.wait(self.period):
-            now_pressure, (now_idle, now_total), now = _psi_some("total") or 0, _idle_jiffies(), time.monotonic()
+            now_pressure, now_jiffies, now = _read_psi_some(psi, "total") or 0, idle_jiffies(cpus), time.monotonic()
             waited = (now_pressure - pressure) / 1e6 / max(1e-6, now - clock)
-            idle_cores = cores * (now_idle - idle) / max(1, now_total - total)
-            pressure, idle, total, clock = now_pressure, now_idle, now_total, now
-            self._asks = [*self._asks[-(SAMPLES - 1) :], next_threads(self.threads, self.full, waited, idle_cores)]
+            idle = idle_cores(jiffies, now_jiffies, len(cpus))
+            pressure, jiffies, clock = now_pressure, now_jiffies, now
+            self._asks = [*self._asks[-(SAMPLES - 1) :], next_threads(self.threads, self.full, waited, idle)]
             if len(self._asks) == SAMPLES and len(set(self._asks)) == 1:
                 self.wanted = self._asks[0]
 

@@ -481,12 +481,19 @@ def answer_budget(recipe: Recipe) -> int:
 
 
 def held_out_exact_match(recipe: Recipe, model: Any, on_answered: Callable[[int, int], None] | None = None) -> float:
-    """``model``'s greedy answers to the held-out requests, scored by exact match."""
+    """``model``'s greedy answers to the held-out requests, scored by exact match. Between batches of answers the
+    thread guard's ask applies, as between training steps (the final evaluation takes a minute on 2 cores)."""
     data, runtime = recipe.data, recipe.runtime
+
+    def answered(done: int, total: int) -> None:
+        runtime.share_cpu(recipe.reporter)
+        if on_answered is not None:
+            on_answered(done, total)
+
     with runtime.autocast():
         answers = evaluate.generate_answers(
             model, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=answer_budget(recipe),
-            device=runtime.device, on_progress=on_answered,
+            device=runtime.device, on_progress=answered,
         )  # fmt: skip
     return evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
 

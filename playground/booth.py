@@ -57,7 +57,8 @@ class BoothPolicy:
     job_deadline_seconds: int = 900  # a local job running longer is stopped: Failed "deadline exceeded"
     finished_ttl_seconds: int = 1800  # finished jobs and their servers are removed this long after the end
     # Jobs waiting for a training slot on this machine (local backend); a visitor's submit beyond it is refused.
-    # 6: with one slot, ~2.5 minutes per SmolLM2 job, the last in line waits about 15 minutes.
+    # 6: with one slot, ~3.5 minutes per SmolLM2 job (240 steps, the final eval, saving), the last in line waits
+    # about 20 minutes.
     max_queued: int = 6
     visitor_gone_seconds: int = 300  # a queued job of a visitor unseen this long leaves the queue (Cancelled)
     # Model servers running on this machine (local servers). 10: SmolLM2 servers are ~1 GB each; 24 GB less the

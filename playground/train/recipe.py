@@ -199,6 +199,17 @@ class Runtime:
         if self.thread_guard is not None and (change := self.thread_guard.apply()):
             reporter.log(change)
 
+    def sharing_cpu(self, reporter: Any, then: Callable[[int, int], None] | None = None) -> Callable[[int, int], None]:
+        """A progress callback for the held-out answers (a minute on 2 cores) that applies the guard's ask between
+        batches, as between training steps, then calls ``then(done, total)``."""
+
+        def answered(done: int, total: int) -> None:
+            self.share_cpu(reporter)
+            if then is not None:
+                then(done, total)
+
+        return answered
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """Evaluation's and generation's numeric mode: bf16 on a GPU; float32 on a CPU, as the model is served."""
         import torch
@@ -481,19 +492,13 @@ def answer_budget(recipe: Recipe) -> int:
 
 
 def held_out_exact_match(recipe: Recipe, model: Any, on_answered: Callable[[int, int], None] | None = None) -> float:
-    """``model``'s greedy answers to the held-out requests, scored by exact match. Between batches of answers the
-    thread guard's ask applies, as between training steps (the final evaluation takes a minute on 2 cores)."""
+    """``model``'s greedy answers to the held-out requests, scored by exact match (the thread guard's ask applies
+    between batches)."""
     data, runtime = recipe.data, recipe.runtime
-
-    def answered(done: int, total: int) -> None:
-        runtime.share_cpu(recipe.reporter)
-        if on_answered is not None:
-            on_answered(done, total)
-
     with runtime.autocast():
         answers = evaluate.generate_answers(
             model, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=answer_budget(recipe),
-            device=runtime.device, on_progress=answered,
+            device=runtime.device, on_progress=runtime.sharing_cpu(recipe.reporter, on_answered),
         )  # fmt: skip
     return evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
 

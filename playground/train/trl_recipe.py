@@ -208,7 +208,7 @@ class TrlRecipe:
             with self.runtime.autocast():
                 answers = evaluate.generate_answers(
                     model, self.tokenizer, prompt_ids, max_new_tokens=max_new, device=self.runtime.device,
-                    on_progress=on_answered,
+                    on_progress=self.runtime.sharing_cpu(self.reporter, on_answered),
                 )  # fmt: skip
             results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in samples])
             if self.spec.blueprint.task == "english-to-kubectl":

@@ -103,7 +103,7 @@ def test_pressure_is_read_from_the_process_cgroup_where_it_has_one(tmp_path) -> 
 def test_idle_cores_count_the_cores_this_process_may_use() -> None:
     """A trainer pinned to cpu1 of a host whose cpu0 is busy sees its one core idle (the aggregate line would say
     half a core); over every CPU the per-core lines add up to the aggregate line."""
-    before = "cpu  100 0 100 200 0 0 0 0 0 0\ncpu0 100 0 100 0 0 0 0 0 0 0\ncpu1 0 0 0 200 0 0 0 0 0 0\n"
+    before = "cpu  100 0 100 200 0 0 0 0 0 0\ncpu0 100 0 100 0 0 0 0 0 0 0\ncpu1 0 0 0 200 0 0 0 0 0 0\n\nintr 1 2\n"
     after = "cpu  300 0 100 400 0 0 0 0 0 0\ncpu0 300 0 100 0 0 0 0 0 0 0\ncpu1 0 0 0 400 0 0 0 0 0 0\n"
     pinned = cpu_share.idle_cores(cpu_share.idle_jiffies({1}, before), cpu_share.idle_jiffies({1}, after), 1)
     assert pinned == 1.0

@@ -135,9 +135,9 @@ def idle_jiffies(cpus: set[int], stat: str | None = None) -> tuple[int, int]:
     to some cores of a bigger host counts those, not the host's average)."""
     idle = total = 0
     for line in (STAT.read_text() if stat is None else stat).splitlines():
-        name, *fields = line.split()
+        name, _, fields = line.partition(" ")
         if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
-            values = [int(v) for v in fields]
+            values = [int(v) for v in fields.split()]
             idle, total = idle + values[3] + values[4], total + sum(values)
     return idle, total
 

@@ -48,13 +48,25 @@ def test_only_a_training_entrypoint_may_spin_and_a_callers_policy_is_kept() -> N
     assert not cpu_share.spinning({"OMP_WAIT_POLICY": "passive"})
 
 
-@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+def test_a_trainer_starts_spinning_only_where_fewer_than_half_its_cores_are_busy() -> None:
+    assert cpu_share.idle_at_start(pressure_avg10=0.5, busy_cores=0.1, cores=2)  # an idle booth: app, kernels
+    assert not cpu_share.idle_at_start(pressure_avg10=0.5, busy_cores=0.98, cores=2)  # one busy process
+    assert not cpu_share.idle_at_start(pressure_avg10=35.0, busy_cores=0.0, cores=2)  # others waited lately
+    assert cpu_share.idle_at_start(pressure_avg10=1.0, busy_cores=7.0, cores=16)
+    assert not cpu_share.idle_at_start(pressure_avg10=1.0, busy_cores=7.9, cores=16)
+    assert not cpu_share.idle_at_start(pressure_avg10=0.0, busy_cores=0.3, cores=1)
+
+
+@pytest.mark.skipif(cpu_share.pressure_avg10() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
 def test_a_busy_machine_is_not_idle() -> None:
     """Three busy processes on this machine's cores: a trainer starting now would sleep, not spin."""
     from _train_helpers import busy_processes
 
     with busy_processes(3):
         assert cpu_share.machine_idle() is False
+    if len(cpu_share._affinity()) == 2:  # this machine's size: one busy process takes half its cores
+        with busy_processes(1):
+            assert cpu_share.machine_idle() is False
 
 
 def test_no_guard_for_a_sleeping_process_or_a_single_thread(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,7 +76,7 @@ def test_no_guard_for_a_sleeping_process_or_a_single_thread(monkeypatch: pytest.
     assert cpu_share.ThreadGuard.for_this_process(1) is None
 
 
-@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+@pytest.mark.skipif(cpu_share.pressure_avg10() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
 def test_the_entrypoint_spins_with_a_guard_only_where_it_may(tmp_path) -> None:
     """The real entrypoint, from this (sleeping) test process: told to spin, its model line says so and it trains;
     told to sleep, it does not."""

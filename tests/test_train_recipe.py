@@ -155,7 +155,7 @@ def _threads_asked_back(run: recipe.Recipe) -> Iterator[int]:
         torch.set_num_threads(full)
 
 
-@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+@pytest.mark.skipif(cpu_share.pressure_avg10() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
 def test_the_loop_gives_cpu_threads_back_while_other_processes_wait(stages: recipe.Recipe) -> None:
     """With more busy processes than cores, the loop drops to half its threads between steps and says so in its log."""
     import torch
@@ -171,7 +171,7 @@ def test_the_loop_gives_cpu_threads_back_while_other_processes_wait(stages: reci
     assert run.state.step == STEPS
 
 
-@pytest.mark.skipif(cpu_share.machine_idle() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+@pytest.mark.skipif(cpu_share.pressure_avg10() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
 def test_the_held_out_answers_give_cpu_threads_back_too(stages: recipe.Recipe) -> None:
     """The final evaluation's generation (a minute on 2 cores) applies the guard's ask between its batches."""
     import torch

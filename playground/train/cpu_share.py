@@ -29,9 +29,9 @@ PRESSURE = Path("/proc/pressure/cpu")  # the whole machine's
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # cgroup v2: <root>/<this process's cgroup>/cpu.pressure
 SELF_CGROUP = Path("/proc/self/cgroup")
 STAT = Path("/proc/stat")
-LOADAVG = Path("/proc/loadavg")
 BUSY_PRESSURE = 20.0  # PSI "some" avg10 (%) at start above which the machine is not idle (a run that just
-# ended leaves ~5-10 %: the running tasks say more)
+# ended leaves ~5-10 %: the busy cores say more)
+BUSY_MARGIN = 0.25  # cores, below half the process's cores busy at start
 CONTENDED = 0.2  # share of a second in which some task waited for a CPU: give threads back
 IDLE_SHARE = 0.7  # share of the given-up cores idle: take them back
 SAMPLES = 2  # consecutive one-second samples that must agree before the thread count changes
@@ -80,20 +80,29 @@ def _psi_some(field: str) -> float | None:
     return _read_psi_some(pressure_file(), field)
 
 
-def machine_idle(samples: int = 10, interval: float = 0.05) -> bool | None:
-    """Whether nothing else wants the CPU now: other tasks waited little for a CPU in the last 10 s (PSI) and fewer
-    than half the cores run another task (the median of a few looks at the running count in /proc/loadavg;
-    the 1-minute load average would still count a run that just ended). None where Linux PSI is missing."""
-    avg10 = _psi_some("avg10")
+def pressure_avg10() -> float | None:
+    """The share of the last 10 s (%) in which some task waited for a CPU (PSI), or None without Linux PSI."""
+    return _psi_some("avg10")
+
+
+def idle_at_start(pressure_avg10: float, busy_cores: float, cores: int) -> bool:
+    """The start decision: other tasks waited little for a CPU in the last 10 s (PSI ``avg10``, %) and fewer than
+    half of this process's cores were busy (less a quarter core: a busy core reads 0.96–1.02 over half a second)."""
+    return pressure_avg10 < BUSY_PRESSURE and busy_cores < cores / 2 - BUSY_MARGIN
+
+
+def machine_idle(window: float = 0.5) -> bool | None:
+    """Whether nothing else wants this process's cores now (:func:`idle_at_start`), their busy share read from their
+    own /proc/stat lines over ``window`` seconds while this process sleeps: a pod pinned to its cores on a busy node
+    looks at those, and a run that just ended no longer counts (as in the load average). None without Linux PSI."""
+    avg10 = pressure_avg10()
     if avg10 is None:
         return None
-    running = []
-    for i in range(samples):
-        running.append(int(LOADAVG.read_text().split()[3].split("/")[0]) - 1)  # less this process
-        if i < samples - 1:
-            time.sleep(interval)
-    others = sorted(running)[len(running) // 2]
-    return avg10 < BUSY_PRESSURE and others < max(1, available_cores() / 2)
+    cpus = _affinity()
+    before = idle_jiffies(cpus)
+    time.sleep(window)
+    busy = len(cpus) - idle_cores(before, idle_jiffies(cpus), len(cpus))
+    return idle_at_start(avg10, busy, len(cpus))
 
 
 def choose_wait_policy(environ: MutableMapping[str, str] | None = None, argv: list[str] | None = None) -> str:

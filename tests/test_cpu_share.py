@@ -64,7 +64,7 @@ def test_a_busy_machine_is_not_idle() -> None:
 
     with busy_processes(3):
         assert cpu_share.machine_idle() is False
-    if len(cpu_share._affinity()) == 2:  # this machine's size: one busy process takes half its cores
+    if cpu_share.available_cores() == 2:  # this machine's size: one busy process takes half its cores
         with busy_processes(1):
             assert cpu_share.machine_idle() is False
 
@@ -80,11 +80,9 @@ def test_no_guard_for_a_sleeping_process_or_a_single_thread(monkeypatch: pytest.
 def test_the_entrypoint_spins_with_a_guard_only_where_it_may(tmp_path) -> None:
     """The real entrypoint, from this (sleeping) test process: told to spin, its model line says so and it trains;
     told to sleep, it does not."""
-    import os
-
     from _train_helpers import describe, run_trainer
 
-    if len(os.sched_getaffinity(0)) < 2:
+    if cpu_share.available_cores() < 2:
         pytest.skip("one core: a single thread has nothing to spin for")
     few = ("--blueprint", "tiny-llama-cpu", "--set", "max_steps=3", "--set", "num_eval_examples=10")
     spin = run_trainer(*few, "--output", str(tmp_path / "spin"), env={SETTING: "spin"})

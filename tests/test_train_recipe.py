@@ -7,7 +7,6 @@ import contextlib
 import copy
 import io
 import math
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import MISSING, fields, replace
@@ -143,7 +142,7 @@ def _threads_asked_back(run: recipe.Recipe) -> Iterator[int]:
     guard = cpu_share.ThreadGuard(full, period=0.2, settle=0.0)
     run.runtime = replace(run.runtime, thread_guard=guard)
     try:
-        with busy_processes(len(os.sched_getaffinity(0)) + 1):
+        with busy_processes(cpu_share.available_cores() + 1):
             guard.watch()
             deadline = time.monotonic() + 30
             while guard.wanted == full and time.monotonic() < deadline:

@@ -94,7 +94,8 @@ def idle_at_start(pressure_avg10: float, busy_cores: float, cores: int) -> bool:
 def machine_idle(window: float = 0.5) -> bool | None:
     """Whether nothing else wants this process's cores now (:func:`idle_at_start`), their busy share read from their
     own /proc/stat lines over ``window`` seconds while this process sleeps: a pod pinned to its cores on a busy node
-    looks at those, and a run that just ended no longer counts (as in the load average). None without Linux PSI."""
+    looks at those, and a run that just ended does not count (the load average would still count it). None without
+    Linux PSI."""
     avg10 = pressure_avg10()
     if avg10 is None:
         return None

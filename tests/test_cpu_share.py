@@ -110,6 +110,31 @@ def test_pressure_is_read_from_the_process_cgroup_where_it_has_one(tmp_path) -> 
     assert cpu_share.pressure_file(tmp_path / "missing", root) == cpu_share.PRESSURE
 
 
+def test_the_cpu_quota_is_the_tightest_of_the_process_cgroup_and_its_parents(tmp_path) -> None:
+    """A quota set on a pod's cgroup holds for the container below it, which says ``max`` itself; outside a
+    container (no cgroup namespace) the process's cgroup is nested, so the root's ``cpu.max`` alone misses it."""
+    root = tmp_path / "cgroup"
+    container = root / "kubepods.slice" / "pod-1" / "trainer"
+    container.mkdir(parents=True)
+    (root / "kubepods.slice" / "cpu.max").write_text("max 100000\n")
+    (root / "kubepods.slice" / "pod-1" / "cpu.max").write_text("150000 100000\n")
+    (container / "cpu.max").write_text("max 100000\n")
+    self_cgroup = tmp_path / "self-cgroup"
+    self_cgroup.write_text("0::/kubepods.slice/pod-1/trainer\n")
+    assert cpu_share.cgroup_dirs(self_cgroup, root)[:2] == [container, container.parent]
+    assert cpu_share.cgroup_dirs(self_cgroup, root)[-1] == root
+    assert cpu_share.quota_cores(self_cgroup, root) == 1.5
+    (container / "cpu.max").write_text("50000 100000\n")  # the container's own is tighter
+    assert cpu_share.quota_cores(self_cgroup, root) == 0.5
+    self_cgroup.write_text("0::/\n")  # in a cgroup namespace the root is the container's own cgroup
+    assert cpu_share.quota_cores(self_cgroup, root) is None
+    (root / "cpu.max").write_text("200000 100000\n")
+    assert cpu_share.quota_cores(self_cgroup, root) == 2.0
+    self_cgroup.write_text("4:memory:/x\n1:cpu:/\n")  # cgroup v1 only: the root's file, as before
+    assert cpu_share.quota_cores(self_cgroup, root) == 2.0
+    assert cpu_share.quota_cores(tmp_path / "missing", tmp_path / "none") is None
+
+
 def test_idle_cores_count_the_cores_this_process_may_use() -> None:
     """A trainer pinned to cpu1 of a host whose cpu0 is busy sees its one core idle (the aggregate line would say
     half a core); over every CPU the per-core lines add up to the aggregate line."""

@@ -60,19 +60,38 @@ def _read_psi_some(path: Path, field: str) -> float | None:
         return None
 
 
-def pressure_file(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> Path:
-    """Where this process's CPU pressure is: its cgroup v2 ``cpu.pressure`` (a container's own tasks, not the
-    host's other containers, which have their own CPU shares), else the machine's ``/proc/pressure/cpu``."""
+def cgroup_dirs(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> list[Path]:
+    """This process's cgroup v2 directory and its ancestors up to the root, innermost first (only the root where
+    the process has no v2 line, as under cgroup v1)."""
     try:
         lines = self_cgroup.read_text().splitlines()
     except OSError:
-        return PRESSURE
-    for line in lines:
-        if line.startswith("0::"):  # the unified (v2) hierarchy
-            candidate = cgroup_root / line[3:].strip().lstrip("/") / "cpu.pressure"
-            if _read_psi_some(candidate, "total") is not None:
-                return candidate
-    return PRESSURE
+        lines = []
+    relative = next((line[3:].strip().strip("/") for line in lines if line.startswith("0::")), "")
+    own = cgroup_root / relative if relative else cgroup_root
+    return [own, *[parent for parent in own.parents if parent.is_relative_to(cgroup_root)]]
+
+
+def pressure_file(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> Path:
+    """Where this process's CPU pressure is: its cgroup v2 ``cpu.pressure`` (a container's own tasks, not the
+    host's other containers, which have their own CPU shares), else the machine's ``/proc/pressure/cpu``."""
+    own = cgroup_dirs(self_cgroup, cgroup_root)[0] / "cpu.pressure"  # a container's root is its own cgroup
+    return own if _read_psi_some(own, "total") is not None else PRESSURE
+
+
+def quota_cores(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> float | None:
+    """The CPU quota this process runs under, in cores: the tightest ``cpu.max`` of its cgroup v2 directory and
+    every one above it (a limit set on a parent holds for its children), or None where none is set."""
+    tightest = None
+    for directory in cgroup_dirs(self_cgroup, cgroup_root):
+        try:
+            quota, period = (directory / "cpu.max").read_text().split()[:2]
+            cores = int(quota) / int(period) if quota != "max" else None
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+        if cores is not None and (tightest is None or cores < tightest):
+            tightest = cores
+    return tightest
 
 
 def _psi_some(field: str) -> float | None:

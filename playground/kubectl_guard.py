@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 
 from playground.train.kubectl_reward import _KIND_OF, _KINDS, extract
-from playground.train.kubectl_wide import REFUSAL  # what the model itself answers to an unsupported request
+from playground.train.kubectl_wide import NUMBER_WORDS, REFUSAL  # REFUSAL: what the model answers itself
 
 # The cue words a request must say for each supported cluster-changing verb (prefixes: "replica" for "replicas").
 CUES: dict[str, tuple[str, ...]] = {
@@ -100,8 +100,7 @@ _ADVICE = re.compile(
 )
 # A state the request describes is not a change it asks for: "it keeps restarting" does not say "restart".
 _DESCRIBING = re.compile(r"\b(keeps?|kept|is|are|was|were|been|still|stuck|constantly|always)\s+([a-z]+ing)\b")
-_NUMBER_WORDS = {w: str(i) for i, w in enumerate(("zero", "one", "two", "three", "four", "five", "six", "seven",
-                                                   "eight", "nine", "ten", "eleven", "twelve"))}  # fmt: skip
+_NUMBER_WORDS = {word: str(i) for i, word in enumerate(NUMBER_WORDS)}
 # The kinds each change was taught for: "delete ingress web" or "scale the web statefulset" is not one.
 _TAUGHT_KINDS = {"delete": {"pod", "deployment", "service", "configmap", "job", "secret"},
                  "label": {"pod", "node", "deployment", "namespace"}}  # fmt: skip
@@ -262,8 +261,8 @@ def check(request: str, answer: str) -> Verdict:
         return Verdict(False, f"the answer names no kind to {command.verb}")
     if kind and kind not in _TAUGHT_KINDS.get(command.verb, {kind}):
         return Verdict(False, f"'{command.verb} {kind}' is not a change this model was taught")
+    said_kinds = {_SAID_KINDS[w] for w in re.findall(r"(?<![\w-])[a-z]+(?![\w-])", lowered) if w in _SAID_KINDS}
     if kind and command.verb in _KIND_CHECKED:  # "scale the search statefulset" answered for a deployment
-        said_kinds = {_SAID_KINDS[w] for w in re.findall(r"(?<![\w-])[a-z]+(?![\w-])", lowered) if w in _SAID_KINDS}
         other_kinds = said_kinds - {kind, "namespace", *_KIND_CHECKED[command.verb]}
         if other_kinds:
             return Verdict(False, f"the request is about a {sorted(other_kinds)[0]}, not a {kind}")
@@ -285,6 +284,8 @@ def check(request: str, answer: str) -> Verdict:
     unsupported = _unsupported_operation(words, command, request)
     if unsupported:
         return Verdict(False, f"'{unsupported}' is not a change this model was taught")
+    if command.verb == "create namespace" and said_kinds - {"namespace"}:  # "create a networkpolicy … db namespace"
+        return Verdict(False, f"the request creates a {sorted(said_kinds - {'namespace'})[0]}, not a namespace")
     bulk = any(word == cue or _typo(word, cue) for word in words for cue in _BULK_WORDS)  # "evry"; not "allocator"
     if command.verb in _BULK_VERBS and (bulk or any(f == "--all" for f, _ in command.flags)):
         return Verdict(False, "changes to everything at once are not supported")

@@ -163,6 +163,9 @@ def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -
         # ... and from the dev split, by a model trained in bf16 (2026-11-28): the request's word as the image tag
         ("exec into redis-0 and run redis-cli", "kubectl set image deployment/redis-0 redis-cli=redis-0:exec",
          "'exec' is not"),
+        # ... and from the dev split, by a model of the operation-balanced generator (2026-11-28, evening)
+        ("create a networkpolicy that blocks everything into the db namespace", "kubectl create namespace db",
+         "creates a networkpolicy, not a namespace"),
     ],
 )  # fmt: skip
 def test_unasked_changes_are_held_back_with_the_reason(request_text: str, answer: str, reason: str) -> None:

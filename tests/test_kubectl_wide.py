@@ -134,6 +134,22 @@ def _names() -> set[str]:
     return set(_normal(" ".join(values)).split())
 
 
+def test_pods_are_named_like_pods_and_small_counts_are_sometimes_spelt_out(generated) -> None:
+    """A pod that ``delete`` or ``describe`` names looks like one (``web-7d9f8-x2k4q``, ``web-3``), as ``logs``
+    names it; "scale web to three" keeps the digit in the command."""
+    pods = [parse(s.answer) for s in generated if s.answer.startswith(("kubectl delete pod ", "kubectl describe pod "))]
+    pod_shaped = [c for c in pods if re.search(r"-([a-z0-9]{5}|\d)$", _object_of(c))]
+    assert len(pods) > 50 and len(pod_shaped) / len(pods) > 0.5
+    scales = [(s, parse(s.answer)) for s in generated if s.answer.startswith("kubectl scale ")]
+    small = [(s, dict(c.flags)["--replicas"]) for s, c in scales if int(dict(c.flags)["--replicas"]) <= 12]
+    spelt = [s for s, n in small if kubectl_wide.NUMBER_WORDS[int(n)] in _normal(s.prompt).split()]
+    assert 0.1 < len(spelt) / len(small) < 0.4
+
+
+def _object_of(command) -> str:
+    return next(arg for arg in command.args if arg not in KINDS)
+
+
 def test_the_core_task_has_only_the_core_operations() -> None:
     train, held = synthetic_splits("kubectl", {"general_fraction": 0.0}, num_train=3000, num_eval=100, seed=0)
     verbs = {parse(s.answer).verb for s in train + held}

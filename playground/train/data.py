@@ -182,7 +182,10 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
     if wide and rng.random() < float(options.get("unsupported_fraction", 0.15)):
         request, answer, namespaced = kubectl_wide.unsupported_request(rng, unseen, values), kubectl_wide.REFUSAL, False
     else:
-        request = rng.choice(held_phrasings if unseen else train_phrasings).format(**values)
+        spoken = values
+        if wide:
+            spoken, values = kubectl_wide.fit_values(rng, command, values)
+        request = rng.choice(held_phrasings if unseen else train_phrasings).format(**spoken)
         answer = command.format(**values)
     namespace, first = "", False
     if namespaced and rng.random() < float(options.get("namespace_fraction", 0.5)):

@@ -20,6 +20,9 @@ from typing import Any
 from playground.train.data import _KINDS as CORE_KINDS  # stdlib-only module: the guard stays torch-free
 
 REFUSAL = "Sorry, I can't turn that into a single command."
+# Visitors spell small counts out ("scale web to three"); the command takes the digit.
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve")  # fmt: skip
 
 # Training phrasings added to the core operations (keyed by the core command): synonyms and word orders.
 EXTRA_PHRASINGS: dict[str, list[str]] = {
@@ -27,6 +30,7 @@ EXTRA_PHRASINGS: dict[str, list[str]] = {
         "bump {app} to {n} replicas", "resize the {app} deployment to {n}", "{app} should run {n} replicas",
         "make it {n} replicas for {app}", "set replicas of {app} to {n}", "{n} replicas for the {app} deployment",
         "shrink {app} to {n} replicas", "take {app} down to {n} replicas", "{app} needs {n} copies running",
+        "make deployment {app} run {n} replicas", "bring the {app} deployment up to {n} replicas",
     ],
     "kubectl get {kinds}": [
         "what {kinds} are there", "which {kinds} exist", "what {kinds} do we have", "any {kinds}?",
@@ -36,6 +40,7 @@ EXTRA_PHRASINGS: dict[str, list[str]] = {
         "what did pod {pod} log", "logs of {pod}", "check the logs of pod {pod}", "{pod} logs",
         "let me see the output of pod {pod}", "what is {pod} printing", "stdout of pod {pod}",
         "pull the logs off {pod}",
+        "dump the logs of {pod}", "what is pod {pod} writing out", "output of {pod} please",
     ],
     "kubectl describe {kind} {app}": [
         "inspect the {kind} {app}", "what's going on with {kind} {app}", "info on the {app} {kind}",
@@ -44,10 +49,14 @@ EXTRA_PHRASINGS: dict[str, list[str]] = {
     "kubectl delete {kind} {app}": [
         "get rid of the {kind} {app}", "nuke {kind} {app}", "kill the {app} {kind}", "{kind} {app} must go, delete it",
         "trash the {kind} {app}", "the {kind} {app} is not needed anymore, remove it",
+        "remove the {kind} {app}", "delete {kind} {app}", "{kind} {app} can go", "drop the {app} {kind}",
+        "clean up {kind} {app}, it is done", "erase the {kind} {app}",
     ],
     "kubectl rollout restart deployment {app}": [
         "bounce the {app} deployment", "bounce {app}", "kick the {app} pods", "recycle the {app} deployment",
         "restart {app}", "cycle the {app} pods", "rolling restart for {app}",
+        "restart the deployment {app}", "restart deployment {app}", "{app} is wedged, restart it",
+        "give the {app} deployment a restart",
     ],
     "kubectl create namespace {new_ns}": [
         "set up a namespace {new_ns}", "new namespace {new_ns}", "I need a namespace called {new_ns}",
@@ -60,14 +69,18 @@ EXTRA_PHRASINGS: dict[str, list[str]] = {
     "kubectl set image deployment/{app} {app}={app}:{tag}": [
         "roll {app} to tag {tag}", "deploy version {tag} of {app}", "ship {tag} to {app}", "{app} to image tag {tag}",
         "move {app} to {tag}", "switch {app} to image tag {tag}", "put {app} on version {tag}",
+        "ship version {tag} of {app}", "roll out tag {tag} to the {app} deployment", "release {tag} of {app}",
+        "{app} should run image tag {tag}",
     ],
     "kubectl cordon {node}": [
         "stop scheduling pods on node {node}", "no new pods on {node}", "keep new pods off node {node}",
         "make {node} unschedulable", "mark node {node} unschedulable", "take {node} out of scheduling",
+        "stop new pods landing on {node}", "no more scheduling onto {node}, keep what runs there",
     ],
     "kubectl drain {node} --ignore-daemonsets": [
         "empty node {node}", "move all pods off {node}", "get every pod off node {node}", "clear out node {node}",
-        "evacuate node {node}", "evacuate {node}",
+        "evacuate node {node}", "evacuate {node}", "empty out {node} for maintenance",
+        "get {node} ready for maintenance",
     ],
 }  # fmt: skip
 
@@ -88,20 +101,24 @@ EXTRA_OPS: list[tuple[str, list[str], list[str], bool]] = [
      ["status of the {app} rollout", "is deployment {app} fully rolled out"], True),
     ("kubectl port-forward pod/{pod} {port}",
      ["port-forward pod {pod} on port {port}", "forward port {port} to pod {pod}", "forward local {port} to {pod}",
-      "tunnel port {port} of pod {pod} to my machine"],
+      "tunnel port {port} of pod {pod} to my machine", "reach pod {pod} from my machine on port {port}",
+      "connect my laptop to port {port} of pod {pod}", "local access to pod {pod} on {port}"],
      ["open a local port {port} to pod {pod}", "port forward {port} into pod {pod}"], True),
     ("kubectl port-forward service/{app} {port}",
      ["port-forward the {app} service on {port}", "forward port {port} to service {app}",
       "reach the {app} service locally on port {port}", "port-forward svc {app} {port}",
-      "hit the {app} service from my laptop on {port}"],
+      "hit the {app} service from my laptop on {port}", "open the {app} service in my browser on port {port}",
+      "access service {app} locally on {port}"],
      ["forward local port {port} to the {app} service", "tunnel to service {app} on port {port}"], True),
     ("kubectl port-forward service/{app} {lport}:{port}",
      ["forward local port {lport} to port {port} of service {app}", "port-forward svc {app} from {lport} to {port}",
-      "map my port {lport} to the {app} service's port {port}", "map local {lport} onto the {app} svc port {port}"],
+      "map my port {lport} to the {app} service's port {port}", "map local {lport} onto the {app} svc port {port}",
+      "open service {app} on my laptop, local {lport} to its {port}", "{lport} locally to {port} on the {app} service"],
      ["tunnel local {lport} to {app} service port {port}"], True),
     ("kubectl port-forward pod/{pod} {lport}:{port}",
      ["forward local port {lport} to port {port} of pod {pod}", "port-forward pod {pod} from {lport} to {port}",
-      "map my port {lport} to port {port} on pod {pod}", "{lport} on my side to {port} in pod {pod}, port-forward"],
+      "map my port {lport} to port {port} on pod {pod}", "{lport} on my side to {port} in pod {pod}, port-forward",
+      "reach pod {pod} locally, my {lport} to its {port}", "tunnel from my {lport} to {port} on pod {pod}"],
      ["tunnel local {lport} to pod {pod} port {port}"], True),
     ("kubectl set image deployment/{app} {app}={image}",
      ["set the image of {app} to {image}", "use image {image} for the {app} deployment",
@@ -111,7 +128,9 @@ EXTRA_OPS: list[tuple[str, list[str], list[str], bool]] = [
     ("kubectl label {lkind} {lname} {key}={value}",
      ["label {lkind} {lname} with {key}={value}", "add the label {key}={value} to {lkind} {lname}",
       "tag {lkind} {lname} as {key}={value}", "put label {key}={value} on the {lname} {lkind}",
-      "stick a {key}={value} label on the {lname} {lkind}"],
+      "stick a {key}={value} label on the {lname} {lkind}", "{lkind} {lname} needs the label {key}={value}",
+      "put {key}={value} on the {lkind} {lname}", "the {lname} {lkind} should carry {key}={value}",
+      "mark {lkind} {lname} with label {key}={value}"],
      ["give {lkind} {lname} the label {key}={value}", "set label {key}={value} on {lkind} {lname}"], False),
     ("kubectl apply -f {file}",
      ["apply {file}", "apply the manifest {file}", "deploy the file {file}", "create the resources in {file}",
@@ -189,8 +208,12 @@ _NS_FIRST = {False: ["in {ns}: {r}", "{ns} namespace: {r}", "in the {ns} namespa
 IN_NAMESPACE = {False: [" inside {ns}", " over in {ns}", " in the {ns} ns"], True: [" over in the {ns} namespace"]}
 WIDE_WRAPPERS = {False: ["{r}", "{r}", "{r} pls", "{r}?", "{r} thx", "quick one: {r}"], True: ["{r} asap", "yo {r}"]}
 _LABEL_KINDS = ["pod", "node", "deployment", "namespace"]
-_LABEL_KEYS = {False: ["env", "team", "tier", "gpu", "owner", "app"], True: ["zone", "release"]}
-_LABEL_VALUES = {False: ["prod", "ml", "frontend", "true", "alice", "blue"], True: ["east", "canary"]}
+_LABEL_KEYS = {False: ["env", "team", "tier", "gpu", "owner", "app", "accelerator", "cost-center", "region",
+                       "disktype", "version"],
+               True: ["zone", "release", "purpose"]}  # fmt: skip
+_LABEL_VALUES = {False: ["prod", "ml", "frontend", "true", "alice", "blue", "a10", "ssd", "v2", "growth", "eu-west",
+                         "false"],
+                 True: ["east", "canary", "batch"]}  # fmt: skip
 _FILE_FORMS = {False: ["{app}.yaml", "k8s/{app}.yaml", "deploy/{app}-deployment.yaml", "manifests/{app}.yml",
                        "{app}-service.yaml", "k8s/{app}-{part}.yaml", "./manifests/{app}-{part}.yaml",
                        "overlays/{env}/{part}.yaml", "./k8s/{app}.yml", "{part}.yaml"],
@@ -213,9 +236,11 @@ _PUBLIC_IMAGES = {False: ["nginx:1.25-alpine", "nginx:1.27", "redis:7.2", "postg
 _WIDE_KINDS = [*CORE_KINDS, "cronjobs", "daemonsets", "replicasets"]
 _NAME_SUFFIXES = ["", "", "", "", "-api", "-svc", "-v2", "-worker", "-db", "-web", "-service", "-2", "-ui", "-job",
                   "-prod", "-app"]  # fmt: skip
+_NAME_PREFIXES = ["old", "new", "legacy", "internal", "public", "tmp"]
 _ALNUM = "abcdefghijklmnopqrstuvwxyz0123456789"
 _NODE_SHAPES = {False: ["{pool}-{i}", "{pool}-{i}", "ip-10-0-{i}-{j}", "gpu-{i}", "node-{i}", "{pool}-node-{i}",
-                        "ip-10-0-{i}-{j}.ec2.internal", "gke-{pool}-pool-{k}-{hex}-{tail}"],
+                        "ip-10-0-{i}-{j}.ec2.internal", "gke-{pool}-pool-{k}-{hex}-{tail}",
+                        "aks-{pool}{k}-{digits}-vmss{serial}"],
                 True: ["{pool}-{i}", "ip-172-31-{i}-{j}", "worker-{pool}-{i}",
                        "ip-192-168-{i}-{j}.us-west-2.compute.internal"]}  # fmt: skip
 _NAMESPACE_SHAPES = ["{ns}", "{ns}", "{ns}", "team-{word}", "{ns}-{i}", "{word}-{ns}"]
@@ -232,6 +257,8 @@ def names(rng: random.Random, held_out: bool, words: list[str], namespaces: list
     app = rng.choice(words)
     if rng.random() < 0.15:
         app = f"{app}-{rng.choice(words)}"
+    if rng.random() < 0.08:
+        app = f"{rng.choice(_NAME_PREFIXES)}-{app}"
     app += rng.choice(_NAME_SUFFIXES)
     pod = rng.choice([f"{app}-{rng.randint(0, 9)}", f"{app}-{_random(rng, 5)}-{_random(rng, 5)}",
                       f"{app}-{_random(rng, 9)}-{_random(rng, 5)}", f"{app}-{rng.randint(0, 3)}"])  # fmt: skip
@@ -242,6 +269,8 @@ def names(rng: random.Random, held_out: bool, words: list[str], namespaces: list
         k=rng.randint(1, 4),
         hex="".join(rng.choice("0123456789abcdef") for _ in range(8)),
         tail=_random(rng, 4),
+        digits=rng.randint(10000, 99999),
+        serial=f"{rng.randint(0, 30):06d}",
     )
     major, minor, patch = rng.randint(0, 9), rng.randint(0, 20), rng.randint(0, 9)
     tag = rng.choice([f"v{major}.{minor}", f"{major}.{minor}.{patch}", f"v{major}.{minor}.{patch}-rc{patch + 1}",
@@ -323,3 +352,16 @@ def typo(rng: random.Random, text: str, protected: set[str]) -> str:
 
 def unsupported_request(rng: random.Random, held_out: bool, values: dict[str, Any]) -> str:
     return rng.choice(UNSUPPORTED[held_out]).format(**values)
+
+
+def fit_values(rng: random.Random, command: str, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values for one request and for its command: a pod a command deletes or describes is named like a pod
+    (``web-7d9f8-x2k4q``, as ``logs`` names it), and a quarter of small replica counts are spelt out in the request
+    ("scale web to three") while the command keeps the digit."""
+    values = dict(values)
+    if "{kind}" in command and values["kind"] == "pod" and rng.random() < 0.7:
+        values["app"] = values["pod"]
+    spoken = dict(values)
+    if "{n}" in command and values["n"] < len(NUMBER_WORDS) and rng.random() < 0.25:
+        spoken["n"] = NUMBER_WORDS[values["n"]]
+    return spoken, values

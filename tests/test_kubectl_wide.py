@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from playground.blueprints import get_blueprint
+from playground.kubectl_guard import _object  # the object a command changes
 from playground.train import kubectl_wide
 from playground.train.data import synthetic_splits
 from playground.train.kubectl_reward import _KINDS as KINDS
@@ -138,16 +139,12 @@ def test_pods_are_named_like_pods_and_small_counts_are_sometimes_spelt_out(gener
     """A pod that ``delete`` or ``describe`` names looks like one (``web-7d9f8-x2k4q``, ``web-3``), as ``logs``
     names it; "scale web to three" keeps the digit in the command."""
     pods = [parse(s.answer) for s in generated if s.answer.startswith(("kubectl delete pod ", "kubectl describe pod "))]
-    pod_shaped = [c for c in pods if re.search(r"-([a-z0-9]{5}|\d)$", _object_of(c))]
+    pod_shaped = [c for c in pods if re.search(r"-([a-z0-9]{5}|\d)$", _object(c) or "")]
     assert len(pods) > 50 and len(pod_shaped) / len(pods) > 0.5
     scales = [(s, parse(s.answer)) for s in generated if s.answer.startswith("kubectl scale ")]
     small = [(s, dict(c.flags)["--replicas"]) for s, c in scales if int(dict(c.flags)["--replicas"]) <= 12]
     spelt = [s for s, n in small if kubectl_wide.NUMBER_WORDS[int(n)] in _normal(s.prompt).split()]
     assert 0.1 < len(spelt) / len(small) < 0.4
-
-
-def _object_of(command) -> str:
-    return next(arg for arg in command.args if arg not in KINDS)
 
 
 def test_the_core_task_has_only_the_core_operations() -> None:

@@ -284,12 +284,25 @@ def check(request: str, answer: str) -> Verdict:
     unsupported = _unsupported_operation(words, command, request)
     if unsupported:
         return Verdict(False, f"'{unsupported}' is not a change this model was taught")
-    if command.verb == "create namespace" and said_kinds - {"namespace"}:  # "create a networkpolicy … db namespace"
-        return Verdict(False, f"the request creates a {sorted(said_kinds - {'namespace'})[0]}, not a namespace")
+    created = _kind_created(lowered) if command.verb == "create namespace" else None
+    if created and created != "namespace":  # "create a networkpolicy … db namespace"; not "an ns for the jobs team"
+        return Verdict(False, f"the request creates a {created}, not a namespace")
     bulk = any(word == cue or _typo(word, cue) for word in words for cue in _BULK_WORDS)  # "evry"; not "allocator"
     if command.verb in _BULK_VERBS and (bulk or any(f == "--all" for f, _ in command.flags)):
         return Verdict(False, "changes to everything at once are not supported")
     return Verdict(True, "")
+
+
+_CREATING = re.compile(r"\b(?:create|make|add|new|set up|spin up|need)\b")
+
+
+def _kind_created(lowered: str) -> str | None:
+    """The first kind named in the four words after a creating word ("create a networkpolicy …" → networkpolicy)."""
+    for cue in _CREATING.finditer(lowered):
+        for word in re.findall(r"(?<![\w-])[a-z]+(?![\w-])", " ".join(lowered[cue.end() :].split()[:4])):
+            if word in _SAID_KINDS:
+                return _SAID_KINDS[word]
+    return None
 
 
 def guard(request: str, answer: str) -> str:

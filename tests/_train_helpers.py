@@ -10,9 +10,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from playground.events import Event, Log, Metric, Phase, Progress, parse_line
 
@@ -129,3 +130,30 @@ def busy_processes(count: int) -> Iterator[list[subprocess.Popen]]:
             proc.kill()
         for proc in procs:
             proc.wait(timeout=10)
+
+
+@contextmanager
+def threads_asked_back(run: Any) -> Iterator[int]:
+    """The thread guard of a spinning run (an SFT Recipe or a TrlRecipe) on this machine's real CPU pressure: more
+    busy processes than cores until the guard asks for half the threads; yields the full count (restored after)."""
+    import pytest
+    import torch
+
+    from playground.train import cpu_share
+
+    full = torch.get_num_threads()
+    if full < 2:
+        pytest.skip("one CPU thread: nothing to give back")
+    guard = cpu_share.ThreadGuard(full, period=0.2, settle=0.0)
+    run.runtime = replace(run.runtime, thread_guard=guard)
+    try:
+        with busy_processes(cpu_share.available_cores() + 1):
+            guard.watch()
+            deadline = time.monotonic() + 30
+            while guard.wanted == full and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert guard.wanted == full // 2, "the busy processes made no CPU pressure the guard saw"
+            yield full
+    finally:
+        guard.stop()
+        torch.set_num_threads(full)

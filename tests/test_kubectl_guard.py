@@ -28,6 +28,8 @@ from playground.kubectl_guard import REFUSAL, check, guard
         ("scale web to 3 replicas, cpu is high", "kubectl scale deployment web --replicas=3"),  # "cpu" is not "cp"
         ("can u shrink orders-v3 to just two pods", "kubectl scale deployment orders-v3 --replicas=2"),  # "two" is 2
         ("we need an ns called hack-2025", "kubectl create namespace hack-2025"),
+        ("we need an ns named ml for the jobs team", "kubectl create namespace ml"),  # "jobs" is not what it creates
+        ("make a new namespace payments for the pods of the shop", "kubectl create namespace payments"),
         ("evacuate node ip-10-0-3-201 first", "kubectl drain ip-10-0-3-201 --ignore-daemonsets"),
         ("stop scheduling stuff on gke-pool-a-3", "kubectl cordon gke-pool-a-3"),  # "on" names a node here
         ("how do i list the pods?", "kubectl get pods"),  # a question, but a read: shown
@@ -166,6 +168,7 @@ def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -
         # ... and from the dev split, by a model of the operation-balanced generator (2026-11-28, evening)
         ("create a networkpolicy that blocks everything into the db namespace", "kubectl create namespace db",
          "creates a networkpolicy, not a namespace"),
+        ("we need a new configmap in the ml namespace", "kubectl create namespace ml", "creates a configmap"),
     ],
 )  # fmt: skip
 def test_unasked_changes_are_held_back_with_the_reason(request_text: str, answer: str, reason: str) -> None:

@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from _train_helpers import trainer_status_server
+from _train_helpers import threads_asked_back, trainer_status_server
 
 from playground.events import Log, Metric, Phase, Progress, parse_line
+from playground.train import cpu_share
 from playground.train.kubectl_reward import (
     EQUIVALENT,
     RIGHT_VERB_AND_RESOURCE,
@@ -205,6 +206,38 @@ def test_grpo_warm_starts_samples_and_resumes(tiny_qwen: Path, tmp_path: Path) -
         assert isinstance(metrics[name], float), name
     resumed = _check_resume("smollm2-135m-grpo-kubectl", tiny_qwen, tmp_path / "out", sets, events)
     assert not any(isinstance(e, Log) and e.line.startswith("warm start") for e in resumed)  # not trained again
+
+
+@pytest.mark.skipif(cpu_share.pressure_avg10() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
+def test_a_methods_held_out_answers_give_cpu_threads_back(tiny_qwen: Path, tmp_path: Path) -> None:
+    """DPO's and GRPO's evaluation (``TrlRecipe.evaluate_model``: greedy answers, a minute on 2 cores) applies the
+    thread guard's ask between its batches, as their training steps do."""
+    import io
+
+    import torch
+
+    from playground.blueprints import get_blueprint
+    from playground.train.dpo import DpoRecipe
+    from playground.train.reporting import Reporter
+    from playground.train.settings import TrainSpec
+
+    blueprint = get_blueprint("smollm2-135m-dpo-kubectl")
+    params = blueprint.resolve_params({"max_steps": 2, "batch_size": 2, "num_eval_examples": 10})
+    stream = io.StringIO()
+    run = DpoRecipe(
+        TrainSpec(blueprint, params, tmp_path / "out", str(tiny_qwen), blueprint.dataset.source),
+        Reporter(enabled=True, stream=stream),
+    )
+    run.setup()
+    answered: list[tuple[int, int]] = []
+    try:
+        with threads_asked_back(run) as full:
+            figures = run.evaluate_model(run.trainer.model, step=0, on_answered=lambda *done: answered.append(done))
+            assert torch.get_num_threads() == full // 2 == run.runtime.thread_guard.threads
+    finally:
+        run.cleanup()
+    assert f"CPU threads {full} → {full // 2}: other processes wait for the CPU" in stream.getvalue()
+    assert answered and answered[-1] == (10, 10) and "eval_exact_match" in figures  # the caller's progress too
 
 
 def test_a_method_refuses_data_it_cannot_use(tiny_qwen: Path, tmp_path: Path) -> None:

@@ -3,17 +3,14 @@ torch-free settings they read."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import io
 import math
-import time
-from collections.abc import Iterator
 from dataclasses import MISSING, fields, replace
 from pathlib import Path
 
 import pytest
-from _train_helpers import busy_processes
+from _train_helpers import threads_asked_back
 
 from playground.blueprints import TRAINING_DEFAULTS, get_blueprint
 from playground.events import Progress, parse_line
@@ -130,30 +127,6 @@ def test_loop_checkpoint_restore_and_mfu_after_warmup(stages: recipe.Recipe, mon
     assert fresh.scheduler.last_epoch == STEPS
 
 
-@contextlib.contextmanager
-def _threads_asked_back(run: recipe.Recipe) -> Iterator[int]:
-    """A spinning run's thread guard on this machine's real CPU pressure: more busy processes than cores until the
-    guard asks for half the threads; yields the full count (restored after)."""
-    import torch
-
-    full = torch.get_num_threads()
-    if full < 2:
-        pytest.skip("one CPU thread: nothing to give back")
-    guard = cpu_share.ThreadGuard(full, period=0.2, settle=0.0)
-    run.runtime = replace(run.runtime, thread_guard=guard)
-    try:
-        with busy_processes(cpu_share.available_cores() + 1):
-            guard.watch()
-            deadline = time.monotonic() + 30
-            while guard.wanted == full and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert guard.wanted == full // 2, "the busy processes made no CPU pressure the guard saw"
-            yield full
-    finally:
-        guard.stop()
-        torch.set_num_threads(full)
-
-
 @pytest.mark.skipif(cpu_share.pressure_avg10() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
 def test_the_loop_gives_cpu_threads_back_while_other_processes_wait(stages: recipe.Recipe) -> None:
     """With more busy processes than cores, the loop drops to half its threads between steps and says so in its log."""
@@ -163,7 +136,7 @@ def test_the_loop_gives_cpu_threads_back_while_other_processes_wait(stages: reci
     run.optim = recipe.setup_optimizer(run)
     run.state = recipe.restore(run)
     run.reporter, stream = _reporter()
-    with _threads_asked_back(run) as full:
+    with threads_asked_back(run) as full:
         recipe.train_loop(run)
         assert torch.get_num_threads() == full // 2 == run.runtime.thread_guard.threads
     assert f"CPU threads {full} → {full // 2}: other processes wait for the CPU" in stream.getvalue()
@@ -178,7 +151,7 @@ def test_the_held_out_answers_give_cpu_threads_back_too(stages: recipe.Recipe) -
     run = stages
     run.reporter, stream = _reporter()
     answered: list[tuple[int, int]] = []
-    with _threads_asked_back(run) as full:
+    with threads_asked_back(run) as full:
         recipe.held_out_exact_match(run, unwrap(run.model.model), lambda done, total: answered.append((done, total)))
         assert torch.get_num_threads() == full // 2
     assert f"CPU threads {full} → {full // 2}: other processes wait for the CPU" in stream.getvalue()

@@ -116,7 +116,8 @@ def test_the_wide_task_mixes_typos_word_orders_and_refusals(generated) -> None:
 
 
 def _known_words() -> set[str]:
-    text = json.dumps([kubectl_wide.EXTRA_PHRASINGS, kubectl_wide.EXTRA_OPS, kubectl_wide.UNSUPPORTED])
+    text = json.dumps([kubectl_wide.EXTRA_PHRASINGS, kubectl_wide.EXTRA_OPS, kubectl_wide.UNSUPPORTED,
+                       kubectl_wide.REASONS, kubectl_wide.ANY_REASON])  # fmt: skip
     from playground.train import data
 
     text += json.dumps([data._KUBECTL_OPS, data._IN_NAMESPACE, data._WRAPPERS, kubectl_wide.WIDE_WRAPPERS,
@@ -145,6 +146,46 @@ def test_pods_are_named_like_pods_and_small_counts_are_sometimes_spelt_out(gener
     small = [(s, dict(c.flags)["--replicas"]) for s, c in scales if int(dict(c.flags)["--replicas"]) <= 12]
     spelt = [s for s, n in small if kubectl_wide.NUMBER_WORDS[int(n)] in _normal(s.prompt).split()]
     assert 0.1 < len(spelt) / len(small) < 0.4
+
+
+def _reason_pattern(reason: str) -> re.Pattern:
+    return re.compile(re.escape(reason).replace(r"\{port\}", r"\d+"), re.IGNORECASE)
+
+
+def test_a_reason_fraction_says_why_and_the_why_never_changes_the_command() -> None:
+    """With ``reason_fraction``, a request "drain gpu-7 so we can reboot it" is a drain: a reason names other verbs
+    (reboot, upgrade, crash) but the command is the request's. The held-out set (the 3-minute bar's) has none."""
+    from playground.train.data import _KUBECTL_OPS
+
+    templates = {command for command, *_ in kubectl_wide.wide_ops(_KUBECTL_OPS)}
+    assert set(kubectl_wide.REASONS) <= templates  # a misspelt key would never be used
+    options = {**WIDE, "general_fraction": 0.0, "reason_fraction": 0.2}
+    train, held = synthetic_splits("kubectl", options, num_train=4000, num_eval=300, seed=3)
+    verb_of = {t: parse(t.format_map(_Placeholder())).verb for t in kubectl_wide.REASONS}
+    own = [(_reason_pattern(r), t) for t, reasons in kubectl_wide.REASONS.items() for r in reasons]
+    anyone = [_reason_pattern(r) for r in kubectl_wide.ANY_REASON]
+    with_own, with_any = [], []
+    for sample in train:
+        verbs = {verb_of[t] for pattern, t in own if pattern.search(sample.prompt)}
+        if verbs:
+            with_own.append(sample)
+            assert parse(sample.answer).verb in verbs, (sample.prompt, sample.answer)
+        elif any(p.search(sample.prompt) for p in anyone):
+            with_any.append(sample)
+    assert 0.08 < (len(with_own) + len(with_any)) / len(train) < 0.3  # some carry a typo in the reason
+    assert len({parse(s.answer).verb for s in with_own}) >= 10
+    assert any(s.answer == kubectl_wide.REFUSAL for s in with_any)  # a reason does not make a request supported
+    assert not [s for s in held if any(p.search(s.prompt) for p, _ in own) or any(p.search(s.prompt) for p in anyone)]
+    # off by default (measured: no gain on the unread test split, 0.035 less held-out): the rows are the same as
+    # without the option
+    default, _ = synthetic_splits("kubectl", {**WIDE, "general_fraction": 0.0}, num_train=4000, num_eval=300, seed=3)
+    unchanged = synthetic_splits("kubectl", {**options, "reason_fraction": 0.0}, num_train=4000, num_eval=300, seed=3)
+    assert default == unchanged[0] and not [s for s in default if any(p.search(s.prompt) for p in anyone)]
+
+
+class _Placeholder(dict):
+    def __missing__(self, key: str) -> str:
+        return {"n": "1", "port": "80", "lport": "8080", "kind": "pod", "kinds": "pods"}.get(key, f"x-{key}")
 
 
 def test_the_core_task_has_only_the_core_operations() -> None:

@@ -154,7 +154,8 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
     for ``general_fraction`` of them, a general question with the base model's own answer).
 
     ``operations: wide`` (playground/train/kubectl_wide.py): more operations and phrasings, the namespace said
-    first, a ``typo_fraction`` of requests mistyped, and an ``unsupported_fraction`` of requests no supported
+    first, a ``reason_fraction`` of training requests (default 0) with why they are asked after them ("…, it's
+    stuck"), a ``typo_fraction`` of requests mistyped, and an ``unsupported_fraction`` of requests no supported
     operation answers, with the refusal as their answer."""
     if not held_out and rng.random() < float(options.get("general_fraction", 0.2)):
         return rng.choice(general_answers())
@@ -181,6 +182,7 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
         values.update(kubectl_wide.extra_values(rng, held_out, values))
     if wide and rng.random() < float(options.get("unsupported_fraction", 0.15)):
         request, answer, namespaced = kubectl_wide.unsupported_request(rng, unseen, values), kubectl_wide.REFUSAL, False
+        spoken = values
     else:
         spoken = values
         if wide:
@@ -200,6 +202,9 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
             suffixes = _IN_NAMESPACE[unseen] + (kubectl_wide.IN_NAMESPACE[unseen] if wide else [])
             request += rng.choice(suffixes).format(ns=namespace)
         answer += f" -n {namespace}"
+    reason_fraction = float(options.get("reason_fraction", 0.0)) if wide and not held_out else 0.0
+    if reason_fraction and rng.random() < reason_fraction:
+        request = kubectl_wide.with_reason(rng, request, None if answer == kubectl_wide.REFUSAL else command, spoken)
     if not wide:
         wrappers = _WRAPPERS
     elif first:

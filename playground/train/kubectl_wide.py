@@ -202,6 +202,69 @@ UNSUPPORTED: dict[bool, list[str]] = {
 }  # fmt: skip
 _USERS = ["alice", "bob", "ci-bot", "dana", "sam"]
 
+# Why a visitor asks, said after the request ("drain gpu-7 so we can reboot it", "restart api, config changed"): the
+# why names other verbs (reboot, upgrade, crash) but never changes what is asked. The dataset option
+# ``reason_fraction`` puts one after that share of the training rows (the held-out set stays the 3-minute bar's); keyed
+# by the command, with reasons any request may carry. Off by default: at 0.2 four seeds gained nothing on the unread
+# test split and lost 0.035 held-out (benchmarks/README.md, "Reasons after the request").
+REASONS: dict[str, list[str]] = {
+    "kubectl scale deployment {app} --replicas={n}": [
+        ", traffic is spiking", " for the launch tonight", ", we're saving money", ", the load test starts soon",
+        ", it's costing too much", " until the incident is over", ", marketing sends the newsletter at noon",
+    ],
+    "kubectl logs {pod}": [
+        ", it keeps crashing", ", it keeps returning 500s", ", something broke at 3am", ", it restarted twice",
+        " so I can see why it failed", ", users see errors",
+    ],
+    "kubectl describe {kind} {app}": [
+        ", it's stuck pending", ", it keeps restarting", ", something looks off", ", it won't come up",
+        " so I can see its events",
+    ],
+    "kubectl delete {kind} {app}": [
+        ", nobody uses it anymore", ", the demo is over", ", it's finished", ", it's broken anyway",
+        ", it was a test", " so we can start clean",
+    ],
+    "kubectl rollout restart deployment {app}": [
+        ", the config changed", ", it's leaking memory", " so it picks up the new secret", ", it cached bad data",
+        ", it's hanging", " so the pods reload their config",
+    ],
+    "kubectl create namespace {new_ns}": [" for the new team", " for the hackathon", ", it's for the pilot"],
+    "kubectl expose deployment {app} --port={port}": [
+        " so other pods can reach it", ", the frontend needs to call it", " so the team can test it",
+    ],
+    "kubectl set image deployment/{app} {app}={app}:{tag}": [
+        ", the fix is in that tag", ", QA signed it off", ", it has the security patch", " before the release",
+    ],
+    "kubectl set image deployment/{app} {app}={image}": [", the old image has a CVE", ", that build is tested"],
+    "kubectl cordon {node}": [
+        " so we can reboot it later", ", its disk looks bad", ", we're replacing that vm", ", hardware issue",
+        " before the kernel upgrade", ", the hardware team is looking at it", ", we want to upgrade it tomorrow",
+    ],
+    "kubectl drain {node} --ignore-daemonsets": [
+        " so we can reboot it", " before we upgrade the kernel", ", it's getting recycled", ", we're replacing it",
+        ", the firmware update starts soon", " before it gets terminated", ", maintenance starts in 5 minutes",
+    ],
+    "kubectl uncordon {node}": [", maintenance is done", ", the reboot finished", ", the disk was replaced"],
+    "kubectl rollout undo deployment {app}": [
+        ", the last deploy broke it", ", the new version is throwing errors", ", customers see 500s",
+    ],
+    "kubectl rollout status deployment {app}": [", my manager is asking", ", the release is waiting on it"],
+    "kubectl port-forward pod/{pod} {port}": [" so I can debug it", ", I want to poke at it locally"],
+    "kubectl port-forward service/{app} {port}": [" so I can open it in my browser", ", I want to test it locally"],
+    "kubectl port-forward service/{app} {lport}:{port}": [", my {port} is taken locally", " so I can test it"],
+    "kubectl port-forward pod/{pod} {lport}:{port}": [", my {port} is taken locally", " so I can debug it"],
+    "kubectl label {lkind} {lname} {key}={value}": [
+        " so the scheduler can pick it", ", the cost report needs it", " so the policy matches it",
+    ],
+    "kubectl apply -f {file}": [", I edited it", ", the team changed it", ", it has the new limits"],
+    "kubectl top pods": [", something feels slow", ", the node is under pressure"],
+    "kubectl top nodes": [", the cluster feels slow", ", we may need more machines"],
+    "kubectl get events": [", something is off", ", pods keep failing"],
+    "kubectl get nodes": [", want to see if the new ones joined", " after the upgrade"],
+}  # fmt: skip
+ANY_REASON = [", it's urgent", ", my boss is asking", " asap, we're in an incident", ", I'm on call",
+              ", thanks in advance"]  # fmt: skip
+
 _NS_FIRST = {False: ["in {ns}: {r}", "{ns} namespace: {r}", "in the {ns} namespace, {r}", "on {ns}, {r}",
                     "{ns} ns: {r}", "in {ns} {r}"],
              True: ["for the {ns} namespace: {r}", "namespace {ns}, {r}"]}  # fmt: skip
@@ -365,3 +428,11 @@ def fit_values(rng: random.Random, command: str, values: dict[str, Any]) -> tupl
     if "{n}" in command and values["n"] < len(NUMBER_WORDS) and rng.random() < 0.25:
         spoken["n"] = NUMBER_WORDS[values["n"]]
     return spoken, values
+
+
+def with_reason(rng: random.Random, request: str, command: str | None, values: dict[str, Any]) -> str:
+    """``request`` with a reason after it ("drain gpu-7 so we can reboot it"): the operation's own reasons, or one any
+    request may carry. ``command`` is None for a request no command answers (the reason does not make it one)."""
+    own = REASONS.get(command or "", [])
+    reason = rng.choice(own if own and rng.random() < 0.8 else ANY_REASON)
+    return request + reason.format(**values)

@@ -180,11 +180,10 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
     if wide:
         values.update(kubectl_wide.names(rng, held_out, _APPS[held_out], _NAMESPACES[held_out], _NODE_POOLS[held_out]))
         values.update(kubectl_wide.extra_values(rng, held_out, values))
+    spoken = values
     if wide and rng.random() < float(options.get("unsupported_fraction", 0.15)):
         request, answer, namespaced = kubectl_wide.unsupported_request(rng, unseen, values), kubectl_wide.REFUSAL, False
-        spoken = values
     else:
-        spoken = values
         if wide:
             spoken, values = kubectl_wide.fit_values(rng, command, values)
         request = rng.choice(held_phrasings if unseen else train_phrasings).format(**spoken)

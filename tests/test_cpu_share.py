@@ -3,6 +3,8 @@ trainer's thread guard decides. The guard on real pressure, inside the training 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from playground.train import cpu_share
@@ -133,6 +135,51 @@ def test_the_cpu_quota_is_the_tightest_of_the_process_cgroup_and_its_parents(tmp
     self_cgroup.write_text("4:memory:/x\n1:cpu:/\n")  # cgroup v1 only: the root's file, as before
     assert cpu_share.quota_cores(self_cgroup, root) == 2.0
     assert cpu_share.quota_cores(tmp_path / "missing", tmp_path / "none") is None
+
+
+@pytest.mark.skipif(cpu_share.available_cores() < 2, reason="one core: a quota below the affinity mask needs two")
+def test_a_pod_under_a_cpu_quota_starts_from_its_own_use_not_the_hosts_cores(tmp_path) -> None:
+    """A pod with a CPU limit of 1.5 cores, not pinned: every core of the host is in its affinity mask, so the host's
+    busy cores said nothing of the pod. Its start decision reads its quota's cgroup: idle while the host is busy and
+    the pod uses nothing; busy while the pod's own tasks use 0.8 of a core."""
+    import threading
+
+    from _train_helpers import busy_processes
+
+    root = tmp_path / "cgroup"
+    pod = root / "kubepods.slice" / "pod-1"
+    container = pod / "trainer"
+    container.mkdir(parents=True)
+    (pod / "cpu.max").write_text("150000 100000\n")
+    (container / "cpu.max").write_text("max 100000\n")
+    (container / "cpu.pressure").write_text("some avg10=0.50 avg60=0.40 avg300=0.10 total=123456\n")
+    (pod / "cpu.stat").write_text("usage_usec 5000000\nuser_usec 4000000\nsystem_usec 1000000\n")
+    self_cgroup = tmp_path / "self-cgroup"
+    self_cgroup.write_text("0::/kubepods.slice/pod-1/trainer\n")
+    assert cpu_share.quota_cgroup(self_cgroup, root) == (1.5, pod)
+    assert cpu_share.cgroup_cpu_seconds(pod) == 5.0 and cpu_share.cgroup_cpu_seconds(container) is None
+    with busy_processes(cpu_share.available_cores()):  # the host's cores are busy; the pod's own use is nil
+        assert cpu_share.busy_cores(0.3, self_cgroup, root) == (0.0, 1)
+        assert cpu_share.machine_idle(0.3, self_cgroup, root) is True
+
+    stop = threading.Event()
+
+    def pod_tasks_use_cpu() -> None:  # usage_usec grows by 0.8 s per second, as the kernel would write it
+        started = time.monotonic()
+        while not stop.wait(0.01):
+            written = pod / "cpu.stat.new"  # replaced whole: a reader never sees a half-written file
+            written.write_text(f"usage_usec {5_000_000 + int(800_000 * (time.monotonic() - started))}\n")
+            written.replace(pod / "cpu.stat")
+
+    writer = threading.Thread(target=pod_tasks_use_cpu, daemon=True)
+    writer.start()
+    try:
+        busy, cores = cpu_share.busy_cores(0.5, self_cgroup, root)
+        assert 0.4 < busy < 1.0 and cores == 1
+        assert cpu_share.machine_idle(0.5, self_cgroup, root) is False
+    finally:
+        stop.set()
+        writer.join()
 
 
 def test_idle_cores_count_the_cores_this_process_may_use() -> None:

@@ -16,6 +16,7 @@ its cores sat idle (their lines of ``/proc/stat``); while others wait it halves 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -79,9 +80,10 @@ def pressure_file(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_RO
     return own if _read_psi_some(own, "total") is not None else PRESSURE
 
 
-def quota_cores(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> float | None:
-    """The CPU quota this process runs under, in cores: the tightest ``cpu.max`` of its cgroup v2 directory and
-    every one above it (a limit set on a parent holds for its children), or None where none is set."""
+def quota_cgroup(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> tuple[float, Path] | None:
+    """The CPU quota this process runs under, in cores, and the cgroup that sets it: the tightest ``cpu.max`` of its
+    cgroup v2 directory and every one above it (a limit set on a parent holds for its children), or None where none
+    is set."""
     tightest = None
     for directory in cgroup_dirs(self_cgroup, cgroup_root):
         try:
@@ -89,9 +91,27 @@ def quota_cores(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT
             cores = int(quota) / int(period) if quota != "max" else None
         except (OSError, ValueError, ZeroDivisionError):
             continue
-        if cores is not None and (tightest is None or cores < tightest):
-            tightest = cores
+        if cores is not None and (tightest is None or cores < tightest[0]):
+            tightest = (cores, directory)
     return tightest
+
+
+def quota_cores(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> float | None:
+    """:func:`quota_cgroup`'s cores, or None where no quota is set."""
+    found = quota_cgroup(self_cgroup, cgroup_root)
+    return found[0] if found is not None else None
+
+
+def cgroup_cpu_seconds(directory: Path) -> float | None:
+    """CPU seconds the tasks of a cgroup v2 directory have used (``cpu.stat``'s ``usage_usec``), or None."""
+    try:
+        for line in (directory / "cpu.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "usage_usec":
+                return int(value) / 1e6
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _psi_some(field: str) -> float | None:
@@ -110,19 +130,38 @@ def idle_at_start(pressure_avg10: float, busy_cores: float, cores: int) -> bool:
     return pressure_avg10 < BUSY_PRESSURE and busy_cores < cores / 2 - BUSY_MARGIN
 
 
-def machine_idle(window: float = 0.5) -> bool | None:
-    """Whether nothing else wants this process's cores now (:func:`idle_at_start`), their busy share read from their
-    own /proc/stat lines over ``window`` seconds while this process sleeps: a pod pinned to its cores on a busy node
-    looks at those, and a run that just ended does not count (the load average would still count it). None without
-    Linux PSI."""
-    avg10 = pressure_avg10()
+def busy_cores(
+    window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT
+) -> tuple[float, int]:
+    """How many cores others keep busy while this process sleeps ``window`` seconds, and out of how many it may use.
+    Under a CPU quota smaller than its affinity mask (a pod with a CPU limit, not pinned to cores) that is the
+    quota's cgroup's own use against the quota's whole cores: the host's other cores are not its to take. Elsewhere
+    the affinity mask's cores, from their own /proc/stat lines (a pod pinned to its cores on a busy node looks at
+    those)."""
+    cpus = _affinity()
+    quota = quota_cgroup(self_cgroup, cgroup_root)
+    if quota is not None and quota[0] < len(cpus):
+        cores, directory = max(1, math.floor(quota[0])), quota[1]
+        started, before = time.monotonic(), cgroup_cpu_seconds(directory)
+        if before is not None:
+            time.sleep(window)
+            after = cgroup_cpu_seconds(directory)
+            if after is not None:
+                return (after - before) / max(time.monotonic() - started, 1e-3), cores
+    before_jiffies = idle_jiffies(cpus)
+    time.sleep(window)
+    return len(cpus) - idle_cores(before_jiffies, idle_jiffies(cpus), len(cpus)), len(cpus)
+
+
+def machine_idle(window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> bool | None:
+    """Whether nothing else wants this process's cores now (:func:`idle_at_start`): the CPU pressure of its cgroup or
+    machine and :func:`busy_cores` over ``window`` seconds (a run that just ended does not count; the load average
+    would still count it). None without Linux PSI."""
+    avg10 = _read_psi_some(pressure_file(self_cgroup, cgroup_root), "avg10")
     if avg10 is None:
         return None
-    cpus = _affinity()
-    before = idle_jiffies(cpus)
-    time.sleep(window)
-    busy = len(cpus) - idle_cores(before, idle_jiffies(cpus), len(cpus))
-    return idle_at_start(avg10, busy, len(cpus))
+    busy, cores = busy_cores(window, self_cgroup, cgroup_root)
+    return idle_at_start(avg10, busy, cores)
 
 
 def choose_wait_policy(environ: MutableMapping[str, str] | None = None, argv: list[str] | None = None) -> str:

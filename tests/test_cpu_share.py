@@ -182,6 +182,63 @@ def test_a_pod_under_a_cpu_quota_starts_from_its_own_use_not_the_hosts_cores(tmp
         writer.join()
 
 
+@pytest.mark.skipif(cpu_share.available_cores() < 2, reason="one core: a quota below the affinity mask needs two")
+def test_a_guard_under_a_cpu_quota_takes_threads_back_only_when_the_quota_is_free(tmp_path) -> None:
+    """A spinning trainer in a pod limited to 1.5 cores (not pinned) halves its threads while its cgroup's tasks wait,
+    keeps one while the pod's other tasks still use most of the quota (the host's idle cores are not the pod's), and
+    takes two back once the pod's use falls. The cgroup's files move as the kernel would write them."""
+    import threading
+
+    import torch
+
+    root = tmp_path / "cgroup"
+    pod = root / "kubepods.slice" / "pod-1"
+    pod.mkdir(parents=True)
+    (pod / "cpu.max").write_text("150000 100000\n")
+    self_cgroup = tmp_path / "self-cgroup"
+    self_cgroup.write_text("0::/kubepods.slice/pod-1\n")
+    rates = {"waited": 0.5, "used": 1.5}  # seconds per second: tasks waiting for a CPU, CPU the pod's tasks use
+    stop = threading.Event()
+
+    def kernel() -> None:
+        waited = used = 0.0
+        last = time.monotonic()
+        while True:
+            now = time.monotonic()
+            waited, used, last = waited + rates["waited"] * (now - last), used + rates["used"] * (now - last), now
+            for name, text in (("cpu.pressure", f"some avg10=0.00 avg60=0.00 avg300=0.00 total={int(waited * 1e6)}\n"),
+                               ("cpu.stat", f"usage_usec {int(used * 1e6)}\n")):  # fmt: skip
+                (pod / f"{name}.new").write_text(text)
+                (pod / f"{name}.new").replace(pod / name)  # whole: a reader never sees half a file
+            if stop.wait(0.01):
+                return
+
+    def asks_for(threads: int, within: float = 10.0) -> bool:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and guard.wanted != threads:
+            time.sleep(0.02)
+        return guard.wanted == threads
+
+    writer = threading.Thread(target=kernel, daemon=True)
+    writer.start()
+    torch_threads = torch.get_num_threads()
+    guard = cpu_share.ThreadGuard(2, period=0.25, settle=0.0, self_cgroup=self_cgroup, cgroup_root=root)
+    try:
+        guard.watch()
+        assert asks_for(1)  # the pod's tasks wait: give a thread back
+        assert guard.apply() == "CPU threads 2 → 1: other processes wait for the CPU"
+        rates.update(waited=0.0, used=1.4)  # nobody waits now, but the pod's tasks use 1.4 of its 1.5 cores
+        assert not asks_for(2, within=1.5)
+        rates.update(used=0.5)  # the others are done: 1 of the 1.5 cores sits idle
+        assert asks_for(2)
+        assert guard.apply() == "CPU threads 1 → 2: the CPU is free again"
+    finally:
+        guard.stop()
+        stop.set()
+        writer.join()
+        torch.set_num_threads(torch_threads)
+
+
 def test_idle_cores_count_the_cores_this_process_may_use() -> None:
     """A trainer pinned to cpu1 of a host whose cpu0 is busy sees its one core idle (the aggregate line would say
     half a core); over every CPU the per-core lines add up to the aggregate line."""

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 SETTING = "PLAYGROUND_CPU_WAIT"  # auto | spin | passive
 DEFAULTED = "PLAYGROUND_OMP_WAIT_DEFAULT"  # marks an OMP_WAIT_POLICY a playground process chose, not its caller
@@ -133,24 +134,13 @@ def idle_at_start(pressure_avg10: float, busy_cores: float, cores: int) -> bool:
 def busy_cores(
     window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT
 ) -> tuple[float, int]:
-    """How many cores others keep busy while this process sleeps ``window`` seconds, and out of how many it may use.
-    Under a CPU quota smaller than its affinity mask (a pod with a CPU limit, not pinned to cores) that is the
-    quota's cgroup's own use against the quota's whole cores: the host's other cores are not its to take. Elsewhere
-    the affinity mask's cores, from their own /proc/stat lines (a pod pinned to its cores on a busy node looks at
-    those)."""
-    cpus = _affinity()
-    quota = quota_cgroup(self_cgroup, cgroup_root)
-    if quota is not None and quota[0] < len(cpus):
-        cores, directory = max(1, math.floor(quota[0])), quota[1]
-        started, before = time.monotonic(), cgroup_cpu_seconds(directory)
-        if before is not None:
-            time.sleep(window)
-            after = cgroup_cpu_seconds(directory)
-            if after is not None:
-                return (after - before) / max(time.monotonic() - started, 1e-3), cores
-    before_jiffies = idle_jiffies(cpus)
+    """How many cores others keep busy while this process sleeps ``window`` seconds, and out of how many whole cores
+    it may use (:class:`IdleMeter`: under a CPU quota smaller than its affinity mask, a pod with a CPU limit that is
+    not pinned to cores, the quota's cgroup's own use, since the host's other cores are not its to take)."""
+    meter = IdleMeter(self_cgroup, cgroup_root)
     time.sleep(window)
-    return len(cpus) - idle_cores(before_jiffies, idle_jiffies(cpus), len(cpus)), len(cpus)
+    busy = meter.capacity - meter.sample()
+    return busy, max(1, math.floor(meter.capacity)) if meter.quota is not None else len(meter.cpus)
 
 
 def machine_idle(window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> bool | None:
@@ -215,14 +205,45 @@ def idle_cores(before: tuple[int, int], after: tuple[int, int], cores: int) -> f
     return cores * (after[0] - before[0]) / max(1, after[1] - before[1])
 
 
+class IdleMeter:
+    """Idle cores since the last :meth:`sample`: under a CPU quota smaller than the affinity mask (a pod with a CPU
+    limit, not pinned) the quota less its cgroup's use, this process's included; elsewhere the affinity mask's cores
+    idle in their own /proc/stat lines."""
+
+    def __init__(self, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> None:
+        self.cpus = _affinity()
+        quota = quota_cgroup(self_cgroup, cgroup_root)
+        under_quota = quota is not None and quota[0] < len(self.cpus)
+        self.quota = quota if under_quota and cgroup_cpu_seconds(quota[1]) is not None else None
+        self.capacity = self.quota[0] if self.quota is not None else float(len(self.cpus))
+        self._last, self._clock = self._read(), time.monotonic()
+
+    def _read(self) -> Any:
+        return cgroup_cpu_seconds(self.quota[1]) if self.quota is not None else idle_jiffies(self.cpus)
+
+    def sample(self) -> float:
+        reading, now = self._read(), time.monotonic()
+        before, seconds = self._last, max(1e-6, now - self._clock)
+        self._last, self._clock = reading, now
+        if self.quota is None:
+            return idle_cores(before, reading, len(self.cpus))
+        if reading is None or before is None:  # the cgroup went away: nothing known to be idle
+            return 0.0
+        return max(0.0, self.capacity - (reading - before) / seconds)
+
+
 class ThreadGuard:
     """A daemon thread that samples the machine once a ``period`` and asks for a thread count
     (:func:`next_threads`); the training thread applies it between steps (:meth:`apply`), since torch's thread
     count belongs to the thread that sets it."""
 
-    def __init__(self, full: int, period: float = 1.0, settle: float = SETTLE_SECONDS) -> None:
+    def __init__(
+        self, full: int, period: float = 1.0, settle: float = SETTLE_SECONDS,
+        self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT,
+    ) -> None:  # fmt: skip
         self.full = self.threads = self.wanted = full
         self.period, self.settle = period, settle
+        self._cgroup = (self_cgroup, cgroup_root)
         self._asks: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="playground-thread-guard", daemon=True)
@@ -243,15 +264,13 @@ class ThreadGuard:
     def _run(self) -> None:
         if self._stop.wait(self.settle):
             return
-        cpus = _affinity()
-        psi = pressure_file()
-        pressure, jiffies, clock = _read_psi_some(psi, "total") or 0, idle_jiffies(cpus), time.monotonic()
+        psi, idle = pressure_file(*self._cgroup), IdleMeter(*self._cgroup)
+        pressure, clock = _read_psi_some(psi, "total") or 0, time.monotonic()
         while not self._stop.wait(self.period):
-            now_pressure, now_jiffies, now = _read_psi_some(psi, "total") or 0, idle_jiffies(cpus), time.monotonic()
+            now_pressure, now = _read_psi_some(psi, "total") or 0, time.monotonic()
             waited = (now_pressure - pressure) / 1e6 / max(1e-6, now - clock)
-            idle = idle_cores(jiffies, now_jiffies, len(cpus))
-            pressure, jiffies, clock = now_pressure, now_jiffies, now
-            self._asks = [*self._asks[-(SAMPLES - 1) :], next_threads(self.threads, self.full, waited, idle)]
+            pressure, clock = now_pressure, now
+            self._asks = [*self._asks[-(SAMPLES - 1) :], next_threads(self.threads, self.full, waited, idle.sample())]
             if len(self._asks) == SAMPLES and len(set(self._asks)) == 1:
                 self.wanted = self._asks[0]
 

@@ -23,7 +23,8 @@ for with the refusal.
 Splits: ``dev`` (40) and ``dev2`` (80: the test split until 2026-11-27) were read while tuning the generator and the
 guard. ``dev3`` … ``dev9`` (ids ``f…`` to ``l…``) and ``test`` (``m…``) were each written later by someone who saw
 neither the generator, the guard nor the other sets; ``dev3`` … ``dev9`` were each the test split for one or more
-measurements, then read. The test split's answers stay unread while tuning. ``--show`` prints the dev
+measurements, then read; ``test2`` (``n…``) was written the same way on 2026-11-28. The test splits' answers stay
+unread while tuning. ``--show`` prints the dev
 splits' misses; ``--keep DIR`` trains into DIR and keeps its ``model/`` and the answers (``answers.json``); ``--answers
 FILE`` scores such a file again through the guard as it is now, without a model.
 """
@@ -166,7 +167,8 @@ def main() -> None:
             misses = [
                 (r["request"], r["expected"], a)
                 for r, a in zip(rows, answers, strict=True)
-                if r["split"] != "test" and (score(a, r["expected"]) < 1.0 if r["expected"] else "kubectl" in a)
+                if not r["split"].startswith("test")
+                and (score(a, r["expected"]) < 1.0 if r["expected"] else "kubectl" in a)
             ]
             results["dev_misses"] = misses
     results["load_end"] = bench._load_avg()

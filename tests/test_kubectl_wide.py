@@ -57,9 +57,10 @@ def test_the_visitor_set_is_well_formed() -> None:
     rows = _visitor_rows()
     # sets written apart from the generator, each by someone who saw no other: v (dev; dev2, the test split until
     # 2026-11-27), then f, g, h, i, j, k and l (dev3…dev9), each the test split for one or more measurements and read
-    # afterwards, then m (the test split now). From i on, a request that repeats an earlier set's is dropped and the
-    # others keep their ids (the kept answers of benchmarks/visitor_requests.py --keep are keyed by them).
-    sets = {prefix: [r for r in rows if r["id"].startswith(prefix)] for prefix in "vfghijklm"}
+    # afterwards, then m (the test split) and n (test2, 2026-11-28: both unread). From i on, a request that repeats an
+    # earlier set's is dropped and the others keep their ids (the kept answers of benchmarks/visitor_requests.py --keep
+    # are keyed by them).
+    sets = {prefix: [r for r in rows if r["id"].startswith(prefix)] for prefix in "vfghijklmn"}
     for prefix, chosen in sets.items():
         numbers = [int(r["id"][1:]) for r in chosen]
         assert numbers == sorted(set(numbers)) and numbers[0] == 1, prefix
@@ -69,8 +70,19 @@ def test_the_visitor_set_is_well_formed() -> None:
             assert len(chosen) >= 77 and numbers[-1] <= 80, prefix
     assert sum(map(len, sets.values())) == len(rows) and len({_normal(r["request"]) for r in rows}) == len(rows)
     splits = [{r["split"] for r in chosen} for chosen in sets.values()]
-    assert splits == [{"dev", "dev2"}, {"dev3"}, {"dev4"}, {"dev5"}, {"dev6"}, {"dev7"}, {"dev8"}, {"dev9"}, {"test"}]
-    for prefix in "fghijklm":
+    assert splits == [
+        {"dev", "dev2"},
+        {"dev3"},
+        {"dev4"},
+        {"dev5"},
+        {"dev6"},
+        {"dev7"},
+        {"dev8"},
+        {"dev9"},
+        {"test"},
+        {"test2"},
+    ]
+    for prefix in "fghijklmn":
         fresh = sets[prefix]
         assert sum(bool(r["expected"]) for r in fresh) >= 55 and sum(not r["expected"] for r in fresh) >= 15, prefix
     for row in rows:

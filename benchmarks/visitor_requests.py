@@ -21,12 +21,14 @@ Each figure is given for the model's raw answers and for what the chat panel sho
 for with the refusal.
 
 Splits: ``dev`` (40) and ``dev2`` (80: the test split until 2026-11-27) were read while tuning the generator and the
-guard. ``dev3`` … ``dev9`` (ids ``f…`` to ``l…``) and ``test`` (``m…``) were each written later by someone who saw
-neither the generator, the guard nor the other sets; ``dev3`` … ``dev9`` were each the test split for one or more
-measurements, then read; ``test2`` (``n…``) was written the same way on 2026-11-28. The test splits' answers stay
-unread while tuning. ``--show`` prints the dev
-splits' misses; ``--keep DIR`` trains into DIR and keeps its ``model/`` and the answers (``answers.json``); ``--answers
-FILE`` scores such a file again through the guard as it is now, without a model.
+guard. ``dev3`` … ``dev10`` (ids ``f…`` to ``l…``, and ``n…``) and ``test`` (``m…``) were each written later by
+someone who saw neither the generator, the guard nor the other sets; ``dev3`` … ``dev10`` were each the test split for
+one or more measurements, then read (``dev10`` was ``test2`` from 2026-11-28 until its guard leaks were read on
+2026-11-29). The test split's answers stay unread while tuning.
+
+``--show`` prints the misses of every split but ``test``; ``--keep DIR`` trains into DIR and keeps its ``model/`` and
+the answers (``answers.json``); ``--answers FILE`` scores such a file again through the guard as it is now, without a
+model.
 """
 
 from __future__ import annotations

@@ -11,20 +11,21 @@ cluster-changing answer passes only when
    "drian" is "drain"; a wrong letter only in cues of 6+ letters, because in shorter words it makes another word:
    "clean" is not "clear");
 2. every name, number and file the command carries appears in the request as typed, as a whole ("v2" is not said by
-   "frontend-v2"; a model that invents a name is guessing); a kind word says only itself ("deployment" is not the
-   cue "deploy"); the command is one of the shapes taught (one kind, a number for ``--replicas`` and ``--port``); a
-   name the request gives as a namespace ("in staging", "the staging namespace") is not the object the command
-   changes ("wipe the staging namespace" is not ``kubectl drain staging``), the command's namespace is one the
-   request gives as such, its object is not a word like "cluster" or "everything", and it carries no flag the task
-   does not teach that verb (``--replicas``, ``--port``, ``--ignore-daemonsets``, ``-f`` and ``-n`` are all there
-   is);
+   "frontend-v2"; a model that invents a name is guessing); a kind word says only itself ("deployment" is not the cue
+   "deploy"); the command is one of the shapes taught (one kind, a number for ``--replicas`` and ``--port``); a name the
+   request gives as a namespace ("in staging", "the staging namespace") is not the object the command changes ("wipe the
+   staging namespace" is not ``kubectl drain staging``), nor is one it gives as a cluster or a context ("the eu-west
+   cluster"), the command's namespace is one the request gives as such, its object is not a word like "cluster" or
+   "everything", and it carries no flag the task does not teach that verb (``--replicas``, ``--port``,
+   ``--ignore-daemonsets``, ``-f`` and ``-n`` are all there is);
 3. the request is not a question about the past, a state or a reason ("who…", "why…", "is web done…?") nor asks for
-   advice or about consequences ("should I…", "is it safe to…", "what happens if…", "if I roll back…, will we
-   lose…?"), it does not name an operation the task does not support ("autoscale", "taint", "annotate", "patch",
-   "edit", "exec", "helm", "bash", "a memory limit", "service account", "spin up a new deployment"…, typos too: the
-   nearest supported command would be a guess), an ``expose`` does not answer a request to reach something from the
-   visitor's machine ("open grafana in my browser": a port-forward), and a delete, drain or cordon does not come with
-   "all", "every" (typos too) or ``--all`` (bulk changes are not supported).
+   advice or about consequences ("should I…", "is it safe to…", "what happens if…", "if I roll back…, will we lose…?"),
+   it does not name an operation the task does not support ("autoscale", "taint", "annotate", "patch", "edit", "exec",
+   "helm", "bash", "a memory limit", "service account", "context", "spin up a new deployment"…, typos too: the nearest
+   supported command would be a guess; not in what the visitor will do themselves: "cordon gpu-3 before we patch it"),
+   an ``expose`` does not answer a request to reach something from the visitor's machine ("open grafana in my browser":
+   a port-forward), and a delete, drain or cordon does not come with "all", "every" (typos too) or ``--all`` (bulk
+   changes are not supported).
 
 Anything else is replaced by :data:`REFUSAL`. Read-only answers (get, describe, logs, top, port-forward…) and
 answers with no command always pass. Torch-free and pure: the chat panel and benchmarks/visitor_requests.py call
@@ -42,7 +43,8 @@ from playground.train.kubectl_wide import NUMBER_WORDS, REFUSAL  # REFUSAL: what
 # The cue words a request must say for each supported cluster-changing verb (prefixes: "replica" for "replicas").
 CUES: dict[str, tuple[str, ...]] = {
     "scale": ("scale", "replica", "bump", "resize", "instance", "copies", "run", "shrink", "down", "up"),
-    "delete": ("delete", "remove", "rm", "nuke", "kill", "destroy", "drop", "erase", "rid", "purge", "trash", "tear"),
+    "delete": ("delete", "remove", "rm", "nuke", "kill", "destroy", "drop", "erase", "rid", "purge", "trash", "tear",
+               "wipe"),
     "rollout restart": ("restart", "bounce", "recycle", "kick", "reboot", "cycle", "roll"),
     "rollout undo": ("undo", "rollback", "back", "revert", "previous"),
     "create namespace": ("create", "make", "add", "new", "set", "namespace", "ns"),
@@ -59,21 +61,28 @@ CUES: dict[str, tuple[str, ...]] = {
 # then whole words), unless the word is part of a name the command carries (a file "cronjob.yaml").
 UNSUPPORTED_OPERATIONS = ("autoscal", "taint", "annotat", "patch", "edit", "exec", "shell", "helm", "copy", "attach",
                           "debug", "admin", "grant", "rbac", "permission", "cronjob", "serviceaccount",
-                          "rolebinding", "pause", "limit", "quota", "kustomiz")  # fmt: skip
+                          "rolebinding", "pause", "limit", "quota", "kustomiz", "context", "kubeconfig")  # fmt: skip
 UNSUPPORTED_WORDS = ("hpa", "ssh", "cp", "bash", "sh", "zsh", "terminal", "console", "fix")  # "fixed": done
 # ... and the same said in two words ("give the ci-bot service account …").
 _UNSUPPORTED_PHRASES = re.compile(
     r"\b(service accounts?|role ?bindings?|cluster ?roles?|"
     r"(?:create|make|spin up|start|set up) (?:a|an) (?:new )?deployment)\b|\bnew deployment\b"
 )  # ... and creating a deployment (``create deployment`` is not taught: ``set image`` on a name is a guess)
+# What the visitor says they will do themselves is not asked of the model: "cordon gpu-3 before we patch it".
+_OWN_CLAUSE = re.compile(r"\b(?:before|after|while|once|until|so(?:\s+that)?)\s+(?:we|i|they)\b[^,.;!?]*")
+# A name the request gives as a cluster or a kubeconfig context ("the eu-west cluster") is no object a taught command
+# changes: a command that carries it is a guess ("switch to the eu-west cluster" → ``set image deployment/eu-west``).
+_CLUSTER_SAID = re.compile(r"\b([a-z0-9][a-z0-9-]*)\s+(?:cluster|context)s?\b")
+_NOT_CLUSTER_NAMES = {"the", "this", "that", "my", "our", "your", "a", "whole", "entire", "same", "other", "current",
+                      "k8s", "kubernetes", "kubectl", "in", "on", "to", "of"}  # fmt: skip
 _BULK_WORDS = ("all", "every", "everything", "each", "whole", "entire")
-# Where a request names a namespace: "in prod", "inside the staging namespace", "team-ml ns", and "on prod" (which
-# names a node as often: not evidence that a name is a namespace, only that a namespace was said).
+# Where a request names a namespace: "in prod", "inside the staging namespace", "team-ml ns", "-n prod", and "on
+# prod" (which names a node as often: not evidence that a name is a namespace, only that a namespace was said).
 _NAMESPACE_SAID = (
     r"\b(?:namespace|ns)\s+(?:is|=)\s+([a-z0-9][a-z0-9-]*)|\b(?:{before})\s+(?:the\s+|namespace\s+|ns\s+)?"
     r"([a-z0-9][a-z0-9-]*){after}|\b([a-z0-9][a-z0-9-]*)\s+(?:namespace|ns)\b"
-    r"|^\W*([a-z0-9][a-z0-9-]*)\s*(?::|\s-+|\s—)\s"
-)
+    r"|^\W*([a-z0-9][a-z0-9-]*)\s*(?::|\s-+|\s—)\s|(?:^|\s)(?:-n|--namespace)(?:\s+|=)([a-z0-9][a-z0-9-]*)"
+)  # ... and as a flag typed in the request ("restart nginx plz -n web")
 # A namespace for sure: "in X" where a clause ends ("nuke the old-config configmap in staging"; not "a memory leak in
 # web again"), "the X namespace", "ns is X", "X: …" opening the request.
 _NAMESPACE_IS = re.compile(
@@ -241,6 +250,10 @@ def check(request: str, answer: str) -> Verdict:
     missing = [name for name in _names(command) if name.lower().strip(".,;") not in said]
     if missing:
         return Verdict(False, f"'{missing[0]}' is not in the request")
+    clusters = {match.group(1) for match in _CLUSTER_SAID.finditer(lowered)} - _NOT_CLUSTER_NAMES
+    in_clusters = [name for name in _names(command) if name.lower() in clusters]
+    if in_clusters:
+        return Verdict(False, f"'{in_clusters[0]}' is a cluster in the request, not a name to {command.verb}")
     kinds = sorted({arg for arg in command.args if arg in _KINDS})
     if len(kinds) > 1:  # "kubectl expose deployment service grafana"
         return Verdict(
@@ -281,7 +294,7 @@ def check(request: str, answer: str) -> Verdict:
         )
     if _PAST_OR_REASON.match(request) or _ADVICE.search(request):
         return Verdict(False, "the request asks a question, not for a change")
-    unsupported = _unsupported_operation(words, command, request)
+    unsupported = _unsupported_operation(_words(_OWN_CLAUSE.sub(" ", lowered)), command, request)
     if unsupported:
         return Verdict(False, f"'{unsupported}' is not a change this model was taught")
     created = _kind_created(lowered) if command.verb == "create namespace" else None

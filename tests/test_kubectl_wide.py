@@ -56,10 +56,10 @@ def test_no_visitor_request_is_one_the_generator_makes(generated) -> None:
 def test_the_visitor_set_is_well_formed() -> None:
     rows = _visitor_rows()
     # sets written apart from the generator, each by someone who saw no other: v (dev; dev2, the test split until
-    # 2026-11-27), then f, g, h, i, j, k and l (dev3…dev9), each the test split for one or more measurements and read
-    # afterwards, then m (the test split) and n (test2, 2026-11-28: both unread). From i on, a request that repeats an
-    # earlier set's is dropped and the others keep their ids (the kept answers of benchmarks/visitor_requests.py --keep
-    # are keyed by them).
+    # 2026-11-27), then f, g, h, i, j, k, l and n (dev3…dev10), each the test split for one or more measurements and
+    # read afterwards (n, written 2026-11-28 as "test2", on 2026-11-29), and m (the test split, unread). From i on, a
+    # request that repeats an earlier set's is dropped and the others keep their ids (the kept answers of
+    # benchmarks/visitor_requests.py --keep are keyed by them).
     sets = {prefix: [r for r in rows if r["id"].startswith(prefix)] for prefix in "vfghijklmn"}
     for prefix, chosen in sets.items():
         numbers = [int(r["id"][1:]) for r in chosen]
@@ -80,7 +80,7 @@ def test_the_visitor_set_is_well_formed() -> None:
         {"dev8"},
         {"dev9"},
         {"test"},
-        {"test2"},
+        {"dev10"},
     ]
     for prefix in "fghijklmn":
         fresh = sets[prefix]

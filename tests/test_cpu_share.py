@@ -126,12 +126,16 @@ def test_the_cpu_quota_is_the_tightest_of_the_process_cgroup_and_its_parents(tmp
     assert cpu_share.cgroup_dirs(self_cgroup, root)[:2] == [container, container.parent]
     assert cpu_share.cgroup_dirs(self_cgroup, root)[-1] == root
     assert cpu_share.quota_cores(self_cgroup, root) == 1.5
+    assert cpu_share.usable_cores(self_cgroup, root) == 1  # the threads a trainer runs: the quota's whole cores
     (container / "cpu.max").write_text("50000 100000\n")  # the container's own is tighter
     assert cpu_share.quota_cores(self_cgroup, root) == 0.5
+    assert cpu_share.usable_cores(self_cgroup, root) == 1  # never fewer than one
     self_cgroup.write_text("0::/\n")  # in a cgroup namespace the root is the container's own cgroup
     assert cpu_share.quota_cores(self_cgroup, root) is None
+    assert cpu_share.usable_cores(self_cgroup, root) == cpu_share.available_cores()  # no quota: the affinity mask
     (root / "cpu.max").write_text("200000 100000\n")
     assert cpu_share.quota_cores(self_cgroup, root) == 2.0
+    assert cpu_share.usable_cores(self_cgroup, root) == min(2, cpu_share.available_cores())
     self_cgroup.write_text("4:memory:/x\n1:cpu:/\n")  # cgroup v1 only: the root's file, as before
     assert cpu_share.quota_cores(self_cgroup, root) == 2.0
     assert cpu_share.quota_cores(tmp_path / "missing", tmp_path / "none") is None

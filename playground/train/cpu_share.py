@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any
 
 SETTING = "PLAYGROUND_CPU_WAIT"  # auto | spin | passive
 DEFAULTED = "PLAYGROUND_OMP_WAIT_DEFAULT"  # marks an OMP_WAIT_POLICY a playground process chose, not its caller
@@ -97,6 +96,18 @@ def quota_cgroup(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROO
     return tightest
 
 
+def whole_cores(cores: float) -> int:
+    """The threads worth running on ``cores`` of CPU time: its whole cores, at least one (a 1.5-core quota runs one
+    thread well; a second would wait for the first's time)."""
+    return max(1, math.floor(cores))
+
+
+def usable_cores(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> int:
+    """Whole cores this process may use: its affinity mask, capped by a cgroup CPU quota's :func:`whole_cores`."""
+    quota = quota_cores(self_cgroup, cgroup_root)
+    return available_cores() if quota is None else min(available_cores(), whole_cores(quota))
+
+
 def quota_cores(self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> float | None:
     """:func:`quota_cgroup`'s cores, or None where no quota is set."""
     found = quota_cgroup(self_cgroup, cgroup_root)
@@ -140,7 +151,7 @@ def busy_cores(
     meter = IdleMeter(self_cgroup, cgroup_root)
     time.sleep(window)
     busy = meter.capacity - meter.sample()
-    return busy, max(1, math.floor(meter.capacity)) if meter.quota is not None else len(meter.cpus)
+    return busy, whole_cores(meter.capacity)
 
 
 def machine_idle(window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> bool | None:
@@ -212,24 +223,23 @@ class IdleMeter:
 
     def __init__(self, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> None:
         self.cpus = _affinity()
-        quota = quota_cgroup(self_cgroup, cgroup_root)
-        under_quota = quota is not None and quota[0] < len(self.cpus)
-        self.quota = quota if under_quota and cgroup_cpu_seconds(quota[1]) is not None else None
+        found = quota_cgroup(self_cgroup, cgroup_root)
+        used = cgroup_cpu_seconds(found[1]) if found is not None and found[0] < len(self.cpus) else None
+        self.quota = found if used is not None else None  # (cores, cgroup) where the quota's use is readable
         self.capacity = self.quota[0] if self.quota is not None else float(len(self.cpus))
-        self._last, self._clock = self._read(), time.monotonic()
-
-    def _read(self) -> Any:
-        return cgroup_cpu_seconds(self.quota[1]) if self.quota is not None else idle_jiffies(self.cpus)
+        self._used, self._clock = used, time.monotonic()  # the quota's cgroup: CPU seconds used
+        self._jiffies = idle_jiffies(self.cpus) if self.quota is None else (0, 0)  # elsewhere: (idle, all) jiffies
 
     def sample(self) -> float:
-        reading, now = self._read(), time.monotonic()
-        before, seconds = self._last, max(1e-6, now - self._clock)
-        self._last, self._clock = reading, now
         if self.quota is None:
-            return idle_cores(before, reading, len(self.cpus))
-        if reading is None or before is None:  # the cgroup went away: nothing known to be idle
+            before, self._jiffies = self._jiffies, idle_jiffies(self.cpus)
+            return idle_cores(before, self._jiffies, len(self.cpus))
+        used, now = cgroup_cpu_seconds(self.quota[1]), time.monotonic()
+        before, seconds = self._used, max(1e-6, now - self._clock)
+        self._used, self._clock = used, now
+        if used is None or before is None:  # the cgroup went away: nothing known to be idle
             return 0.0
-        return max(0.0, self.capacity - (reading - before) / seconds)
+        return max(0.0, self.capacity - (used - before) / seconds)
 
 
 class ThreadGuard:

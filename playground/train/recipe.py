@@ -78,10 +78,7 @@ def init_distributed() -> Dist:
 def cpu_threads() -> int:
     """Cores this process may really use: the affinity mask, capped by a cgroup CPU quota, shared
     with the other training processes on this machine."""
-    cores = cpu_share.available_cores()
-    quota = cpu_share.quota_cores()
-    if quota is not None:
-        cores = min(cores, max(1, math.floor(quota)))
+    cores = cpu_share.usable_cores()
     override = os.environ.get("PLAYGROUND_TRAIN_THREADS")
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this machine share them
     return int(override) if override else max(1, cores // processes)

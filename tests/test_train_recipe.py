@@ -180,7 +180,14 @@ def test_base_eval_before_training_reaches_the_events_and_metrics_json(stages: r
 
     run = stages
     run.reporter, stream = _reporter()
-    base = recipe.base_eval(run)
+    runtime, guard = run.runtime, cpu_share.ThreadGuard(2, period=0.2, settle=0.0)
+    run.runtime = replace(runtime, thread_guard=guard)  # a spinning run's: it samples while the base model answers
+    try:
+        base = recipe.base_eval(run)
+        assert guard.watching  # two runs launched together both spin: the guard must see the other one now
+    finally:
+        guard.stop()
+        run.runtime = runtime
     assert set(base) == {"base_eval_exact_match"} and 0.0 <= base["base_eval_exact_match"] <= 1.0
     events = [parse_line(line) for line in stream.getvalue().splitlines()]
     assert any(isinstance(e, Phase) and "base model" in e.reason for e in events)

@@ -266,8 +266,13 @@ class ThreadGuard:
             return None
         return cls(full)
 
+    @property
+    def watching(self) -> bool:
+        """Whether it samples (from :meth:`watch` until :meth:`stop`)."""
+        return self._thread.is_alive() and not self._stop.is_set()
+
     def watch(self) -> None:
-        """Start sampling (once; training is about to begin)."""
+        """Start sampling (once: the base model's held-out answers or training are about to begin)."""
         if not self._thread.is_alive() and not self._stop.is_set():
             self._thread.start()
 

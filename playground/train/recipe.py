@@ -516,6 +516,7 @@ def base_eval(recipe: Recipe) -> dict[str, float]:
         results = cached
     elif runtime.dist.main or recipe.model.strategy == "fsdp":
         recipe.reporter.phase(JobPhase.INITIALIZING, f"asking the base model {len(data.eval_set)} held-out questions")
+        runtime.watch_cpu()  # two runs launched at once both start spinning: the first to see the other gives way
         results["base_eval_exact_match"] = held_out_exact_match(recipe, unwrap(recipe.model.model))
         if runtime.dist.main:
             evaluate.write_cached(cache, results)

@@ -16,9 +16,12 @@ Scored per request, greedy, the chat template the server uses:
   (``changes_unasked``); goal 0 in the whole set;
 - **declined**: an unsupported request answered without any command (the refusal, or prose).
 
-Each figure is given for the model's raw answers and for what the chat panel shows: the blueprint's
-``serving.guard: kubectl`` (playground/kubectl_guard.py) replaces a cluster-changing command the request did not ask
-for with the refusal.
+Each figure is given for the model's raw answers to the requests as typed (``fine_tuned``), to the requests as
+the chat panel reads them (``fine_tuned_read``: the blueprint's ``serving.normalize: kubectl``,
+playground/kubectl_request.py, spells mistyped kubectl words right and says a typed ``-n NAME`` in words; only the
+requests it changes are asked again), and for what the chat panel shows (``fine_tuned_guarded``): those answers
+through the blueprint's ``serving.guard: kubectl`` (playground/kubectl_guard.py), which replaces a cluster-changing
+command the request as typed did not ask for with the refusal.
 
 Splits: ``dev`` (40) and ``dev2`` (80: the test split until 2026-11-27) were read while tuning the generator and the
 guard. ``dev3`` … ``dev10`` (ids ``f…`` to ``l…``, and ``n…``) and ``test`` (``m…``) were each written later by
@@ -101,20 +104,51 @@ def answer(model_dir: Path, template: str | None, rows: list[dict[str, Any]]) ->
     return bench._answers(model, tokenizer, [r["request"] for r in rows], 48)
 
 
-def fine_tuned_figures(rows: list[dict[str, Any]], answers: list[str]) -> dict[str, Any]:
-    """:func:`per_split` of the model's answers, raw and through the guard (what the chat panel shows)."""
+def readings(rows: list[dict[str, Any]]) -> list[str]:
+    """Each request as the chat panel asks the models it (the blueprint's ``serving.normalize``)."""
+    from playground.blueprints import get_blueprint
+    from playground.kubectl_request import normalize
+
+    if get_blueprint(_smollm2().BLUEPRINT).serving.normalize != "kubectl":
+        return [r["request"] for r in rows]
+    return [normalize(r["request"]) for r in rows]
+
+
+def answers_read(model_dir: Path, rows: list[dict[str, Any]], typed: list[str]) -> list[str]:
+    """The model's answers to the requests as read (:func:`readings`): ``typed``'s where the reading is the request."""
+    read = readings(rows)
+    changed = [i for i, r in enumerate(rows) if read[i] != r["request"]]
+    answers = list(typed)
+    if changed:
+        bench = _smollm2()
+        model, tokenizer = bench._model(model_dir, None)
+        for i, a in zip(changed, bench._answers(model, tokenizer, [read[i] for i in changed], 48), strict=True):
+            answers[i] = a
+    return answers
+
+
+def fine_tuned_figures(rows: list[dict[str, Any]], typed: list[str], read: list[str] | None = None) -> dict[str, Any]:
+    """:func:`per_split` of the model's answers to the requests as typed (``fine_tuned``), as read
+    (``fine_tuned_read``: mistyped kubectl words spelt right, playground/kubectl_request.py) and those through the
+    guard, which judges the request as typed (``fine_tuned_guarded``: what the chat panel shows)."""
     from playground.kubectl_guard import guard
 
-    guarded = [guard(r["request"], a) for r, a in zip(rows, answers, strict=True)]
-    return {"fine_tuned": per_split(rows, answers), "fine_tuned_guarded": per_split(rows, guarded)}
+    read = typed if read is None else read
+    guarded = [guard(r["request"], a) for r, a in zip(rows, read, strict=True)]
+    return {
+        "fine_tuned": per_split(rows, typed),
+        "fine_tuned_read": per_split(rows, read),
+        "fine_tuned_guarded": per_split(rows, guarded),
+    }
 
 
 def rescore(answers_file: Path, split: str) -> dict[str, Any]:
     """The figures of kept answers (``--keep``'s answers.json) on ``split``, raw and through the guard as it is now:
     a guard change measured without a model. Rows the file has no answer for are left out."""
-    answered = {a["id"]: a["answer"] for a in json.loads(answers_file.read_text())}
-    rows = [r for r in load_set(split) if r["id"] in answered]
-    return fine_tuned_figures(rows, [answered[r["id"]] for r in rows])
+    kept = {a["id"]: a for a in json.loads(answers_file.read_text())}
+    rows = [r for r in load_set(split) if r["id"] in kept]
+    typed = [kept[r["id"]]["answer"] for r in rows]
+    return fine_tuned_figures(rows, typed, [kept[r["id"]].get("answer_read", kept[r["id"]]["answer"]) for r in rows])
 
 
 def main() -> None:
@@ -158,11 +192,15 @@ def main() -> None:
             model_dir = Path(tmp) / "train" / "model"
         started = time.perf_counter()
         answers = answer(model_dir, None, rows)
-        results.update(fine_tuned_figures(rows, answers))
+        read = answers_read(model_dir, rows, answers)
+        results.update(fine_tuned_figures(rows, answers, read))
         print(json.dumps({"fine_tuned": results["fine_tuned"], "guarded": results["fine_tuned_guarded"]}), flush=True)
         results["answer_seconds"] = round(time.perf_counter() - started, 1)
         if args.keep:
-            kept_answers = [{"id": r["id"], "answer": a} for r, a in zip(rows, answers, strict=True)]
+            kept_answers = [
+                {"id": r["id"], "answer": a, **({"answer_read": b} if b != a else {})}
+                for r, a, b in zip(rows, answers, read, strict=True)
+            ]
             args.keep.mkdir(parents=True, exist_ok=True)  # also with --model-dir, where nothing was trained into it
             (args.keep / "answers.json").write_text(json.dumps(kept_answers, indent=1))
         if args.show:

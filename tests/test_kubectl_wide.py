@@ -264,3 +264,8 @@ def test_the_benchmark_rescores_kept_answers_through_the_guard(tmp_path) -> None
     raw, guarded = figures["fine_tuned"]["dev"], figures["fine_tuned_guarded"]["dev"]
     assert raw["requests"] == 2 and raw["mutating_ids"] == [read_only["id"]] and raw["exact"] == 1
     assert guarded["mutating_unasked"] == 0 and guarded["exact"] == 1  # held back; the asked-for change shown
+    kept[1] = {"id": asked["id"], "answer": "kubectl get pods", "answer_read": asked["expected"]}  # a typo read
+    (tmp_path / "answers.json").write_text(json.dumps(kept))
+    figures = bench.rescore(tmp_path / "answers.json", "dev")
+    assert figures["fine_tuned"]["dev"]["exact"] == 0 and figures["fine_tuned_read"]["dev"]["exact"] == 1
+    assert figures["fine_tuned_guarded"]["dev"]["exact"] == 1  # the panel shows the answer to the reading

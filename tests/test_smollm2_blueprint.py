@@ -171,6 +171,29 @@ def test_the_chat_panel_holds_back_a_change_the_request_did_not_ask_for(served) 
         assert asked.answer == given and not asked.held_back
 
 
+def test_the_chat_panel_asks_the_models_the_request_with_its_typos_read(served) -> None:
+    """A mistyped kubectl word and a typed ``-n`` (the blueprint's ``serving.normalize: kubectl``): the real server
+    is asked the reading, which the panel shows under the question; the guard judges the words as typed."""
+    from playground.kubectl_guard import guard
+    from widgets.chat import ChatPanel
+
+    blueprint = get_blueprint(DEFAULT_BLUEPRINT)
+    assert blueprint.serving.normalize == "kubectl"
+    typed, reading = (
+        "sclae the web deploymnet to 3 replicas -n shop",
+        "scale the web deployment to 3 replicas in the shop namespace",
+    )
+    panel = ChatPanel(blueprint, operator=False)
+    panel.set_endpoints({"fine-tuned": served["fine-tuned"]})
+    assert panel.ask(typed) and panel.wait(timeout=120)
+    turn = panel.transcripts["fine-tuned"].turns[-1]
+    assert turn.prompt == typed and turn.reading == reading
+    assert turn.answer == guard(typed, _ask(served["fine-tuned"], reading))
+    assert f"read as: {reading}" in panel.answers["fine-tuned"].value
+    assert panel.ask("scale the web deployment to 3 replicas") and panel.wait(timeout=120)
+    assert panel.transcripts["fine-tuned"].turns[-1].reading == ""  # nothing to read otherwise: nothing shown
+
+
 def test_default_blueprint_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """First card in the gallery, what `playground app` preselects, binder, the smoke e2e profile."""
     import argparse

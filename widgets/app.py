@@ -51,6 +51,7 @@ STYLE = """<style>
 .pg-metrics-table td { font-weight: 600; font-variant-numeric: tabular-nums; text-align: right; }
 .pg-answers { border: 1px solid #ddd; border-radius: 6px; min-height: 80px; padding: 6px; }
 .pg-q { color: #555; font-style: italic; }
+.pg-reading { color: #777; font-size: 0.85em; }
 .pg-a { font-family: monospace; font-size: 1.1em; margin-bottom: 6px; white-space: pre-wrap; }
 .pg-empty, .pg-whitespace, .pg-cut { color: #888; }
 .pg-ok { color: #2ca02c; font-weight: bold; } .pg-bad { color: #d62728; font-weight: bold; }

@@ -58,6 +58,7 @@ class Turn:
     truncated: bool = False  # the server stopped at max_tokens (finish_reason "length")
     held_back: str = ""  # why the guard replaced the model's answer (playground/kubectl_guard.py)
     guarded: bool = False  # a command is shown only once the guard has seen all of it
+    reading: str = ""  # what the models are asked where it differs from the prompt (playground/kubectl_request.py)
 
     @property
     def correct(self) -> bool | None:
@@ -77,8 +78,9 @@ class Transcript:
             if turn.correct is not None:
                 mark = " <span class='pg-ok'>✓</span>" if turn.correct else " <span class='pg-bad'>✗</span>"
             answer = answer_html(turn)
+            reading = f"<div class='pg-reading'>read as: {html.escape(turn.reading)}</div>" if turn.reading else ""
             parts.append(
-                f"<div class='pg-turn'><div class='pg-q'>{html.escape(turn.prompt)}</div>"
+                f"<div class='pg-turn'><div class='pg-q'>{html.escape(turn.prompt)}</div>{reading}"
                 f"<div class='pg-a' data-side='{side}' data-done='{str(turn.done).lower()}'>{answer}{mark}</div></div>"
             )
         return "".join(parts) or "<div class='pg-empty'>no messages yet</div>"
@@ -180,13 +182,22 @@ class ChatPanel(ipw.VBox):
             self.prompt.value = prompt
         finally:
             self._echo = False
+        reading = ""
+        if self.blueprint.serving.normalize == "kubectl":
+            from playground.kubectl_request import normalize
+
+            reading = normalize(prompt)
+            reading = "" if reading == prompt else reading
         threads = []
         for side in SIDES:
             endpoint = self.endpoints.get(side)
             if endpoint is None:
                 continue
             turn = Turn(
-                prompt=prompt, expected=self.expected.get(prompt), guarded=self.blueprint.serving.guard == "kubectl"
+                prompt=prompt,
+                expected=self.expected.get(prompt),
+                guarded=self.blueprint.serving.guard == "kubectl",
+                reading=reading,
             )
             self.transcripts[side].turns.append(turn)
             thread = threading.Thread(target=self._stream, args=(side, endpoint, turn), daemon=True)
@@ -213,7 +224,7 @@ class ChatPanel(ipw.VBox):
         try:
             stream = chat(
                 endpoint,
-                [{"role": "user", "content": turn.prompt}],
+                [{"role": "user", "content": turn.reading or turn.prompt}],
                 stream=True,
                 max_tokens=self.blueprint.serving.max_new_tokens,
                 temperature=self.blueprint.serving.temperature,

@@ -291,6 +291,9 @@ class ServingSpec(_Strict):
     # kubectl: an answer that would change the cluster is shown only when the request asked for that change
     # (playground/kubectl_guard.py); none: answers are shown as the model gives them.
     guard: Literal["none", "kubectl"] = "none"
+    # kubectl: the models are asked the request with its mistyped kubectl words spelt right and a typed ``-n NAME``
+    # said in words (playground/kubectl_request.py; the panel shows that reading); none: the request as typed.
+    normalize: Literal["none", "kubectl"] = "none"
 
 
 class QualitySpec(_Strict):

@@ -22,10 +22,12 @@ cluster-changing answer passes only when
    advice or about consequences ("should I…", "is it safe to…", "what happens if…", "if I roll back…, will we lose…?"),
    it does not name an operation the task does not support ("autoscale", "taint", "annotate", "patch", "edit", "exec",
    "helm", "bash", "a memory limit", "service account", "context", "spin up a new deployment"…, typos too: the nearest
-   supported command would be a guess; not in what the visitor will do themselves: "cordon gpu-3 before we patch it"),
+   supported command would be a guess; not in what the visitor will do themselves, "cordon gpu-3 before we patch it",
+   nor in why, "empty out node-4 for patching", nor "copies" as a count),
    an ``expose`` does not answer a request to reach something from the visitor's machine ("open grafana in my browser":
    a port-forward), and a delete, drain or cordon does not come with "all", "every" (typos too) or ``--all`` (bulk
-   changes are not supported).
+   changes are not supported; "all the pods" of the one node a drain empties or the one deployment a restart restarts
+   are not bulk).
 
 Anything else is replaced by :data:`REFUSAL`. Read-only answers (get, describe, logs, top, port-forward…) and
 answers with no command always pass. Torch-free and pure: the chat panel and benchmarks/visitor_requests.py call
@@ -55,7 +57,7 @@ CUES: dict[str, tuple[str, ...]] = {
     "uncordon": ("uncordon", "schedulable", "schedul", "allow", "back", "again", "rotation"),
     "drain": ("drain", "evict", "evacuat", "empty", "off", "clear", "maintenance"),
     "label": ("label", "tag"),
-    "apply": ("apply", "deploy", "create", "push", "install", "roll", "load"),
+    "apply": ("apply", "deploy", "create", "push", "install", "roll", "load", "onto"),
 }  # fmt: skip
 # Operations no supported command does: a request that names one gets no cluster-changing answer (word prefixes,
 # then whole words), unless the word is part of a name the command carries (a file "cronjob.yaml").
@@ -221,8 +223,13 @@ def _unsupported_operation(words: list[str], command, request: str) -> str | Non
     values = [arg for arg in command.args if arg not in _KINDS] + [value for _, value in command.flags if value]
     lowered = request.lower()
     named = {part for value in values if value.lower() in lowered and len(_words(value)) > 1 for part in _words(value)}
-    for word in words:
+    for i, word in enumerate(words):
         if word in named or word.endswith("ed"):
+            continue
+        before = words[i - 1] if i else ""
+        if word in ("copy", "copies") and (before.isdigit() or before in _NUMBER_WORDS):  # "down to 1 copy": a count
+            continue
+        if word.endswith("ing") and before == "for":  # "empty out node-4 for patching": why, not what
             continue
         if word.startswith(UNSUPPORTED_OPERATIONS) or word in UNSUPPORTED_WORDS:
             return word
@@ -274,9 +281,8 @@ def check(request: str, answer: str) -> Verdict:
         return Verdict(False, f"the answer names no kind to {command.verb}")
     if kind and kind not in _TAUGHT_KINDS.get(command.verb, {kind}):
         return Verdict(False, f"'{command.verb} {kind}' is not a change this model was taught")
-    said_kinds = {_SAID_KINDS[w] for w in re.findall(r"(?<![\w-])[a-z]+(?![\w-])", lowered) if w in _SAID_KINDS}
     if kind and command.verb in _KIND_CHECKED:  # "scale the search statefulset" answered for a deployment
-        other_kinds = said_kinds - {kind, "namespace", *_KIND_CHECKED[command.verb]}
+        other_kinds = _kinds_near(lowered, _object(command)) - {kind, "namespace", *_KIND_CHECKED[command.verb]}
         if other_kinds:
             return Verdict(False, f"the request is about a {sorted(other_kinds)[0]}, not a {kind}")
     target = (_object(command) or "").lower()
@@ -300,10 +306,38 @@ def check(request: str, answer: str) -> Verdict:
     created = _kind_created(lowered) if command.verb == "create namespace" else None
     if created and created != "namespace":  # "create a networkpolicy … db namespace"; not "an ns for the jobs team"
         return Verdict(False, f"the request creates a {created}, not a namespace")
-    bulk = any(word == cue or _typo(word, cue) for word in words for cue in _BULK_WORDS)  # "evry"; not "allocator"
-    if command.verb in _BULK_VERBS and (bulk or any(f == "--all" for f, _ in command.flags)):
+    one_object = command.verb if _object(command) else ""  # "kubectl drain --ignore-daemonsets" drains no one node
+    if command.verb in _BULK_VERBS and (_bulk_said(words, one_object) or any(f == "--all" for f, _ in command.flags)):
         return Verdict(False, "changes to everything at once are not supported")
     return Verdict(True, "")
+
+
+# Changes of one object whose request may say "all" of its pods: "evacuate all pods off node gpu-7" is the drain of
+# gpu-7, "kick auth, restart all its pods" the restart of auth.
+_ALL_ITS_PODS = {"drain", "rollout restart"}
+
+
+def _bulk_said(words: list[str], verb: str) -> bool:
+    """The request says "all", "every"… (typos too: "evry"; not "allocator"), other than of the pods of the one object
+    a ``verb`` changes ("" where the command names none)."""
+    for i, word in enumerate(words):
+        if not any(word == cue or _typo(word, cue) for cue in _BULK_WORDS):
+            continue
+        if verb in _ALL_ITS_PODS and {"pod", "pods", "off", "from"} & set(words[i + 1 : i + 4]):
+            continue
+        return True
+    return False
+
+
+def _kinds_near(lowered: str, name: str | None) -> set[str]:
+    """The kinds the request says within two words of ``name`` ("the search statefulset", "pvc data-0"): what it says
+    the object is. A kind further off is about something else ("restart web so it picks up the new secret"); without
+    the name in the request, every kind it says."""
+    words = re.findall(r"[a-z0-9][a-z0-9.-]*[a-z0-9]|[a-z0-9]", lowered)
+    name = (name or "").lower()
+    at = [i for i, word in enumerate(words) if word == name]
+    near = {word for i in at for word in words[max(0, i - 2) : i + 3]} if at else set(words)
+    return {_SAID_KINDS[word] for word in near if word in _SAID_KINDS}
 
 
 _CREATING = re.compile(r"\b(?:create|make|add|new|set up|spin up|need)\b")

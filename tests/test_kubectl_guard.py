@@ -78,6 +78,17 @@ from playground.kubectl_guard import REFUSAL, check, guard
         ("drain worker-9 before we patch the kernel", "kubectl drain worker-9 --ignore-daemonsets"),
         ("cordon gpu-2 so i can debug it", "kubectl cordon gpu-2"),
         ("bounce the api deployment -n payments", "kubectl rollout restart deployment api -n payments"),  # a typed -n
+        # ... and from the read splits' false holds (2026-11-29): a kind said away from the object is about something
+        # else; "all" of one node's or one deployment's pods; a count of copies; why, after "for"; "onto the cluster"
+        (
+            "do a rolling restart of api in prod so it picks up the new secret",
+            "kubectl rollout restart deployment api -n prod",
+        ),
+        ("evacuate all pods off node gpu-3 before we reboot it", "kubectl drain gpu-3 --ignore-daemonsets"),
+        ("kick the auth deployment, restart all its pods", "kubectl rollout restart deployment auth"),
+        ("can we get the worker deployment down to 1 copy", "kubectl scale deployment worker --replicas=1"),
+        ("empty out node-4 for patching", "kubectl drain node-4 --ignore-daemonsets"),
+        ("i changed k8s/app.yaml, get it onto the cluster", "kubectl apply -f k8s/app.yaml"),
     ],
 )
 def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -> None:
@@ -181,6 +192,13 @@ def test_asked_for_changes_and_reads_are_shown(request_text: str, answer: str) -
          "'eu-central' is a cluster in the request"),
         ("switch context to us-east", "kubectl set image deployment/us-east us-east=us-east", "'context' is not"),
         ("cordon gpu-2 and then patch it", "kubectl cordon gpu-2", "'patch' is not"),
+        # ... and what the mends of 2026-11-29 must still hold: the pods of no one node; every node; a kind beside
+        # the object; a copy that is not a count
+        ("clear out every pod in the qa namespace", "kubectl drain --ignore-daemonsets", "everything at once"),
+        ("drain every node, gpu-1 first", "kubectl drain gpu-1 --ignore-daemonsets", "everything at once"),
+        ("delete the pvc data-0", "kubectl delete pod data-0", "the request is about a pvc"),
+        ("copy the config out of pod web-1", "kubectl delete pod web-1", "does not ask to delete"),
+        ("copy the logs out of pod web-1 and remove it", "kubectl delete pod web-1", "'copy' is not"),
     ],
 )  # fmt: skip
 def test_unasked_changes_are_held_back_with_the_reason(request_text: str, answer: str, reason: str) -> None:

@@ -177,10 +177,11 @@ def _typo(word: str, cue: str) -> bool:
     if len(cue) < 5 or abs(len(word) - len(cue)) > 1:
         return False
     substitute = len(cue) >= 6
-    return _one_edit(word[: len(cue) + 1], cue, substitute) or _one_edit(word, cue, substitute)
+    return one_edit(word[: len(cue) + 1], cue, substitute) or one_edit(word, cue, substitute)
 
 
-def _one_edit(a: str, b: str, substitute: bool = True) -> bool:
+def one_edit(a: str, b: str, substitute: bool = True) -> bool:
+    """``a`` is ``b`` or one edit from it: a letter missing, extra, two swapped, or (``substitute``) one wrong."""
     if a == b:
         return True
     if len(a) == len(b):
@@ -306,8 +307,10 @@ def check(request: str, answer: str) -> Verdict:
     created = _kind_created(lowered) if command.verb == "create namespace" else None
     if created and created != "namespace":  # "create a networkpolicy … db namespace"; not "an ns for the jobs team"
         return Verdict(False, f"the request creates a {created}, not a namespace")
-    one_object = command.verb if _object(command) else ""  # "kubectl drain --ignore-daemonsets" drains no one node
-    if command.verb in _BULK_VERBS and (_bulk_said(words, one_object) or any(f == "--all" for f, _ in command.flags)):
+    # "all the pods" of the one node a drain empties, or of the one deployment a restart restarts, is not bulk; a
+    # "kubectl drain --ignore-daemonsets" names no node
+    pods_of_one = command.verb in _ALL_ITS_PODS and _object(command) is not None
+    if command.verb in _BULK_VERBS and (_bulk_said(words, pods_of_one) or any(f == "--all" for f, _ in command.flags)):
         return Verdict(False, "changes to everything at once are not supported")
     return Verdict(True, "")
 
@@ -317,13 +320,13 @@ def check(request: str, answer: str) -> Verdict:
 _ALL_ITS_PODS = {"drain", "rollout restart"}
 
 
-def _bulk_said(words: list[str], verb: str) -> bool:
-    """The request says "all", "every"… (typos too: "evry"; not "allocator"), other than of the pods of the one object
-    a ``verb`` changes ("" where the command names none)."""
+def _bulk_said(words: list[str], pods_of_one: bool) -> bool:
+    """The request says "all", "every"… (typos too: "evry"; not "allocator"); with ``pods_of_one``, other than of pods
+    ("all pods off node gpu-7", "restart all its pods")."""
     for i, word in enumerate(words):
         if not any(word == cue or _typo(word, cue) for cue in _BULK_WORDS):
             continue
-        if verb in _ALL_ITS_PODS and {"pod", "pods", "off", "from"} & set(words[i + 1 : i + 4]):
+        if pods_of_one and {"pod", "pods", "off", "from"} & set(words[i + 1 : i + 4]):
             continue
         return True
     return False

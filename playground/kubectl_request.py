@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from playground.kubectl_guard import _one_edit
+from playground.kubectl_guard import one_edit
 
 # The task's words a visitor types (verbs, kinds, and the words around them); lower case.
 VOCABULARY = frozenset({
@@ -43,7 +43,7 @@ def _spelt(word: str) -> str:
     near = {
         known
         for known in VOCABULARY
-        if abs(len(known) - len(lower)) <= 1 and _one_edit(lower, known, substitute=len(known) >= 6)
+        if abs(len(known) - len(lower)) <= 1 and one_edit(lower, known, substitute=len(known) >= 6)
     }
     return near.pop() if len(near) == 1 else word
 

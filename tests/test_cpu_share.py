@@ -223,6 +223,10 @@ def test_a_guard_under_a_cpu_quota_takes_threads_back_only_when_the_quota_is_fre
             time.sleep(0.02)
         return guard.wanted == threads
 
+    # the files are there before the guard looks (as in a real cgroup): a guard that starts before the writer's first
+    # write would read the machine's pressure instead
+    (pod / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    (pod / "cpu.stat").write_text("usage_usec 0\n")
     writer = threading.Thread(target=kernel, daemon=True)
     writer.start()
     torch_threads = torch.get_num_threads()

@@ -42,6 +42,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,16 +115,14 @@ def readings(rows: list[dict[str, Any]]) -> list[str]:
     return [normalize(r["request"]) for r in rows]
 
 
-def answers_read(model_dir: Path, rows: list[dict[str, Any]], typed: list[str]) -> list[str]:
-    """The model's answers to the requests as read (:func:`readings`): ``typed``'s where the reading is the request."""
+def answers_read(ask: Callable[[list[str]], list[str]], rows: list[dict[str, Any]], typed: list[str]) -> list[str]:
+    """The model's answers (``ask``) to the requests as read (:func:`readings`): ``typed``'s where the reading is the
+    request."""
     read = readings(rows)
     changed = [i for i, r in enumerate(rows) if read[i] != r["request"]]
     answers = list(typed)
-    if changed:
-        bench = _smollm2()
-        model, tokenizer = bench._model(model_dir, None)
-        for i, a in zip(changed, bench._answers(model, tokenizer, [read[i] for i in changed], 48), strict=True):
-            answers[i] = a
+    for i, a in zip(changed, ask([read[i] for i in changed]) if changed else [], strict=True):
+        answers[i] = a
     return answers
 
 
@@ -191,8 +190,13 @@ def main() -> None:
             print(json.dumps({"training": results["training"]}), flush=True)
             model_dir = Path(tmp) / "train" / "model"
         started = time.perf_counter()
-        answers = answer(model_dir, None, rows)
-        read = answers_read(model_dir, rows, answers)
+        model, tokenizer = bench._model(model_dir, None)  # loaded once for both the typed and the read requests
+
+        def ask(prompts: list[str]) -> list[str]:
+            return bench._answers(model, tokenizer, prompts, 48)
+
+        answers = ask([r["request"] for r in rows])
+        read = answers_read(ask, rows, answers)
         results.update(fine_tuned_figures(rows, answers, read))
         print(json.dumps({"fine_tuned": results["fine_tuned"], "guarded": results["fine_tuned_guarded"]}), flush=True)
         results["answer_seconds"] = round(time.perf_counter() - started, 1)

@@ -80,10 +80,13 @@ _NOT_CLUSTER_NAMES = {"the", "this", "that", "my", "our", "your", "a", "whole", 
 _BULK_WORDS = ("all", "every", "everything", "each", "whole", "entire")
 # Where a request names a namespace: "in prod", "inside the staging namespace", "team-ml ns", "-n prod", and "on
 # prod" (which names a node as often: not evidence that a name is a namespace, only that a namespace was said).
+# A namespace typed as kubectl's flag ("-n web", "--namespace=web"): the guard reads it, playground/kubectl_request.py
+# says it in words.
+NAMESPACE_FLAG = r"(?<!\S)(?:-n|--namespace)(?:\s+|=)([a-z0-9][a-z0-9-]*)"
 _NAMESPACE_SAID = (
     r"\b(?:namespace|ns)\s+(?:is|=)\s+([a-z0-9][a-z0-9-]*)|\b(?:{before})\s+(?:the\s+|namespace\s+|ns\s+)?"
     r"([a-z0-9][a-z0-9-]*){after}|\b([a-z0-9][a-z0-9-]*)\s+(?:namespace|ns)\b"
-    r"|^\W*([a-z0-9][a-z0-9-]*)\s*(?::|\s-+|\s—)\s|(?:^|\s)(?:-n|--namespace)(?:\s+|=)([a-z0-9][a-z0-9-]*)"
+    r"|^\W*([a-z0-9][a-z0-9-]*)\s*(?::|\s-+|\s—)\s|" + NAMESPACE_FLAG
 )  # ... and as a flag typed in the request ("restart nginx plz -n web")
 # A namespace for sure: "in X" where a clause ends ("nuke the old-config configmap in staging"; not "a memory leak in
 # web again"), "the X namespace", "ns is X", "X: …" opening the request.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from playground.kubectl_guard import one_edit
+from playground.kubectl_guard import NAMESPACE_FLAG, one_edit
 
 # The task's words a visitor types (verbs, kinds, and the words around them); lower case.
 VOCABULARY = frozenset({
@@ -28,7 +28,7 @@ VOCABULARY = frozenset({
     "please", "restarts",
 })  # fmt: skip
 _ENDINGS = ("s", "es", "d", "ed", "ing", "ting", "ning")
-_NAMESPACE_FLAG = re.compile(r"(?<!\S)(?:-n|--namespace)(?:\s+|=)([a-z0-9][a-z0-9-]*)(?!\S)", re.IGNORECASE)
+_NAMESPACE_FLAG = re.compile(NAMESPACE_FLAG + r"(?!\S)", re.IGNORECASE)
 
 
 def _spelt(word: str) -> str:

@@ -16,7 +16,7 @@ import pytest
 
 from playground.blueprints import get_blueprint
 from playground.kubectl_guard import _object  # the object a command changes
-from playground.train import kubectl_wide
+from playground.train import data, kubectl_wide
 from playground.train.data import synthetic_splits
 from playground.train.kubectl_reward import _KINDS as KINDS
 from playground.train.kubectl_reward import changes_unasked, parse, score
@@ -118,7 +118,7 @@ def test_every_generated_command_parses_and_keeps_its_names(generated) -> None:
 def test_the_wide_task_mixes_typos_word_orders_and_refusals(generated) -> None:
     prompts = [s.prompt for s in generated]
     refusals = [s for s in generated if s.answer == kubectl_wide.REFUSAL]
-    assert 0.05 < len(refusals) / len(generated) < 0.15
+    assert 0.10 < len(refusals) / len(generated) < 0.20  # unsupported_fraction 0.15
     assert any((p.lower().startswith(("in ", "on ")) and ":" in p) or ", " in p for p in prompts)
     words = {w for p in prompts for w in _normal(p).split()}
     assert {"deploymnet", "deplyment", "deployent"} & words or any(len(w) > 4 and w[:3] == "res" for w in words)
@@ -130,22 +130,42 @@ def test_the_wide_task_mixes_typos_word_orders_and_refusals(generated) -> None:
 def _known_words() -> set[str]:
     text = json.dumps([kubectl_wide.EXTRA_PHRASINGS, kubectl_wide.EXTRA_OPS, kubectl_wide.UNSUPPORTED,
                        kubectl_wide.REASONS, kubectl_wide.ANY_REASON])  # fmt: skip
-    from playground.train import data
-
     text += json.dumps([data._KUBECTL_OPS, data._IN_NAMESPACE, data._WRAPPERS, kubectl_wide.WIDE_WRAPPERS,
                         kubectl_wide._NS_FIRST])  # fmt: skip
     return set(_normal(re.sub(r"\{\w+\}", " ", text)).split())
 
 
 def _names() -> set[str]:
-    from playground.train import data
-
     values = [*data._APPS[False], *data._APPS[True], *data._NAMESPACES[False], *data._NAMESPACES[True],
               *data._NODE_POOLS[False], *data._NODE_POOLS[True], *data._KINDS, *data._KIND, *map(str, data._TAGS),
               *kubectl_wide._USERS, *kubectl_wide._LABEL_KEYS[False], *kubectl_wide._LABEL_KEYS[True],
               *kubectl_wide._LABEL_VALUES[False], *kubectl_wide._LABEL_VALUES[True], "yaml", "yml", "manifest",
               "deployment", "service", "k8s", "deploy", "manifests", "config", "secret"]  # fmt: skip
     return set(_normal(" ".join(values)).split())
+
+
+def test_refusals_say_a_namespace_where_supported_requests_would_and_never_answer_with_one(generated) -> None:
+    """A namespace said is no sign that a request is supported: an unsupported request that names a namespaced object
+    (and no node, cluster or namespace of its own) says one as often as a supported request may (models trained
+    without such refusals refused "restart the api deployment"); the answer stays the refusal, without ``-n``."""
+    namespaces = {*data._NAMESPACES[False], *data._NAMESPACES[True]}
+
+    def says_namespace(prompt: str) -> bool:
+        return bool(namespaces & set(re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", prompt.lower())))
+
+    refusals = [s for s in generated if s.answer == kubectl_wide.REFUSAL]
+    assert all(" -n " not in s.answer for s in refusals)
+    # beside the bulk ones ("delete everything in prod"), which said a namespace before
+    one_object = [
+        s for s in refusals if says_namespace(s.prompt) and not re.search(r"\b(every|all|wipe)", s.prompt.lower())
+    ]
+    assert len(one_object) / len(refusals) > 0.08
+    for template in (*kubectl_wide.UNSUPPORTED[False], *kubectl_wide.UNSUPPORTED[True]):
+        if kubectl_wide._takes_namespace(template):
+            assert not re.search(r"\{(ns|node)\}|cluster|node|namespace", template), template
+    assert kubectl_wide._takes_namespace("open a shell in pod {pod}")
+    assert not kubectl_wide._takes_namespace("restart every deployment in {ns}")
+    assert not kubectl_wide._takes_namespace("ssh into node {node}")
 
 
 def test_pods_are_named_like_pods_and_small_counts_are_sometimes_spelt_out(generated) -> None:

@@ -156,7 +156,8 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
     ``operations: wide`` (playground/train/kubectl_wide.py): more operations and phrasings, the namespace said
     first, a ``reason_fraction`` of training requests (default 0) with why they are asked after them ("…, it's
     stuck"), a ``typo_fraction`` of requests mistyped, and an ``unsupported_fraction`` of requests no supported
-    operation answers, with the refusal as their answer."""
+    operation answers, with the refusal as their answer (and, where they name a namespaced object, a namespace as
+    often as a supported request says one)."""
     if not held_out and rng.random() < float(options.get("general_fraction", 0.2)):
         return rng.choice(general_answers())
     wide = options.get("operations", "core") == "wide"
@@ -181,8 +182,10 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
         values.update(kubectl_wide.names(rng, held_out, _APPS[held_out], _NAMESPACES[held_out], _NODE_POOLS[held_out]))
         values.update(kubectl_wide.extra_values(rng, held_out, values))
     spoken = values
-    if wide and rng.random() < float(options.get("unsupported_fraction", 0.15)):
-        request, answer, namespaced = kubectl_wide.unsupported_request(rng, unseen, values), kubectl_wide.REFUSAL, False
+    refused = wide and rng.random() < float(options.get("unsupported_fraction", 0.15))
+    if refused:
+        request, namespaced = kubectl_wide.unsupported_request(rng, unseen, values)
+        answer = kubectl_wide.REFUSAL
     else:
         if wide:
             spoken, values = kubectl_wide.fit_values(rng, command, values)
@@ -200,10 +203,11 @@ def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False
         else:
             suffixes = _IN_NAMESPACE[unseen] + (kubectl_wide.IN_NAMESPACE[unseen] if wide else [])
             request += rng.choice(suffixes).format(ns=namespace)
-        answer += f" -n {namespace}"
+        if not refused:
+            answer += f" -n {namespace}"
     reason_fraction = float(options.get("reason_fraction", 0.0)) if wide and not held_out else 0.0
     if reason_fraction and rng.random() < reason_fraction:
-        request = kubectl_wide.with_reason(rng, request, None if answer == kubectl_wide.REFUSAL else command, spoken)
+        request = kubectl_wide.with_reason(rng, request, None if refused else command, spoken)
     if not wide:
         wrappers = _WRAPPERS
     elif first:

@@ -413,8 +413,19 @@ def typo(rng: random.Random, text: str, protected: set[str]) -> str:
     return " ".join(words)
 
 
-def unsupported_request(rng: random.Random, held_out: bool, values: dict[str, Any]) -> str:
-    return rng.choice(UNSUPPORTED[held_out]).format(**values)
+def unsupported_request(rng: random.Random, held_out: bool, values: dict[str, Any]) -> tuple[str, bool]:
+    """An unsupported request, and whether a namespace may be said with it: it names a namespaced object and no
+    namespace, node or cluster of its own ("open a shell in pod web-1 in prod" is still refused). Said as often as
+    with a supported request, a namespace is no sign that a request is supported: without refusals that say one,
+    models refused plain requests that said none ("restart the api deployment"; benchmarks/README.md, "Plain
+    requests refused")."""
+    template = rng.choice(UNSUPPORTED[held_out])
+    return template.format(**values), _takes_namespace(template)
+
+
+def _takes_namespace(template: str) -> bool:
+    named = any(part in template for part in ("{app}", "{pod}", "{kind}", "{kinds}", " pods", "everything to"))
+    return named and not any(part in template for part in ("{ns}", "{node}", "node", "cluster", "namespace"))
 
 
 def fit_values(rng: random.Random, command: str, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

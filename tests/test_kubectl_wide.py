@@ -154,7 +154,7 @@ def test_refusals_say_a_namespace_where_supported_requests_would_and_never_answe
         return bool(namespaces & set(re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", prompt.lower())))
 
     refusals = [s for s in generated if s.answer == kubectl_wide.REFUSAL]
-    assert all(" -n " not in s.answer for s in refusals)
+    assert not [s for s in generated if s.answer.startswith(kubectl_wide.REFUSAL) and s.answer != kubectl_wide.REFUSAL]
     # beside the bulk ones ("delete everything in prod"), which said a namespace before
     one_object = [
         s for s in refusals if says_namespace(s.prompt) and not re.search(r"\b(every|all|wipe)", s.prompt.lower())

@@ -99,10 +99,11 @@ def per_split(rows: list[dict[str, Any]], answers: list[str]) -> dict[str, Any]:
     return figures
 
 
-def answer(model_dir: Path, template: str | None, rows: list[dict[str, Any]]) -> list[str]:
+def asker(model_dir: Path) -> Callable[[list[str]], list[str]]:
+    """The model in ``model_dir``, loaded once, as a function from requests to its greedy answers."""
     bench = _smollm2()
-    model, tokenizer = bench._model(model_dir, template)
-    return bench._answers(model, tokenizer, [r["request"] for r in rows], 48)
+    model, tokenizer = bench._model(model_dir, None)
+    return lambda prompts: bench._answers(model, tokenizer, prompts, 48)
 
 
 def readings(rows: list[dict[str, Any]]) -> list[str]:
@@ -177,7 +178,7 @@ def main() -> None:
         tmp = str(args.keep) if args.keep else tmp_dir
         if not args.skip_base:
             base_dir = ensure_converted(blueprint.model.source)
-            results["base"] = per_split(rows, answer(base_dir, None, rows))
+            results["base"] = per_split(rows, asker(base_dir)([r["request"] for r in rows]))
             print(json.dumps({"base": results["base"]}), flush=True)
         model_dir = args.model_dir
         if model_dir is None:
@@ -190,11 +191,7 @@ def main() -> None:
             print(json.dumps({"training": results["training"]}), flush=True)
             model_dir = Path(tmp) / "train" / "model"
         started = time.perf_counter()
-        model, tokenizer = bench._model(model_dir, None)  # loaded once for both the typed and the read requests
-
-        def ask(prompts: list[str]) -> list[str]:
-            return bench._answers(model, tokenizer, prompts, 48)
-
+        ask = asker(model_dir)  # loaded once for both the typed and the read requests
         answers = ask([r["request"] for r in rows])
         read = answers_read(ask, rows, answers)
         results.update(fine_tuned_figures(rows, answers, read))

@@ -425,7 +425,7 @@ def unsupported_request(rng: random.Random, held_out: bool, values: dict[str, An
 
 def _takes_namespace(template: str) -> bool:
     named = any(part in template for part in ("{app}", "{pod}", "{kind}", "{kinds}", " pods", "everything to"))
-    return named and not any(part in template for part in ("{ns}", "{node}", "node", "cluster", "namespace"))
+    return named and not any(part in template for part in ("{ns}", "node", "cluster", "namespace"))  # "{node}" too
 
 
 def fit_values(rng: random.Random, command: str, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

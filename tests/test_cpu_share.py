@@ -3,7 +3,9 @@ trainer's thread guard decides. The guard on real pressure, inside the training 
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,34 @@ from playground.train.cpu_share import DEFAULTED, SETTING, choose_wait_policy, n
 
 TRAINER = ["/usr/bin/python3", "-u", "-m", "playground.train", "--blueprint", "tiny-llama-cpu", "--output", "o"]
 NOTEBOOK = ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "kernel.json"]
+
+
+class PodKernel:
+    """A stand-in for the kernel's cgroup files of a pod, moved by rates the test sets (seconds per second: its tasks
+    waited for a CPU, ``cpu.pressure``'s total; used CPU, ``cpu.stat``'s usage_usec). The kernel's files are current
+    whenever they are read; this one writes them whenever it is read as the clock, which a meter reads before the
+    files it pairs with it, so a reading is never older than its time however late a thread runs on a busy machine
+    (a writer thread of its own fell behind in a loaded CI run: the guard read a stale cpu.stat as a free quota)."""
+
+    def __init__(self, pod: Path, waited: float = 0.0, used: float = 0.0, used_before: float = 0.0) -> None:
+        self.pod, self.rates = pod, {"waited": waited, "used": used}
+        self.waited, self.used, self.last = 0.0, used_before, time.monotonic()
+        self._lock = threading.Lock()
+        self._write()
+
+    def __call__(self) -> float:
+        with self._lock:
+            now = time.monotonic()
+            self.waited += self.rates["waited"] * (now - self.last)
+            self.used += self.rates["used"] * (now - self.last)
+            self.last = now
+            self._write()
+            return now
+
+    def _write(self) -> None:
+        waited = f"some avg10=0.00 avg60=0.00 avg300=0.00 total={int(self.waited * 1e6)}\n"
+        (self.pod / "cpu.pressure").write_text(waited)
+        (self.pod / "cpu.stat").write_text(f"usage_usec {int(self.used * 1e6)}\n")
 
 
 def test_threads_halve_while_others_wait_and_come_back_when_the_cores_are_idle() -> None:
@@ -146,7 +176,6 @@ def test_a_pod_under_a_cpu_quota_starts_from_its_own_use_not_the_hosts_cores(tmp
     """A pod with a CPU limit of 1.5 cores, not pinned: every core of the host is in its affinity mask, so the host's
     busy cores said nothing of the pod. Its start decision reads its quota's cgroup: idle while the host is busy and
     the pod uses nothing; busy while the pod's own tasks use 0.8 of a core."""
-    import threading
 
     from _train_helpers import busy_processes
 
@@ -166,32 +195,17 @@ def test_a_pod_under_a_cpu_quota_starts_from_its_own_use_not_the_hosts_cores(tmp
         assert cpu_share.busy_cores(0.3, self_cgroup, root) == (0.0, 1)
         assert cpu_share.machine_idle(0.3, self_cgroup, root) is True
 
-    stop = threading.Event()
-
-    def pod_tasks_use_cpu() -> None:  # usage_usec grows by 0.8 s per second, as the kernel would write it
-        started = time.monotonic()
-        while not stop.wait(0.01):
-            written = pod / "cpu.stat.new"  # replaced whole: a reader never sees a half-written file
-            written.write_text(f"usage_usec {5_000_000 + int(800_000 * (time.monotonic() - started))}\n")
-            written.replace(pod / "cpu.stat")
-
-    writer = threading.Thread(target=pod_tasks_use_cpu, daemon=True)
-    writer.start()
-    try:
-        busy, cores = cpu_share.busy_cores(0.5, self_cgroup, root)
-        assert 0.4 < busy < 1.0 and cores == 1
-        assert cpu_share.machine_idle(0.5, self_cgroup, root) is False
-    finally:
-        stop.set()
-        writer.join()
+    kernel = PodKernel(pod, used=0.8, used_before=5.0)  # the pod's tasks use 0.8 of a core
+    busy, cores = cpu_share.busy_cores(0.5, self_cgroup, root, clock=kernel)
+    assert abs(busy - 0.8) < 0.01 and cores == 1
+    assert cpu_share.machine_idle(0.5, self_cgroup, root, clock=kernel) is False
 
 
 @pytest.mark.skipif(cpu_share.available_cores() < 2, reason="one core: a quota below the affinity mask needs two")
 def test_a_guard_under_a_cpu_quota_takes_threads_back_only_when_the_quota_is_free(tmp_path) -> None:
     """A spinning trainer in a pod limited to 1.5 cores (not pinned) halves its threads while its cgroup's tasks wait,
     keeps one while the pod's other tasks still use most of the quota (the host's idle cores are not the pod's), and
-    takes two back once the pod's use falls. The cgroup's files move as the kernel would write them."""
-    import threading
+    takes two back once the pod's use falls. The cgroup's files move as the kernel's would (PodKernel)."""
 
     import torch
 
@@ -201,21 +215,7 @@ def test_a_guard_under_a_cpu_quota_takes_threads_back_only_when_the_quota_is_fre
     (pod / "cpu.max").write_text("150000 100000\n")
     self_cgroup = tmp_path / "self-cgroup"
     self_cgroup.write_text("0::/kubepods.slice/pod-1\n")
-    rates = {"waited": 0.5, "used": 1.5}  # seconds per second: tasks waiting for a CPU, CPU the pod's tasks use
-    stop = threading.Event()
-
-    def kernel() -> None:
-        waited = used = 0.0
-        last = time.monotonic()
-        while True:
-            now = time.monotonic()
-            waited, used, last = waited + rates["waited"] * (now - last), used + rates["used"] * (now - last), now
-            for name, text in (("cpu.pressure", f"some avg10=0.00 avg60=0.00 avg300=0.00 total={int(waited * 1e6)}\n"),
-                               ("cpu.stat", f"usage_usec {int(used * 1e6)}\n")):  # fmt: skip
-                (pod / f"{name}.new").write_text(text)
-                (pod / f"{name}.new").replace(pod / name)  # whole: a reader never sees half a file
-            if stop.wait(0.01):
-                return
+    kernel = PodKernel(pod, waited=0.5, used=1.5)  # the pod's tasks wait for a CPU half the time, use all 1.5 cores
 
     def asks_for(threads: int, within: float = 10.0) -> bool:
         deadline = time.monotonic() + within
@@ -223,27 +223,19 @@ def test_a_guard_under_a_cpu_quota_takes_threads_back_only_when_the_quota_is_fre
             time.sleep(0.02)
         return guard.wanted == threads
 
-    # the files are there before the guard looks (as in a real cgroup): a guard that starts before the writer's first
-    # write would read the machine's pressure instead
-    (pod / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
-    (pod / "cpu.stat").write_text("usage_usec 0\n")
-    writer = threading.Thread(target=kernel, daemon=True)
-    writer.start()
     torch_threads = torch.get_num_threads()
-    guard = cpu_share.ThreadGuard(2, period=0.25, settle=0.0, self_cgroup=self_cgroup, cgroup_root=root)
+    guard = cpu_share.ThreadGuard(2, period=0.25, settle=0.0, self_cgroup=self_cgroup, cgroup_root=root, clock=kernel)
     try:
         guard.watch()
         assert asks_for(1)  # the pod's tasks wait: give a thread back
         assert guard.apply() == "CPU threads 2 → 1: other processes wait for the CPU"
-        rates.update(waited=0.0, used=1.4)  # nobody waits now, but the pod's tasks use 1.4 of its 1.5 cores
+        kernel.rates.update(waited=0.0, used=1.4)  # nobody waits now, but the pod's tasks use 1.4 of its 1.5 cores
         assert not asks_for(2, within=1.5)
-        rates.update(used=0.5)  # the others are done: 1 of the 1.5 cores sits idle
+        kernel.rates.update(used=0.5)  # the others are done: 1 of the 1.5 cores sits idle
         assert asks_for(2)
         assert guard.apply() == "CPU threads 1 → 2: the CPU is free again"
     finally:
         guard.stop()
-        stop.set()
-        writer.join()
         torch.set_num_threads(torch_threads)
 
 

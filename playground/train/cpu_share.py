@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
 SETTING = "PLAYGROUND_CPU_WAIT"  # auto | spin | passive
@@ -143,25 +143,29 @@ def idle_at_start(pressure_avg10: float, busy_cores: float, cores: int) -> bool:
 
 
 def busy_cores(
-    window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT
-) -> tuple[float, int]:
+    window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[float, int]:  # fmt: skip
     """How many cores others keep busy while this process sleeps ``window`` seconds, and out of how many whole cores
     it may use (:class:`IdleMeter`: under a CPU quota smaller than its affinity mask, a pod with a CPU limit that is
     not pinned to cores, the quota's cgroup's own use, since the host's other cores are not its to take)."""
-    meter = IdleMeter(self_cgroup, cgroup_root)
+    meter = IdleMeter(self_cgroup, cgroup_root, clock)
     time.sleep(window)
     busy = meter.capacity - meter.sample()
     return busy, whole_cores(meter.capacity)
 
 
-def machine_idle(window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> bool | None:
+def machine_idle(
+    window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool | None:  # fmt: skip
     """Whether nothing else wants this process's cores now (:func:`idle_at_start`): the CPU pressure of its cgroup or
     machine and :func:`busy_cores` over ``window`` seconds (a run that just ended does not count; the load average
     would still count it). None without Linux PSI."""
     avg10 = _read_psi_some(pressure_file(self_cgroup, cgroup_root), "avg10")
     if avg10 is None:
         return None
-    busy, cores = busy_cores(window, self_cgroup, cgroup_root)
+    busy, cores = busy_cores(window, self_cgroup, cgroup_root, clock)
     return idle_at_start(avg10, busy, cores)
 
 
@@ -219,22 +223,27 @@ def idle_cores(before: tuple[int, int], after: tuple[int, int], cores: int) -> f
 class IdleMeter:
     """Idle cores since the last :meth:`sample`: under a CPU quota smaller than the affinity mask (a pod with a CPU
     limit, not pinned) the quota less its cgroup's use, this process's included; elsewhere the affinity mask's cores
-    idle in their own /proc/stat lines."""
+    idle in their own /proc/stat lines. ``clock`` is read before the files it is paired with."""
 
-    def __init__(self, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT) -> None:
-        self.cpus = _affinity()
+    def __init__(
+        self, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.cpus, self.clock = _affinity(), clock
         found = quota_cgroup(self_cgroup, cgroup_root)
+        now = clock()
         used = cgroup_cpu_seconds(found[1]) if found is not None and found[0] < len(self.cpus) else None
         self.quota = found if used is not None else None  # (cores, cgroup) where the quota's use is readable
         self.capacity = self.quota[0] if self.quota is not None else float(len(self.cpus))
-        self._used, self._clock = used, time.monotonic()  # the quota's cgroup: CPU seconds used
+        self._used, self._clock = used, now  # the quota's cgroup: CPU seconds used
         self._jiffies = idle_jiffies(self.cpus) if self.quota is None else (0, 0)  # elsewhere: (idle, all) jiffies
 
     def sample(self) -> float:
         if self.quota is None:
             before, self._jiffies = self._jiffies, idle_jiffies(self.cpus)
             return idle_cores(before, self._jiffies, len(self.cpus))
-        used, now = cgroup_cpu_seconds(self.quota[1]), time.monotonic()
+        now = self.clock()
+        used = cgroup_cpu_seconds(self.quota[1])
         before, seconds = self._used, max(1e-6, now - self._clock)
         self._used, self._clock = used, now
         if used is None or before is None:  # the cgroup went away: nothing known to be idle
@@ -245,14 +254,16 @@ class IdleMeter:
 class ThreadGuard:
     """A daemon thread that samples the machine once a ``period`` and asks for a thread count
     (:func:`next_threads`); the training thread applies it between steps (:meth:`apply`), since torch's thread
-    count belongs to the thread that sets it."""
+    count belongs to the thread that sets it. ``clock`` is read before the readings it times (the kernel's files
+    are current when read; a stand-in that writes them when the clock is read is then exact)."""
 
     def __init__(
         self, full: int, period: float = 1.0, settle: float = SETTLE_SECONDS,
         self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
         self.full = self.threads = self.wanted = full
-        self.period, self.settle = period, settle
+        self.period, self.settle, self.clock = period, settle, clock
         self._cgroup = (self_cgroup, cgroup_root)
         self._asks: list[int] = []
         self._stop = threading.Event()
@@ -279,10 +290,12 @@ class ThreadGuard:
     def _run(self) -> None:
         if self._stop.wait(self.settle):
             return
-        psi, idle = pressure_file(*self._cgroup), IdleMeter(*self._cgroup)
-        pressure, clock = _read_psi_some(psi, "total") or 0, time.monotonic()
+        psi, idle = pressure_file(*self._cgroup), IdleMeter(*self._cgroup, self.clock)
+        clock = self.clock()
+        pressure = _read_psi_some(psi, "total") or 0
         while not self._stop.wait(self.period):
-            now_pressure, now = _read_psi_some(psi, "total") or 0, time.monotonic()
+            now = self.clock()
+            now_pressure = _read_psi_some(psi, "total") or 0
             waited = (now_pressure - pressure) / 1e6 / max(1e-6, now - clock)
             pressure, clock = now_pressure, now
             self._asks = [*self._asks[-(SAMPLES - 1) :], next_threads(self.threads, self.full, waited, idle.sample())]

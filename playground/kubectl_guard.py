@@ -9,13 +9,14 @@ cluster-changing answer passes only when
 1. its verb is one the task supports, and the request says that verb (one of its cue words, not as a state it
    describes: "it keeps restarting" does not ask to restart; typos of one letter allowed: "scael" is "scale",
    "drian" is "drain"; a wrong letter only in cues of 6+ letters, because in shorter words it makes another word:
-   "clean" is not "clear");
+   "clean" is not "clear"; "stop scheduling pods on node-4" says cordon, not the uncordon "schedul" also cues);
 2. every name, number and file the command carries appears in the request as typed, as a whole ("v2" is not said by
    "frontend-v2"; a model that invents a name is guessing); a kind word says only itself ("deployment" is not the cue
    "deploy"); the command is one of the shapes taught (one kind, a number for ``--replicas`` and ``--port``); a name the
    request gives as a namespace ("in staging", "the staging namespace") is not the object the command changes ("wipe the
    staging namespace" is not ``kubectl drain staging``), nor is one it gives as a cluster or a context ("the eu-west
-   cluster"), the command's namespace is one the request gives as such, its object is not a word like "cluster" or
+   cluster"), a namespace it looks in ("statefulsets in the payments-prod namespace?") is not one to create, the
+   command's namespace is one the request gives as such, its object is not a word like "cluster" or
    "everything", and it carries no flag the task does not teach that verb (``--replicas``, ``--port``,
    ``--ignore-daemonsets``, ``-f`` and ``-n`` are all there is);
 3. the request is not a question about the past, a state or a reason ("who…", "why…", "is web done…?") nor asks for
@@ -95,6 +96,10 @@ _NAMESPACE_IS = re.compile(
 )
 # ... or perhaps ("in team-ml can you scale…", "on staging, restart…"): where a command's namespace may come from.
 _NAMESPACE_MAY_BE = re.compile(_NAMESPACE_SAID.format(before="in|inside|from|into|namespace|ns|on|to|for", after=""))
+# A namespace the request looks in ("statefulsets in the payments-prod namespace?"): there already, not one to create.
+_LOOKED_IN = re.compile(r"\b(?:in|inside|within|from)\s+(?:the\s+)?(?:(?:namespace|ns)\s+)?([a-z0-9][a-z0-9-]*)")
+# Scheduling stopped is a cordon ("stop scheduling new pods onto node-4"), never the uncordon "schedul" also cues.
+_STOP_SCHEDULING = re.compile(r"\b(?:stop|no\s+(?:more|new)|don'?t|do\s+not|prevent|block)\W+(?:\w+\W+){0,3}?schedul")
 # Words that name no object: a command that changes "the cluster" or "everything" is a guess.
 _GENERIC_WORDS = {"cluster", "kubernetes", "k8s", "everything", "all", "it", "them", "this", "that", "stuff"}
 _NAMESPACE_OBJECTS = {"create namespace", "label"}  # verbs whose object may be a namespace
@@ -310,6 +315,10 @@ def check(request: str, answer: str) -> Verdict:
     created = _kind_created(lowered) if command.verb == "create namespace" else None
     if created and created != "namespace":  # "create a networkpolicy … db namespace"; not "an ns for the jobs team"
         return Verdict(False, f"the request creates a {created}, not a namespace")
+    if command.verb == "create namespace" and target in _namespaces_said(request, _LOOKED_IN):
+        return Verdict(False, f"'{target}' is a namespace the request looks in, not one to create")
+    if command.verb == "uncordon" and _STOP_SCHEDULING.search(lowered):
+        return Verdict(False, "the request asks to stop scheduling (a cordon), not to uncordon")
     # "all the pods" of the one node a drain empties, or of the one deployment a restart restarts, is not bulk; a
     # "kubectl drain --ignore-daemonsets" names no node
     pods_of_one = command.verb in _ALL_ITS_PODS and _object(command) is not None

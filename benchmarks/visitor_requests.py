@@ -20,8 +20,9 @@ Each figure is given for the model's raw answers to the requests as typed (``fin
 the chat panel reads them (``fine_tuned_read``: the blueprint's ``serving.normalize: kubectl``,
 playground/kubectl_request.py, spells mistyped kubectl words right and says a typed ``-n NAME`` in words; only the
 requests it changes are asked again), and for what the chat panel shows (``fine_tuned_guarded``): those answers
-through the blueprint's ``serving.guard: kubectl`` (playground/kubectl_guard.py), which replaces a cluster-changing
-command the request as typed did not ask for with the refusal.
+with the namespace the request says added where the command has none (``serving.complete: kubectl``,
+playground/kubectl_answer.py), through the blueprint's ``serving.guard: kubectl`` (playground/kubectl_guard.py), which
+replaces a cluster-changing command the request as typed did not ask for with the refusal.
 
 Splits: ``dev`` (40) and ``dev2`` (80: the test split until 2026-11-27) were read while tuning the generator and the
 guard. ``dev3`` … ``dev10`` (ids ``f…`` to ``l…``, and ``n…``) and ``test`` (``m…``) were each written later by
@@ -106,12 +107,18 @@ def asker(model_dir: Path) -> Callable[[list[str]], list[str]]:
     return lambda prompts: bench._answers(model, tokenizer, prompts, 48)
 
 
+def get_blueprint_serving():
+    """The default blueprint's ``serving`` settings: what the chat panel does around the model."""
+    from playground.blueprints import get_blueprint
+
+    return get_blueprint(_smollm2().BLUEPRINT).serving
+
+
 def readings(rows: list[dict[str, Any]]) -> list[str]:
     """Each request as the chat panel asks the models it (the blueprint's ``serving.normalize``)."""
-    from playground.blueprints import get_blueprint
     from playground.kubectl_request import normalize
 
-    if get_blueprint(_smollm2().BLUEPRINT).serving.normalize != "kubectl":
+    if get_blueprint_serving().normalize != "kubectl":
         return [r["request"] for r in rows]
     return [normalize(r["request"]) for r in rows]
 
@@ -129,12 +136,18 @@ def answers_read(ask: Callable[[list[str]], list[str]], rows: list[dict[str, Any
 
 def fine_tuned_figures(rows: list[dict[str, Any]], typed: list[str], read: list[str] | None = None) -> dict[str, Any]:
     """:func:`per_split` of the model's answers to the requests as typed (``fine_tuned``), as read
-    (``fine_tuned_read``: mistyped kubectl words spelt right, playground/kubectl_request.py) and those through the
-    guard, which judges the request as typed (``fine_tuned_guarded``: what the chat panel shows)."""
+    (``fine_tuned_read``: mistyped kubectl words spelt right, playground/kubectl_request.py) and those with the
+    namespace the request says added where they have none (playground/kubectl_answer.py) through the guard, which
+    judges the request as typed (``fine_tuned_guarded``: what the chat panel shows)."""
+    from playground.kubectl_answer import complete
     from playground.kubectl_guard import guard
 
     read = typed if read is None else read
-    guarded = [guard(r["request"], a) for r, a in zip(rows, read, strict=True)]
+    if get_blueprint_serving().complete == "kubectl":  # the namespace the request says, where the answer has none
+        read_shown = [complete(r["request"], a) for r, a in zip(rows, read, strict=True)]
+    else:
+        read_shown = read
+    guarded = [guard(r["request"], a) for r, a in zip(rows, read_shown, strict=True)]
     return {
         "fine_tuned": per_split(rows, typed),
         "fine_tuned_read": per_split(rows, read),

@@ -212,7 +212,7 @@ def _names(command) -> list[str]:
     return parts
 
 
-def _namespaces_said(request: str, pattern: re.Pattern[str] = _NAMESPACE_IS) -> set[str]:
+def namespaces_said(request: str, pattern: re.Pattern[str] = _NAMESPACE_IS) -> set[str]:
     """The names the request gives as namespaces ("in prod", "inside the staging namespace", "team-ml ns")."""
     text = " ".join("namespace" if _close(word, "namespace") else word for word in request.lower().split())
     return {name for match in pattern.finditer(text) for name in match.groups() if name} - _NOT_NAMES
@@ -296,12 +296,12 @@ def check(request: str, answer: str) -> Verdict:
             return Verdict(False, f"the request is about a {sorted(other_kinds)[0]}, not a {kind}")
     target = (_object(command) or "").lower()
     changes_a_namespace = command.verb in _NAMESPACE_OBJECTS or command.resource == "namespace"
-    if target and not changes_a_namespace and target in _namespaces_said(request):
+    if target and not changes_a_namespace and target in namespaces_said(request):
         return Verdict(False, f"'{target}' is a namespace in the request, not what to {command.verb}")
     if target in _GENERIC_WORDS:
         return Verdict(False, f"'{target}' names no object to {command.verb}")
     namespace = dict(command.flags).get("--namespace")
-    if namespace and namespace.lower() not in _namespaces_said(request, _NAMESPACE_MAY_BE):
+    if namespace and namespace.lower() not in namespaces_said(request, _NAMESPACE_MAY_BE):
         return Verdict(False, f"the request does not say '{namespace}' is the namespace")
     if command.verb == "expose" and _LOCAL_ACCESS.search(lowered):
         return Verdict(
@@ -315,7 +315,7 @@ def check(request: str, answer: str) -> Verdict:
     created = _kind_created(lowered) if command.verb == "create namespace" else None
     if created and created != "namespace":  # "create a networkpolicy … db namespace"; not "an ns for the jobs team"
         return Verdict(False, f"the request creates a {created}, not a namespace")
-    if command.verb == "create namespace" and target in _namespaces_said(request, _LOOKED_IN):
+    if command.verb == "create namespace" and target in namespaces_said(request, _LOOKED_IN):
         return Verdict(False, f"'{target}' is a namespace the request looks in, not one to create")
     if command.verb == "uncordon" and _STOP_SCHEDULING.search(lowered):
         return Verdict(False, "the request asks to stop scheduling (a cordon), not to uncordon")

@@ -194,6 +194,33 @@ def test_the_chat_panel_asks_the_models_the_request_with_its_typos_read(served) 
     assert panel.transcripts["fine-tuned"].turns[-1].reading == ""  # nothing to read otherwise: nothing shown
 
 
+def test_the_chat_panel_adds_the_namespace_the_request_says(served) -> None:
+    """Requests that say a namespace, answered by the real fine-tuned model through the panel (the blueprint's
+    ``serving.complete: kubectl``): a bare command without a namespace gets the one the request says, and the panel
+    says so under the answer; a command that has one, or a request that says none, is shown as the model gave it."""
+    from playground.kubectl_answer import added_namespace, complete
+    from playground.kubectl_guard import guard
+    from widgets.chat import ChatPanel
+
+    blueprint = get_blueprint(DEFAULT_BLUEPRINT)
+    assert blueprint.serving.complete == "kubectl"
+    prompts = ["show me the pods in the shop namespace", "restart the api deployment in staging",
+               "payments: list the services", "describe the web deployment in prod", "list the nodes"]  # fmt: skip
+    panel = ChatPanel(blueprint, operator=False)
+    panel.set_endpoints({"fine-tuned": served["fine-tuned"]})
+    for prompt in prompts:
+        assert panel.ask(prompt) and panel.wait(timeout=120)
+    for turn in panel.transcripts["fine-tuned"].turns:
+        given = _ask(served["fine-tuned"], turn.reading or turn.prompt)
+        assert turn.answer == guard(turn.prompt, complete(turn.prompt, given)), (turn, given)
+        namespace = "" if turn.held_back else added_namespace(turn.prompt, given) or ""
+        assert turn.added_namespace == namespace, (turn, given)
+        if namespace:
+            assert turn.answer.endswith(f" -n {namespace}")
+            assert f"-n {namespace}: the namespace from your request" in panel.answers["fine-tuned"].value
+    assert not panel.transcripts["fine-tuned"].turns[-1].added_namespace  # "list the nodes": no namespace said
+
+
 def test_default_blueprint_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """First card in the gallery, what `playground app` preselects, binder, the smoke e2e profile."""
     import argparse

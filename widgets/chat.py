@@ -59,6 +59,7 @@ class Turn:
     held_back: str = ""  # why the guard replaced the model's answer (playground/kubectl_guard.py)
     guarded: bool = False  # a command is shown only once the guard has seen all of it
     reading: str = ""  # what the models are asked where it differs from the prompt (playground/kubectl_request.py)
+    added_namespace: str = ""  # the namespace added to the answer from the request (playground/kubectl_answer.py)
 
     @property
     def correct(self) -> bool | None:
@@ -79,9 +80,15 @@ class Transcript:
                 mark = " <span class='pg-ok'>✓</span>" if turn.correct else " <span class='pg-bad'>✗</span>"
             answer = answer_html(turn)
             reading = f"<div class='pg-reading'>read as: {html.escape(turn.reading)}</div>" if turn.reading else ""
+            added = (
+                f"<div class='pg-reading'>-n {html.escape(turn.added_namespace)}: the namespace from your request</div>"
+                if turn.added_namespace
+                else ""
+            )
             parts.append(
                 f"<div class='pg-turn'><div class='pg-q'>{html.escape(turn.prompt)}</div>{reading}"
-                f"<div class='pg-a' data-side='{side}' data-done='{str(turn.done).lower()}'>{answer}{mark}</div></div>"
+                f"<div class='pg-a' data-side='{side}' data-done='{str(turn.done).lower()}'>{answer}{mark}</div>"
+                f"{added}</div>"
             )
         return "".join(parts) or "<div class='pg-empty'>no messages yet</div>"
 
@@ -237,12 +244,19 @@ class ChatPanel(ipw.VBox):
                     self._refresh(side)
             turn.tokens = getattr(stream, "completion_tokens", None)
             turn.truncated = getattr(stream, "finish_reason", None) == "length"
+            if self.blueprint.serving.complete == "kubectl" and not turn.truncated:  # a cut answer: not completed
+                from playground.kubectl_answer import added_namespace, complete
+
+                namespace = added_namespace(turn.prompt, turn.answer)
+                if namespace is not None:
+                    turn.answer, turn.added_namespace = complete(turn.prompt, turn.answer), namespace
             if self.blueprint.serving.guard == "kubectl":
                 from playground.kubectl_guard import REFUSAL, check
 
                 verdict = check(turn.prompt, turn.answer)
                 if not verdict.allowed:
                     turn.answer, turn.held_back, turn.truncated = REFUSAL, verdict.reason, False
+                    turn.added_namespace = ""
         except Exception as exc:  # shown in the column, never printed from this thread
             turn.error = error_text(exc) if self.operator else scrub_paths(error_text(exc))
         turn.done = True

@@ -294,6 +294,9 @@ class ServingSpec(_Strict):
     # kubectl: the models are asked the request with its mistyped kubectl words spelt right and a typed ``-n NAME``
     # said in words (playground/kubectl_request.py; the panel shows that reading); none: the request as typed.
     normalize: Literal["none", "kubectl"] = "none"
+    # kubectl: a bare command without a namespace gets the one the request says ("the pods in payments" answered
+    # ``kubectl get pods`` → ``… -n payments``; playground/kubectl_answer.py; the panel says so); none: as given.
+    complete: Literal["none", "kubectl"] = "none"
 
 
 class QualitySpec(_Strict):

@@ -47,7 +47,11 @@ def added_namespace(request: str, answer: str) -> str | None:
     return said.pop() if len(said) == 1 else None
 
 
+def with_namespace(answer: str, namespace: str | None) -> str:
+    """``answer`` with ``-n namespace`` after it (as it is where ``namespace`` is None)."""
+    return answer if namespace is None else f"{answer.strip()} -n {namespace}"
+
+
 def complete(request: str, answer: str) -> str:
     """``answer`` with ``-n NAMESPACE`` added where :func:`added_namespace` finds one; else as it is."""
-    namespace = added_namespace(request, answer)
-    return answer if namespace is None else f"{answer.strip()} -n {namespace}"
+    return with_namespace(answer, added_namespace(request, answer))

@@ -245,11 +245,10 @@ class ChatPanel(ipw.VBox):
             turn.tokens = getattr(stream, "completion_tokens", None)
             turn.truncated = getattr(stream, "finish_reason", None) == "length"
             if self.blueprint.serving.complete == "kubectl" and not turn.truncated:  # a cut answer: not completed
-                from playground.kubectl_answer import added_namespace, complete
+                from playground.kubectl_answer import added_namespace, with_namespace
 
                 namespace = added_namespace(turn.prompt, turn.answer)
-                if namespace is not None:
-                    turn.answer, turn.added_namespace = complete(turn.prompt, turn.answer), namespace
+                turn.answer, turn.added_namespace = with_namespace(turn.answer, namespace), namespace or ""
             if self.blueprint.serving.guard == "kubectl":
                 from playground.kubectl_guard import REFUSAL, check
 

@@ -360,3 +360,40 @@ def test_e2e_runs_a_notebook_on_the_ray_backend(tmp_path: Path, sequence: RaySeq
     assert result["endpoint"] == {"kind": "fine-tuned", "model": job["model_dir"]}  # served out of the Ray job
     # it answered (a failed request raises in the notebook; 4 steps may well answer with an end-of-text at once)
     assert isinstance(result["answer"], str) and result["endpoints_left"] == 0, result
+
+
+def test_a_second_local_ray_takes_jobs_beside_another(
+    ray_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another home's local Ray starts beside the session's, with Ray's fixed default ports (the job agent's
+    52365, the client server's 10001) taken as another Ray on the machine takes them, and runs a job: every port
+    of a local Ray is its own (on the defaults its job agent never registered: "No available agent")."""
+    import socket
+
+    from ray.job_submission import JobStatus
+
+    from playground.backends.ray.backend import submit_when_agent_ready
+
+    session_ray = RayBackend(ray_home).local_ray.read()
+    assert session_ray is not None  # it runs beside the second one
+    second = RayBackend(tmp_path)
+    monkeypatch.setenv("PLAYGROUND_RAY_CPUS", "1")
+    with contextlib.ExitStack() as stack:
+        for port in (52365, 10001):
+            sock = stack.enter_context(socket.socket())
+            with contextlib.suppress(OSError):  # already taken (the session's Ray on old code, another program)
+                sock.bind(("127.0.0.1", port))
+                sock.listen()
+        stack.callback(second.stop_local_ray)
+        client = second.client(start=True)
+        job_id = submit_when_agent_ready(client, {"entrypoint": "python -c 'print(6 * 7)'"})
+        status = wait_for(
+            lambda: (s := client.get_job_status(job_id)).is_terminal() and s, timeout=120, what="the job to end"
+        )
+        assert status == JobStatus.SUCCEEDED and "42" in client.get_job_logs(job_id)
+        started = second.local_ray.read()
+        assert started is not None and started.dashboard_url != session_ray.dashboard_url
+    assert second.local_ray.read() is None  # stopped
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if started.temp_dir in " ".join(p.info["cmdline"] or [])]
+    assert left == [], f"processes of the stopped second Ray are left: {left}"
+    assert RayBackend(ray_home).local_ray.read() == session_ray  # the session's Ray is untouched

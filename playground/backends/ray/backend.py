@@ -45,6 +45,12 @@ MAX_FAILURES_ENV = "PLAYGROUND_RAY_MAX_FAILURES"
 MARK = "playground"  # metadata key marking the playground's Ray jobs
 LOG_TAIL_LINES = 40
 FOLLOW_INTERVAL = 0.5  # seconds between looks at a followed job
+# Ray's head refuses a submission ("No available agent to submit job, please try again later.") while its node's
+# job agent has not registered yet: it waits only 10 s for it, and a freshly started Ray on a loaded machine
+# needs longer. Nothing was submitted then, so the same submission is tried again, up to AGENT_WAIT seconds.
+AGENT_NOT_READY = "No available agent to submit job"
+AGENT_WAIT = rc.START_TIMEOUT
+AGENT_RETRY_INTERVAL = 1.0
 # What a Ray job's trainer gets from the submitter's environment: offline switches, caches, tracking. Never a
 # token: the runtime env is stored by Ray and shown by its dashboard (a remote cluster's nodes carry their own).
 JOB_ENV_PREFIXES = ("HF_HUB_", "HF_DATASETS_", "TRANSFORMERS_", "TOKENIZERS_", "PLAYGROUND_TRAIN_", "OMP_")
@@ -52,6 +58,19 @@ JOB_ENV_NAMES = frozenset(
     {"HF_HOME", "PLAYGROUND_GPU_COUNT", "PLAYGROUND_MLFLOW", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"}
 )
 _RAY_PHASES = {"SUCCEEDED": JobPhase.SUCCEEDED, "FAILED": JobPhase.FAILED, "STOPPED": JobPhase.CANCELLED}
+
+
+def submit_when_agent_ready(client: Any, job: dict[str, Any], *, wait: float = AGENT_WAIT) -> str:
+    """``client.submit_job(**job)``, tried again while the head has no job agent yet, for up to ``wait`` seconds
+    (Ray's refusal then is "please try again later" and nothing was submitted); Ray's submission id."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return client.submit_job(**job)
+        except Exception as exc:
+            if AGENT_NOT_READY not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(AGENT_RETRY_INTERVAL)
 
 
 def _cpu_quantity(text: str | None) -> float | None:
@@ -110,6 +129,7 @@ class RayBackend(Backend):
         self.max_failures = max_failures if max_failures is not None else _env_number(MAX_FAILURES_ENV, int, 0, 100)
         self.storage = Path(storage or os.environ.get(STORAGE_ENV) or self.home / "ray" / "jobs").expanduser()
         self.cancel_grace = cancel_grace
+        self.agent_wait = AGENT_WAIT  # seconds a submission waits for the head's job agent (module constants say why)
         self.policy = policy if policy is not None else BoothPolicy.from_settings()
         self.local_ray = rc.LocalRayHome(self.home)
         self._client: Any = None
@@ -285,16 +305,20 @@ class RayBackend(Backend):
         if self.is_local:
             (self.storage / job_id / "output").mkdir(parents=True, exist_ok=True)
         command = self.entrypoint(job_id, request, blueprint, params, scaling)
+        job = {
+            "entrypoint": shlex.join(command),
+            "submission_id": job_id,
+            "runtime_env": self._runtime_env(job_id, request.owner),
+            "metadata": self._metadata(job_id, request, blueprint, params, scaling),
+        }
         try:
-            client.submit_job(
-                entrypoint=shlex.join(command),
-                submission_id=job_id,
-                runtime_env=self._runtime_env(job_id, request.owner),
-                metadata=self._metadata(job_id, request, blueprint, params, scaling),
-            )
+            submit_when_agent_ready(client, job, wait=self.agent_wait)
         except Exception as exc:
             shutil.rmtree(self.storage / job_id, ignore_errors=True)
-            raise BackendError(f"Ray refused job {job_id}: {type(exc).__name__}: {exc}") from None
+            waited = (
+                f" (its job agent did not come up within {self.agent_wait:g}s)" if AGENT_NOT_READY in str(exc) else ""
+            )
+            raise BackendError(f"Ray refused job {job_id}{waited}: {type(exc).__name__}: {exc}") from None
         return self.get(job_id)
 
     def render_train(self, request: TrainRequest) -> str:

@@ -76,10 +76,13 @@ def remote_address() -> str | None:
     return address if "://" in address else f"http://{address}"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free loopback ports (held open together while chosen, so none repeats)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def _temp_dir(home: Path) -> Path:
@@ -137,11 +140,15 @@ class LocalRayHome:
     def _start(self) -> LocalRay:
         temp_dir = _temp_dir(self.dir.parent)
         temp_dir.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        port, agent_port, client_port = _free_ports(3)
         cpus, gpus = local_cpus(), local_gpus()
+        # Every port of its own: Ray's fixed defaults (the job agent's 52365, the client server's 10001) are taken
+        # when another Ray runs on this machine (another home's, a second test run, an operator's), and then its
+        # job agent never registers (every submission: "No available agent") and its client server exits.
         command = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--disable-usage-stats",
             "--port=0", f"--dashboard-port={port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+            f"--dashboard-agent-listen-port={agent_port}", f"--ray-client-server-port={client_port}",
             f"--num-cpus={cpus:g}", f"--num-gpus={gpus:g}", f"--object-store-memory={OBJECT_STORE_BYTES}",
             f"--temp-dir={temp_dir}",
         ]  # fmt: skip

@@ -97,9 +97,7 @@ def head(request: pytest.FixtureRequest) -> Iterator[RayHeadEmulator]:
 
 
 def backend_for(head: RayHeadEmulator, tmp_path: Path, agent_wait: float = 30.0) -> RayBackend:
-    backend = RayBackend(tmp_path, address=head.url, storage=str(tmp_path / "storage"))
-    backend.agent_wait = agent_wait
-    return backend
+    return RayBackend(tmp_path, address=head.url, storage=str(tmp_path / "storage"), agent_wait=agent_wait)
 
 
 @pytest.mark.parametrize("head", [(3,)], indirect=True)

@@ -111,6 +111,7 @@ class RayBackend(Backend):
         max_failures: int | None = None,
         storage: str | None = None,
         cancel_grace: float = 20.0,
+        agent_wait: float = AGENT_WAIT,
         policy: BoothPolicy | None = None,
     ) -> None:
         import importlib.util
@@ -129,7 +130,7 @@ class RayBackend(Backend):
         self.max_failures = max_failures if max_failures is not None else _env_number(MAX_FAILURES_ENV, int, 0, 100)
         self.storage = Path(storage or os.environ.get(STORAGE_ENV) or self.home / "ray" / "jobs").expanduser()
         self.cancel_grace = cancel_grace
-        self.agent_wait = AGENT_WAIT  # seconds a submission waits for the head's job agent (module constants say why)
+        self.agent_wait = agent_wait  # seconds a submission waits for the head's job agent (AGENT_WAIT says why)
         self.policy = policy if policy is not None else BoothPolicy.from_settings()
         self.local_ray = rc.LocalRayHome(self.home)
         self._client: Any = None

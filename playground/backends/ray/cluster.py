@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,7 +34,7 @@ from playground.processes import child_env, process_alive
 
 ADDRESS_ENV = "RAY_ADDRESS"
 CPUS_ENV = "PLAYGROUND_RAY_CPUS"  # the local Ray's CPUs (default: this machine's cores)
-START_TIMEOUT = 120.0  # seconds for a local Ray to answer (imports on a loaded 2-core machine are slow)
+START_TIMEOUT = 240.0  # seconds for a local Ray to answer (imports on a loaded 2-core machine are slow)
 OBJECT_STORE_BYTES = 256 * 1024 * 1024  # the trainer passes nothing through Ray's object store
 STATE_FILE = "cluster.json"
 
@@ -110,11 +111,49 @@ def local_gpus() -> float:
     return float(detect_gpus())
 
 
+# a Ray log line at ERROR ("<time>\tERROR services.py:1405 -- Failed to start the dashboard"): its message
+_RAY_ERROR = re.compile(r"^\S+ \S+\s+ERROR \S+ -- (?P<message>.+)$")
+_EXCEPTION = re.compile(r"^[A-Za-z_.]*(Error|Exception): .+$")
+
+
+def start_env(dashboard_wait: float = START_TIMEOUT) -> dict[str, str]:
+    """The environment of ``ray start``: the allow-listed one, plus Ray's own settings for a one-machine Ray
+    (``dashboard_wait``: the seconds Ray waits for its dashboard and each of its modules)."""
+    return child_env(
+        {
+            "RAY_DEDUP_LOGS": "0",
+            # a one-machine Ray: every process advertises and dials 127.0.0.1, never this machine's LAN address
+            # (Ray's single-node mode; `--node-ip-address=127.0.0.1` alone is turned into the LAN address)
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # On a loaded 2-core machine the dashboard's nine module processes (its Job API among them) take longer
+            # to import than Ray waits for them (30 s each) and for the dashboard (60 s: then `ray start` stops
+            # every process it started and exits 1). A slow start, not a failed one: Ray waits as long as we do.
+            "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": f"{dashboard_wait:g}",
+            "RAY_DASHBOARD_STARTUP_TIMEOUT_S": f"{dashboard_wait:.0f}",  # Ray reads an integer
+        }
+    )
+
+
+def start_failure(log_text: str) -> str:
+    """Why ``ray start`` exited, from what it printed: Ray's first error line (it follows it with a traceback and
+    the dashboard's log, whose last lines say nothing), else the exception, else its last lines."""
+    lines = [line.strip() for line in log_text.strip().splitlines() if line.strip()]
+    for line in lines:
+        if found := _RAY_ERROR.match(line):
+            return found["message"].strip()[:300]
+    exceptions = [line for line in lines if _EXCEPTION.match(line)]
+    if exceptions:
+        return exceptions[-1][:300]
+    return " / ".join(line[:200] for line in lines[-3:]) or "it printed nothing"
+
+
 class LocalRayHome:
     """The local Ray of one playground home: find it, start it, stop it."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, *, dashboard_wait: float = START_TIMEOUT) -> None:
         self.dir = home / "ray"
+        self.dashboard_wait = dashboard_wait  # how long `ray start` waits for its dashboard (start_env says why)
         self.state_file = self.dir / STATE_FILE
 
     def read(self) -> LocalRay | None:
@@ -153,18 +192,8 @@ class LocalRayHome:
             f"--temp-dir={temp_dir}",
         ]  # fmt: skip
         log_path = self.dir / "ray-start.log"
-        env = child_env(
-            {
-                "RAY_DEDUP_LOGS": "0",
-                # a one-machine Ray: every process advertises and dials 127.0.0.1, never this machine's LAN address
-                # (Ray's single-node mode; `--node-ip-address=127.0.0.1` alone is turned into the LAN address)
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                "RAY_USAGE_STATS_ENABLED": "0",
-                # the dashboard's modules (its Job API among them) may take longer than Ray's 30 s on a loaded
-                # 2-core machine: a slow start, not a failed one
-                "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT": f"{START_TIMEOUT:g}",
-            }
-        )
+        log_start = log_path.stat().st_size if log_path.is_file() else 0
+        env = start_env(self.dashboard_wait)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -174,8 +203,10 @@ class LocalRayHome:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-                raise BackendError(f"the local Ray did not start (exit {proc.returncode}): {' / '.join(tail)}")
+                with open(log_path, "rb") as log:
+                    log.seek(log_start)
+                    why = start_failure(log.read().decode(errors="replace"))
+                raise BackendError(f"the local Ray did not start (exit {proc.returncode}): {why}; see {log_path}")
             if dashboard_answers(url, timeout=1.0):
                 cluster = LocalRay(url, proc.pid, cpus, gpus, str(temp_dir), time.time())
                 tmp = self.state_file.with_suffix(".tmp")

@@ -1,0 +1,94 @@
+"""Starting the local Ray on a loaded machine: Ray waits for its dashboard as long as the playground does, and a
+``ray start`` that fails says Ray's own reason.
+
+A fresh clone's test run here once lost its whole Ray module: the other lane's notebooks kept both cores busy, the
+dashboard's nine module processes took more than Ray's 60 s to import, and ``ray start`` stopped every process it
+had started and exited 1; the error showed the last lines of the dashboard's log ("Loaded 9 subprocess modules"),
+not why. These tests run real ``ray start`` processes (no Ray test module fixture: a few seconds each).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from playground.backends.ray import cluster
+from playground.backends.ray.cluster import START_TIMEOUT, LocalRayHome, start_env, start_failure
+from playground.errors import BackendError
+
+pytest.importorskip("ray")
+
+READ_RAYS_WAITS = """
+import json
+from ray._private import ray_constants
+from ray.dashboard import consts
+print(json.dumps({"dashboard": ray_constants.RAY_DASHBOARD_STARTUP_TIMEOUT_S,
+                  "module": consts.SUBPROCESS_MODULE_WAIT_READY_TIMEOUT}))
+"""
+
+
+def test_ray_waits_for_its_dashboard_as_long_as_the_playground_waits_for_ray() -> None:
+    """Read by Ray itself, in a process with the environment ``ray start`` gets: neither of Ray's waits (for the
+    dashboard, 60 s by default; for each of its modules, 30 s) gives up before the playground's own."""
+    env = start_env()
+    out = subprocess.run(
+        [sys.executable, "-c", READ_RAYS_WAITS], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    waits = json.loads(out.stdout.strip().splitlines()[-1])
+    assert waits["dashboard"] >= START_TIMEOUT >= 120
+    assert waits["module"] >= START_TIMEOUT
+
+
+def _ray_processes_under(temp_dir: Path) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with_temp = " ".join(proc.info["cmdline"] or [])
+        if str(temp_dir) in with_temp:
+            found.append(with_temp[:120])
+    return found
+
+
+def test_a_ray_start_that_fails_says_why_and_leaves_nothing_running(tmp_path: Path) -> None:
+    """A real ``ray start`` whose dashboard is given no time fails as a slow one did: the error says Ray's own
+    reason and where the log is, and no process of that Ray is left behind."""
+    home = LocalRayHome(tmp_path / "home", dashboard_wait=0)
+    started = time.monotonic()
+    with pytest.raises(BackendError) as failed:
+        home.ensure()
+    message = str(failed.value)
+    assert message.startswith("the local Ray did not start (exit 1): Failed to start the dashboard; see ")
+    assert message.endswith("ray-start.log") and "\n" not in message
+    assert time.monotonic() - started < START_TIMEOUT  # its exit is seen at once, not after the wait
+    assert home.read() is None
+    temp_dir = cluster._temp_dir(home.dir.parent)
+    deadline = time.monotonic() + 30
+    while _ray_processes_under(temp_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _ray_processes_under(temp_dir) == []
+
+
+def test_a_failed_start_is_summed_up_by_rays_first_error() -> None:
+    """Ray's output after a failed start: its error lines, a traceback, then the dashboard's log lines."""
+    printed = "\n".join(
+        [
+            "2026-12-02 00:58:20,101\tINFO scripts.py:940 -- Local node IP: 127.0.0.1",
+            "2026-12-02 00:59:21,015\tERROR services.py:1405 -- Failed to start the dashboard ",
+            "2026-12-02 00:59:21,015\tERROR services.py:1430 -- Error should be written to 'dashboard.log'",
+            "Traceback (most recent call last):",
+            '  File "ray/_private/services.py", line 1453, in start_api_server',
+            "Exception: Failed to start a dashboard. The last 20 lines of dashboard.log:",
+            "2026-12-02 00:58:35,271\tINFO head.py:305 -- Loaded 9 subprocess modules: [...]",
+        ]
+    )
+    assert start_failure(printed) == "Failed to start the dashboard"
+    assert start_failure("Traceback (most recent call last):\n  File x\nValueError: bad --num-cpus") == (
+        "ValueError: bad --num-cpus"
+    )
+    assert start_failure("one\ntwo\nthree\nfour") == "two / three / four"
+    assert start_failure("") == "it printed nothing"

@@ -1,7 +1,7 @@
 """The ``ray`` backend on a real local Ray (the session's: 4 logical CPUs): the trainer under Ray Train with
 2 workers against one process on the same global batch, a job waiting for resources (Pending, with Ray's
 reason) and cancelled, a killed worker (Failed, with its last log lines), reattaching from new backend
-instances, and the CLI.
+instances, and the CLI. Ray's fixed default ports are held all along, as another Ray on the machine holds them.
 
 One sequence on one Ray (the session's), so the runs need no second start-up (~15 s each):
 a long run holds all CPUs → a second job waits (Pending) → it is cancelled → a worker of the long run is
@@ -44,6 +44,21 @@ REL = 1e-5  # tests/test_train_distributed.py: the same global batch on 2 ranks 
 RAY_CPUS = 4
 
 
+RAYS_DEFAULT_PORTS = (52365, 10001)  # the job agent's, the client server's
+
+
+def _hold_rays_default_ports(stack: contextlib.ExitStack) -> None:
+    """Listen on Ray's fixed default ports, as another Ray on this machine would (a port already taken is held
+    by someone else already): a local Ray on them never registers its job agent ("No available agent")."""
+    import socket
+
+    for port in RAYS_DEFAULT_PORTS:
+        sock = stack.enter_context(socket.socket())
+        with contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+
+
 @pytest.fixture(scope="module")
 def ray_home(tmp_path_factory: pytest.TempPathFactory):
     """A playground home whose local Ray is started once for this module and stopped at its end (its idle
@@ -55,14 +70,16 @@ def ray_home(tmp_path_factory: pytest.TempPathFactory):
     backend = RayBackend(home)
     saved = os.environ.get("PLAYGROUND_RAY_CPUS")
     os.environ["PLAYGROUND_RAY_CPUS"] = str(RAY_CPUS)
-    try:
-        backend.local_ray.ensure()
-    finally:
-        if saved is None:
-            os.environ.pop("PLAYGROUND_RAY_CPUS")
-        else:
-            os.environ["PLAYGROUND_RAY_CPUS"] = saved
-    yield home
+    with contextlib.ExitStack() as held:
+        _hold_rays_default_ports(held)  # as another Ray on the machine holds them, for the module's whole life
+        try:
+            backend.local_ray.ensure()
+        finally:
+            if saved is None:
+                os.environ.pop("PLAYGROUND_RAY_CPUS")
+            else:
+                os.environ["PLAYGROUND_RAY_CPUS"] = saved
+        yield home
     temp_dir = str(backend.local_ray.read().temp_dir)
     assert backend.stop_local_ray(), "the local Ray died during the session"
     import psutil
@@ -362,38 +379,25 @@ def test_e2e_runs_a_notebook_on_the_ray_backend(tmp_path: Path, sequence: RaySeq
     assert isinstance(result["answer"], str) and result["endpoints_left"] == 0, result
 
 
-def test_a_second_local_ray_takes_jobs_beside_another(
-    ray_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Another home's local Ray starts beside the session's, with Ray's fixed default ports (the job agent's
-    52365, the client server's 10001) taken as another Ray on the machine takes them, and runs a job: every port
-    of a local Ray is its own (on the defaults its job agent never registered: "No available agent")."""
-    import socket
-
+def test_the_local_rays_ports_are_its_own(ray_home: Path) -> None:
+    """The module's Ray started while Ray's fixed default ports were held (``ray_home``), as another Ray on the
+    machine holds them, and takes jobs: its job agent and client server listen on ports of their own (on the
+    defaults its agent never registered, and every submission got "No available agent")."""
     from ray.job_submission import JobStatus
 
     from playground.backends.ray.backend import submit_when_agent_ready
 
-    session_ray = RayBackend(ray_home).local_ray.read()
-    assert session_ray is not None  # it runs beside the second one
-    second = RayBackend(tmp_path)
-    monkeypatch.setenv("PLAYGROUND_RAY_CPUS", "1")
-    with contextlib.ExitStack() as stack:
-        for port in (52365, 10001):
-            sock = stack.enter_context(socket.socket())
-            with contextlib.suppress(OSError):  # already taken (the session's Ray on old code, another program)
-                sock.bind(("127.0.0.1", port))
-                sock.listen()
-        stack.callback(second.stop_local_ray)
-        client = second.client(start=True)
-        job_id = submit_when_agent_ready(client, {"entrypoint": "python -c 'print(6 * 7)'"})
-        status = wait_for(
-            lambda: (s := client.get_job_status(job_id)).is_terminal() and s, timeout=120, what="the job to end"
-        )
-        assert status == JobStatus.SUCCEEDED and "42" in client.get_job_logs(job_id)
-        started = second.local_ray.read()
-        assert started is not None and started.dashboard_url != session_ray.dashboard_url
-    assert second.local_ray.read() is None  # stopped
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if started.temp_dir in " ".join(p.info["cmdline"] or [])]
-    assert left == [], f"processes of the stopped second Ray are left: {left}"
-    assert RayBackend(ray_home).local_ray.read() == session_ray  # the session's Ray is untouched
+    backend = RayBackend(ray_home)
+    started = backend.local_ray.read()
+    assert started is not None
+    command = " ".join(psutil.Process(started.pid).cmdline())
+    flags = ("dashboard-agent-listen-port", "ray-client-server-port")
+    ports = {flag: int(command.split(f"--{flag}=")[1].split()[0]) for flag in flags}
+    assert not set(ports.values()) & set(RAYS_DEFAULT_PORTS), ports
+    client = backend.client(start=False)
+    job_id = submit_when_agent_ready(client, {"entrypoint": "python -c 'print(6 * 7)'"})
+    status = wait_for(
+        lambda: (s := client.get_job_status(job_id)).is_terminal() and s, timeout=120, what="the job to end"
+    )
+    assert status == JobStatus.SUCCEEDED and "42" in client.get_job_logs(job_id)
+    client.delete_job(job_id)

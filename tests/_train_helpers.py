@@ -118,6 +118,13 @@ def trainer_status_server(token_file: Path) -> Iterator[tuple[dict[str, str], li
         server.server_close()
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """The pids of the processes whose command line mentions ``text`` (a local Ray's temp dir: its processes)."""
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if text in " ".join(p.info["cmdline"] or [])]
+
+
 @contextmanager
 def busy_processes(count: int) -> Iterator[list[subprocess.Popen]]:
     """``count`` processes that keep a core busy each (``while True: pass``), killed on exit."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from _train_helpers import TrainRun, describe, run_trainer
+from _train_helpers import TrainRun, describe, processes_mentioning, run_trainer
 from _waiting import wait_for
 
 from playground.api import make_request
@@ -82,9 +82,7 @@ def ray_home(tmp_path_factory: pytest.TempPathFactory):
         yield home
     temp_dir = str(backend.local_ray.read().temp_dir)
     assert backend.stop_local_ray(), "the local Ray died during the session"
-    import psutil
-
-    left = [p.pid for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
+    left = processes_mentioning(temp_dir)
     assert left == [], f"processes of the stopped local Ray are left: {left}"
 
 

@@ -15,8 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from _train_helpers import processes_mentioning
+from _waiting import wait_for
 
 from playground.backends.ray import cluster
 from playground.backends.ray.cluster import START_TIMEOUT, LocalRayHome, start_env, start_failure
@@ -45,15 +46,6 @@ def test_ray_waits_for_its_dashboard_as_long_as_the_playground_waits_for_ray() -
     assert waits["module"] >= START_TIMEOUT
 
 
-def _ray_processes_under(temp_dir: Path) -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        with_temp = " ".join(proc.info["cmdline"] or [])
-        if str(temp_dir) in with_temp:
-            found.append(with_temp[:120])
-    return found
-
-
 def test_a_ray_start_that_fails_says_why_and_leaves_nothing_running(tmp_path: Path) -> None:
     """A real ``ray start`` whose dashboard is given no time fails as a slow one did: the error says Ray's own
     reason and where the log is, and no process of that Ray is left behind."""
@@ -67,10 +59,7 @@ def test_a_ray_start_that_fails_says_why_and_leaves_nothing_running(tmp_path: Pa
     assert time.monotonic() - started < START_TIMEOUT  # its exit is seen at once, not after the wait
     assert home.read() is None
     temp_dir = cluster._temp_dir(home.dir.parent)
-    deadline = time.monotonic() + 30
-    while _ray_processes_under(temp_dir) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _ray_processes_under(temp_dir) == []
+    wait_for(lambda: not processes_mentioning(str(temp_dir)), timeout=30, what=f"no process under {temp_dir}")
 
 
 def test_a_failed_start_is_summed_up_by_rays_first_error() -> None:

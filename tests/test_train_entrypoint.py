@@ -327,3 +327,57 @@ def test_trainjob_status_is_reported_after_an_import_race(tmp_path: Path, monkey
     assert finder.failures == 1
     final = received[-1]["body"]["trainerStatus"]
     assert final["progressPercentage"] == 100 and {"name": "step", "value": "1"} in final["metrics"]
+
+
+def test_weight_average_is_the_mean_of_the_last_steps_and_a_resume_keeps_it(tmp_path: Path) -> None:
+    """``average_last: 0.5`` over 6 steps: the model saved holds the mean of steps 4-6's weights (each step's
+    checkpoint has them), not the last step's, and the final evaluation scores it; a run resumed from step 5 (the
+    average of steps 4-5 in its checkpoint) saves the same model to the bit."""
+    import torch
+    from _fixtures import catalog_variant
+    from safetensors.torch import load_file
+
+    variant = catalog_variant(tmp_path / "bp", "tiny-llama-cpu", {"id": "tiny-averaged", "training.average_last": 0.5})
+    args = ["--blueprint", str(variant), "--set", "max_steps=6", "--set", "checkpoint_every=1"]
+    args += ["--set", "num_eval_examples=10", "--set", "log_every=1"]
+    out = tmp_path / "out"
+    run = run_trainer(*args, "--output", str(out))
+    assert run.returncode == 0, describe(run)
+    assert any(line.startswith("weights: the mean of steps 4-6 (3 steps") for line in run.logs), run.logs
+    states = {s: torch.load(out / "checkpoints" / f"step-{s}" / "state.pt", weights_only=False) for s in (4, 5, 6)}
+    assert [states[s]["average"]["steps"] for s in (4, 5, 6)] == [1, 2, 3]
+    weights = states[6]["model"]
+    mean = {name: torch.stack([states[s]["model"][name] for s in (4, 5, 6)]).mean(0) for name in weights}
+    for name, value in mean.items():
+        torch.testing.assert_close(states[6]["average"]["weights"][name], value)
+    saved = load_file(out / "model" / "model.safetensors")
+    assert set(mean) <= set(saved), set(mean) - set(saved)
+    for name, value in mean.items():
+        torch.testing.assert_close(saved[name], value)
+    assert any(not torch.allclose(saved[name], weights[name]) for name in weights)  # not the last step's weights
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["averaged_steps"] == 3 and metrics["history"][-1]["step"] == 6
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out, resumed)
+    for done in ("model", "checkpoints/step-6", "metrics.json"):
+        path = resumed / done
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    run = run_trainer(*args, "--output", str(resumed), "--resume")
+    assert run.returncode == 0, describe(run)
+    again = load_file(resumed / "model" / "model.safetensors")
+    assert all(torch.equal(again[name], saved[name]) for name in saved)
+    assert json.loads((resumed / "metrics.json").read_text())["eval_exact_match"] == metrics["eval_exact_match"]
+
+
+def test_a_weight_average_outside_0_to_1_is_refused(tmp_path: Path) -> None:
+    from _fixtures import catalog_variant
+
+    from playground.errors import UserError
+    from playground.train.__main__ import prepare
+
+    for value in (1.5, -0.1, "half"):
+        variant = catalog_variant(tmp_path / "bp", "tiny-llama-cpu", {"training.average_last": value})
+        with pytest.raises(UserError, match=r"^training setting 'average_last': .* allowed: a fraction of the steps"):
+            prepare(["--blueprint", str(variant), "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

@@ -12,7 +12,8 @@ GGUF header of a packaged model, or the hub architectures the project knows), ne
 * weights: parameters × bytes of the training dtype (float32 on CPU; bf16 for pretrained models on a
   GPU); the peak comes during training, after the checkpoint's file pages are released. With ``cpu_bf16``,
   plus oneDNN's bf16 matmuls per row shape the run meets (``CPU_BF16_BYTES_PER_SHAPE``, measured).
-* gradients and AdamW's two moments: trainable parameters × bytes each (LoRA adapters train in fp32).
+* gradients and AdamW's two moments: trainable parameters × bytes each (LoRA adapters train in fp32), and with
+  ``average_last`` the weight average's float32 copy of them (counted with the optimizer state).
   DDP replicates them; FSDP2 divides weights, gradients and optimizer state by the processes.
 * activations kept for the backward pass of a Llama/Qwen2 decoder layer, per token:
   ``4·hidden + 3·q_width + 3·kv_width + 4·intermediate`` values (norm inputs and outputs, q/k/v before
@@ -611,7 +612,8 @@ def make_plan(
         framework=framework,
         weights=int(weights / shard),
         gradients=int(trainable * tbytes * (2 if strategy == "ddp" else 1) / shard),  # DDP: + its bucket copy
-        optimizer=int(2 * trainable * tbytes / shard),
+        # AdamW's two moments, and the weight average's float32 copy where average_last keeps one
+        optimizer=int((2 * trainable * tbytes + (4 * trainable if setting("average_last") else 0)) / shard),
         activations=int(activations),
     )
     if device == "gpu":

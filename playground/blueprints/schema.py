@@ -33,6 +33,8 @@ KNOWN_PARAMETERS: dict[str, str] = {
     "packing": "pack each micro-batch's examples into one row without padding (no cross-example attention)",
     "compile": "torch.compile the training forward/backward",
     "cpu_bf16": "on a CPU with native bf16 (AVX512-BF16, AMX): the training forward/backward in bf16 (autocast)",
+    "average_last": "the model saved is the mean of the trainable weights over this last fraction of the steps "
+    "(0: the last step's weights)",
     "distributed": "several processes: auto (FSDP2 when DDP's replicated state would not fit), ddp or fsdp",
     "beta": "DPO/GRPO: how far the policy may move from the reference model (the KL weight)",
     "sft_weight": "DPO: weight of the SFT loss on the chosen answer beside the DPO loss (0: pure DPO)",
@@ -64,6 +66,7 @@ TRAINING_DEFAULTS: dict[str, Any] = {
     "packing": False,  # speed levers (playground/train/perf.py): fixed settings, off unless a blueprint sets them
     "compile": False,
     "cpu_bf16": False,
+    "average_last": 0.0,  # a uniform weight average over the run's tail (stochastic weight averaging); 0: off
     "distributed": "auto",  # auto | ddp | fsdp (playground/train/parallel.py has the rule)
     # Preference and reinforcement methods (method.objective dpo | grpo; playground/train/dpo.py, grpo.py)
     "beta": 0.1,

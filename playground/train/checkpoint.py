@@ -61,10 +61,12 @@ def save_checkpoint(
     data_position: dict[str, int],
     config: dict[str, Any],
     extra: dict[str, Any] | None = None,
+    average: dict[str, Any] | None = None,
     main: bool = True,
     keep: int = 3,
 ) -> Path | None:
     """Gather and write ``root/step-N`` atomically (rank 0: ``main``); keep the ``keep`` newest.
+    ``average``: the running weight average (``{"steps": n, "weights": {name: tensor}}``), kept beside the weights.
     Every rank must call it; returns the path on rank 0, None elsewhere."""
     import torch
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -92,6 +94,7 @@ def save_checkpoint(
             "data": data_position,
             "config": config,
             "extra": extra or {},
+            **({"average": average} if average else {}),
         },
         tmp / STATE_FILE,
     )

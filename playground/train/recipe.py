@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from playground.errors import UserError
 from playground.events import JobPhase, Progress
 from playground.train import checkpoint, cpu_share, evaluate, parallel
 from playground.train import model as models
@@ -278,6 +279,8 @@ class TrainState:
     last_loss: float = math.nan
     history: list[dict[str, Any]] = field(default_factory=list)
     clock: Clock = field(default_factory=Clock)
+    average: list[Any] | None = None  # the running mean of the trainable weights (``average_last``), float32
+    averaged_steps: int = 0  # how many steps' weights it holds
 
 
 class Recipe:
@@ -313,6 +316,7 @@ class Recipe:
         final metrics (also in metrics.json)."""
         base_eval(self)
         train_loop(self)
+        use_average(self)
         return save(self, final_eval(self))
 
     def cleanup(self) -> None:
@@ -412,6 +416,12 @@ def setup_model(recipe: Recipe) -> ModelState:
         state_bytes=parallel.training_state_bytes(model),
         device_bytes=device_bytes,
     )
+    if settings.first_averaged_step and strategy == "fsdp":
+        raise UserError(
+            "training setting 'average_last' is not wired for FSDP2 (the average would be sharded); allowed: 0, "
+            "or distributed: ddp",
+            field="average_last",
+        )
     train_model = parallel.wrap(
         model, strategy, device_ids=[dist.local_rank] if runtime.cuda else None, bf16_compute=runtime.bf16
     )
@@ -469,6 +479,10 @@ def restore(recipe: Recipe) -> TrainState:
         recipe.reporter.log("resume: no checkpoint yet; starting from step 0")
         return state
     state.start_step = state.step = int(saved["step"])
+    if saved.get("average"):  # the running weight average (average_last) continues where it was
+        weights = saved["average"]["weights"]
+        state.average = [weights[name].to(recipe.runtime.device) for name in trainable_names(recipe)]
+        state.averaged_steps = int(saved["average"]["steps"])
     state.history = list(saved["extra"].get("history", []))
     state.clock.wall = float(saved["extra"].get("train_seconds", 0.0))
     state.clock.cpu = float(saved["extra"].get("train_cpu_seconds", 0.0))
@@ -597,6 +611,7 @@ def save_checkpoint(recipe: Recipe) -> None:
         scheduler=recipe.optim.scheduler,
         data_position=dict(zip(("epoch", "batch"), data.batches.position(micro_step), strict=True)),
         config=recipe.settings.resume_config(),
+        average=average_state(recipe),
         extra={
             "history": state.history,
             "train_seconds": state.clock.wall_total(),
@@ -667,6 +682,8 @@ def train_loop(recipe: Recipe) -> None:
         optim.optimizer.zero_grad(set_to_none=True)
         window.steps += 1
         state.step = step
+        if settings.first_averaged_step and step >= settings.first_averaged_step:
+            add_to_average(recipe)
 
         if step % settings.log_every == 0 or step == max_steps:
             _report_progress(recipe, window, peak)
@@ -681,6 +698,51 @@ def train_loop(recipe: Recipe) -> None:
             with state.clock.paused():
                 save_checkpoint(recipe)
     state.clock.lap()
+
+
+def average_state(recipe: Recipe) -> dict[str, Any] | None:
+    """The running weight average for a checkpoint (CPU copies keyed by parameter name), None when there is none."""
+    state = recipe.state
+    if state.average is None or not state.averaged_steps:
+        return None
+    weights = zip(trainable_names(recipe), state.average, strict=True)
+    return {"steps": state.averaged_steps, "weights": {name: mean.cpu().clone() for name, mean in weights}}
+
+
+def trainable_names(recipe: Recipe) -> list[str]:
+    """The names of ``recipe.model.trainable``, in its order."""
+    return [name for name, p in recipe.model.model.named_parameters() if p.requires_grad]
+
+
+def add_to_average(recipe: Recipe) -> None:
+    """Fold this step's trainable weights into their running mean (float32; ``average_last``)."""
+    import torch
+
+    state = recipe.state
+    with torch.no_grad():
+        if state.average is None or not state.averaged_steps:
+            state.average = [p.detach().float().clone() for p in recipe.model.trainable]
+        else:
+            for mean, param in zip(state.average, recipe.model.trainable, strict=True):
+                mean.lerp_(param.detach().float(), 1.0 / (state.averaged_steps + 1))
+    state.averaged_steps += 1
+
+
+def use_average(recipe: Recipe) -> None:
+    """After the last step: the trainable weights become their mean over the averaged steps (what the final
+    evaluation scores and the model directory holds). Nothing changes when nothing was averaged."""
+    import torch
+
+    state, first = recipe.state, recipe.settings.first_averaged_step
+    if state.average is None or not state.averaged_steps:
+        return
+    with torch.no_grad():
+        for mean, param in zip(state.average, recipe.model.trainable, strict=True):
+            param.copy_(mean.to(param.dtype))
+    recipe.reporter.log(
+        f"weights: the mean of steps {first}-{recipe.settings.max_steps} ({state.averaged_steps} steps, average_last "
+        f"{recipe.settings.average_last:g})"
+    )
 
 
 def _report_progress(recipe: Recipe, window: _Window, peak: float | None) -> None:
@@ -764,6 +826,7 @@ def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
             "strategy": model.strategy,
             "global_batch_size": data.plan.global_batch,
             "resumed_from_step": state.start_step or None,
+            "averaged_steps": state.averaged_steps,  # average_last: the model holds the mean of the last this many
             "history": state.history,
             **measured_footprint(recipe),
             "finish_seconds": recipe.finish.seconds,  # the final evaluation and the save: the next run's ETA has it

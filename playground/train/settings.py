@@ -79,6 +79,7 @@ class Settings:
     packing: bool
     compile: bool
     cpu_bf16: bool
+    average_last: float
     distributed: str
     max_seq_length: int
     num_train_examples: int | None
@@ -110,6 +111,7 @@ class Settings:
         "num_generations",
         "max_completion_length",
         "warm_start_steps",
+        "average_last",
     )
     RESUME_MAY_CHANGE = (
         "the number of GPUs/processes, DDP/FSDP2, the batch_size × gradient_accumulation_steps split "
@@ -139,6 +141,19 @@ class Settings:
                 "trainer pads batches to every width, and oneDNN keeps a bf16 matmul per shape); allowed: false",
                 field="cpu_bf16",
             )
+        average_last = spec.setting("average_last")
+        if isinstance(average_last, bool) or not isinstance(average_last, int | float) or not 0 <= average_last <= 1:
+            raise UserError(
+                f"training setting 'average_last': {average_last!r} is not allowed; allowed: a fraction of the steps "
+                "from 0 (off: the last step's weights) to 1",
+                field="average_last",
+            )
+        if average_last and spec.blueprint.method.objective != "sft":
+            raise UserError(
+                f"training setting 'average_last' is not wired for {spec.blueprint.method.objective.upper()} (TRL's "
+                "trainer keeps no weight average); allowed: 0",
+                field="average_last",
+            )
         temperature = spec.setting("temperature")
         if not float(temperature) > 0:
             raise UserError(
@@ -164,6 +179,7 @@ class Settings:
             checkpoint_every=int(spec.setting("checkpoint_every")),
             packing=bool(spec.setting("packing")),
             cpu_bf16=bool(spec.setting("cpu_bf16")),
+            average_last=float(average_last),
             compile=bool(spec.setting("compile")),
             distributed=distributed,
             max_seq_length=int(spec.setting("max_seq_length")),
@@ -177,6 +193,12 @@ class Settings:
             warm_start_steps=int(spec.setting("warm_start_steps")),
             sample_every=int(spec.setting("sample_every")),
         )
+
+    @property
+    def first_averaged_step(self) -> int | None:
+        """The first step whose weights enter the average (``average_last``), None when nothing is averaged."""
+        tail = round(self.average_last * self.max_steps)
+        return self.max_steps - tail + 1 if tail else None
 
     @property
     def global_batch_size(self) -> int:

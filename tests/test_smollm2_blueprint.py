@@ -2,8 +2,8 @@
 with LoRA through the local backend (a reduced step count), then served next to its base model.
 
 Trained once for the module (the suite's other SmolLM2 training is its notebook, in test_notebooks.py);
-the bar itself (≥ 0.8 held-out exact match at the default steps) is measured by
-benchmarks/smollm2_kubectl.py, not here.
+the held-out goal itself (≥ 0.80 exact match at the default steps, on 300 requests) is measured by
+benchmarks/visitor_requests.py and benchmarks/smollm2_kubectl.py, not here.
 """
 
 from __future__ import annotations
@@ -35,6 +35,29 @@ def _ask(endpoint, prompt: str) -> str:
     from playground.serving.client import chat
 
     return chat(endpoint, [{"role": "user", "content": prompt}], max_tokens=MAX_TOKENS, temperature=0.0)
+
+
+# The lowest held-out exact match on 300 requests measured for the shipped recipe (benchmarks/README.md, "Averaging
+# schemes side by side" and "The default as shipped": 0.80, 0.82, 0.85, 0.803).
+RECIPE_HELD_OUT = 0.80
+
+
+def test_the_headless_bar_is_one_a_working_run_meets() -> None:
+    """A run that answers as the recipe does falls below the blueprint's bar, on the job's own number of held-out
+    requests, less than 1 time in 100; the base model (0) and chance-level answers do not pass it. The bar at 0.8 on
+    50 requests (before 2026-12-05) failed such a run about 4 times in 10 (0.72 and 0.76 for two models that answer
+    0.80 of 300)."""
+    from math import comb
+
+    blueprint = get_blueprint(DEFAULT_BLUEPRINT)
+    n = blueprint.parameters["num_eval_examples"].default
+    below = sum(
+        comb(n, k) * RECIPE_HELD_OUT**k * (1 - RECIPE_HELD_OUT) ** (n - k)
+        for k in range(n + 1)
+        if not blueprint.quality.passed(k / n)
+    )
+    assert blueprint.quality.metric == "eval_exact_match" and below < 0.01, (n, blueprint.quality, below)
+    assert not blueprint.quality.passed(0.0) and not blueprint.quality.passed(0.5)
 
 
 @pytest.fixture(scope="module")

@@ -44,9 +44,9 @@ RECIPE_HELD_OUT = 0.80
 
 def test_the_headless_bar_is_one_a_working_run_meets() -> None:
     """A run that answers as the recipe does falls below the blueprint's bar, on the job's own number of held-out
-    requests, less than 1 time in 100; the base model (0) and chance-level answers do not pass it. The bar at 0.8 on
-    50 requests (before 2026-12-05) failed such a run about 4 times in 10 (0.72 and 0.76 for two models that answer
-    0.80 of 300)."""
+    requests, less than 1 time in 100; the base model (0) and a model right half the time do not pass it. The bar
+    at 0.8 on 50 requests (before 2026-12-05) failed such a run about 4 times in 10: three runs of the shipped
+    default scored 0.72, 0.76 and 0.76 on their 50, and the two also asked 300 requests answered 0.80 of them."""
     from math import comb
 
     blueprint = get_blueprint(DEFAULT_BLUEPRINT)

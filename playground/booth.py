@@ -2,10 +2,11 @@
 
 A :class:`BoothPolicy` bounds what visitors can start: one running job each, a few per hour, a
 bounded number of trainings at once per machine (the rest wait in a FIFO queue of bounded length), a
-deadline per job and a time-to-live for finished jobs and their servers, and the machine's model
-servers (one shared base server per base model, one fine-tuned server per visitor, a cap on all of
-them, an idle time-to-live). Backends enforce it in ``submit`` for requests that carry an ``owner``
-(a visitor id); jobs without an owner are the operator's.
+deadline per job sized from its plan (:func:`job_deadline`: training stops there, the model is still evaluated and
+saved), a time-to-live for finished jobs and their servers, and the machine's model servers (one shared
+base server per base model, one fine-tuned server per visitor, a cap on all of them, an idle time-to-live).
+Backends enforce it in ``submit`` for requests that carry an ``owner`` (a visitor id); jobs without an owner are
+the operator's.
 
 A visitor's kernel shows it is still there with :func:`touch_presence` (a :class:`Heartbeat`); a
 queued job of a visitor gone longer than ``visitor_gone_seconds`` leaves the queue, and their model
@@ -54,7 +55,11 @@ class BoothPolicy:
     max_running_per_owner: int = 1  # jobs a visitor may have unfinished (queued or running) at once
     max_jobs_per_owner_per_hour: int = 6  # jobs a visitor may submit in any 60 minutes
     max_concurrent_trainings: int = 1  # trainings at once on this machine (local backend); the rest queue
-    job_deadline_seconds: int = 900  # a local job running longer is stopped: Failed "deadline exceeded"
+    # The cap on a local job's deadline (see job_deadline): the deadline is the plan's time × DEADLINE_SLACK, at most
+    # this. At the deadline training stops at the next step; the model is still evaluated and saved (Succeeded).
+    # 1800: the default blueprint's plan beside one CPU hog is ~10 min (deadline ~20 min) and a run on this 2-core
+    # machine under load 5-9 took up to 21.6 min: at 900 the plan never decided, the cap always did.
+    job_deadline_seconds: int = 1800
     finished_ttl_seconds: int = 1800  # finished jobs and their servers are removed this long after the end
     # Jobs waiting for a training slot on this machine (local backend); a visitor's submit beyond it is refused.
     # 6: with one slot, ~3.5 minutes per SmolLM2 job (240 steps, the final eval, saving), the last in line waits
@@ -70,6 +75,9 @@ class BoothPolicy:
     # this many tokens (0: one request after another). 4096: ~25 SmolLM2 chats at once for ~230 MB more memory;
     # 24 requests in 6.9 s instead of 35 s on 2 cores (benchmarks/README.md, "The shared base server").
     shared_server_batch_tokens: int = 4096
+    # After the deadline: at least this long for the final evaluation and the save (longer when this blueprint's
+    # earlier finishes took longer, see deadline_grace) before a trainer that did not stop is killed (Failed).
+    deadline_grace_seconds: int = 300
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -145,6 +153,7 @@ SETTINGS: dict[str, str] = {
     "max_jobs_per_owner_per_hour": "PLAYGROUND_BOOTH_MAX_JOBS_PER_HOUR",
     "max_concurrent_trainings": "PLAYGROUND_BOOTH_MAX_CONCURRENT_TRAININGS",
     "job_deadline_seconds": "PLAYGROUND_BOOTH_JOB_DEADLINE_SECONDS",
+    "deadline_grace_seconds": "PLAYGROUND_BOOTH_DEADLINE_GRACE_SECONDS",
     "finished_ttl_seconds": "PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS",
     "max_queued": "PLAYGROUND_BOOTH_MAX_QUEUED",
     "visitor_gone_seconds": "PLAYGROUND_BOOTH_VISITOR_GONE_SECONDS",
@@ -154,6 +163,31 @@ SETTINGS: dict[str, str] = {
     "shared_server_batch_tokens": "PLAYGROUND_BOOTH_SHARED_SERVER_BATCH_TOKENS",
 }
 _LOWEST = {"finished_ttl_seconds": 0, "server_evict_idle_seconds": 0, "shared_server_batch_tokens": 0}  # others: 1
+
+
+# -- deadlines -------------------------------------------------------------------------------------------
+DEADLINE_SLACK = 2.0  # a job's deadline: twice the time its plan predicts for this machine...
+DEADLINE_FLOOR_SECONDS = 120  # ...but never less than two minutes (a cold start, a slow first step)...
+# (...and never more than the policy's job_deadline_seconds, the operator's cap)
+FINISH_SLACK = 3.0  # the grace after the deadline: three times the blueprint's last measured evaluation and save
+
+
+def job_deadline(planned_seconds: float | None, cap: int) -> int:
+    """A job's deadline in seconds from its trainer's start: ``DEADLINE_SLACK`` × the plan's time for this machine
+    (``make_plan(...).seconds``), at least ``DEADLINE_FLOOR_SECONDS``, at most ``cap`` (the policy's
+    ``job_deadline_seconds``); ``cap`` when there is no plan."""
+    if planned_seconds is None or not math.isfinite(planned_seconds) or planned_seconds <= 0:
+        return cap
+    return min(cap, max(DEADLINE_FLOOR_SECONDS, math.ceil(DEADLINE_SLACK * planned_seconds)))
+
+
+def deadline_grace(finish_seconds: float | None, floor: int) -> int:
+    """How long after the deadline a trainer may take to stop, evaluate and save before it is killed:
+    ``FINISH_SLACK`` × the blueprint's last measured finish (``finish_seconds`` of an earlier run), at least ``floor``
+    (the policy's ``deadline_grace_seconds``)."""
+    if finish_seconds is None or not math.isfinite(finish_seconds) or finish_seconds <= 0:
+        return floor
+    return max(floor, math.ceil(FINISH_SLACK * finish_seconds))
 
 
 def booth_enabled(env: Mapping[str, str] | None = None) -> bool:

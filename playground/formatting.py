@@ -20,6 +20,27 @@ def format_duration(seconds: float | None, *, unknown: str = "?", sub_minute: bo
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def time_left_text(seconds: float) -> str:
+    """``~0:40 left``: the time left in a phase, as the Evaluating and Saving reasons say it (:func:`time_left_in`)."""
+    return f"~{format_duration(seconds)} left"
+
+
+def time_left_in(reason: str) -> float | None:
+    """The seconds a phase reason's ``~M:SS left`` says (:func:`time_left_text`); None when it says none."""
+    marker = reason.rfind("~")
+    if marker < 0 or not reason.endswith(" left"):
+        return None
+    parts = reason[marker + 1 : -len(" left")].split(":")
+    try:
+        numbers = [int(part) for part in parts]
+    except ValueError:
+        return None
+    seconds = 0
+    for number in numbers:
+        seconds = seconds * 60 + number
+    return float(seconds) if 2 <= len(numbers) <= 3 else None
+
+
 def format_rate(value: float | None) -> str:
     """Tokens per second, short: ``1.2k``, ``950``; unknown → ``–``."""
     if value is None:

@@ -1,9 +1,9 @@
 """Booth mode on the local backend, with real supervisors and real ``tiny-llama-cpu`` trainers: visitors own
 their jobs, quotas, two Launch clicks at once, the machine's FIFO queue with live position and estimate,
-cancel while queued, the job deadline and the TTL cleanup of finished jobs and their servers.
+cancel while queued, the job deadline's last resort and the TTL cleanup of finished jobs and their servers.
 
 A control hook keeps a trainer from finishing on its own: with ``PLAYGROUND_TEST_HOLD_TRAINER`` set at
-submit, the job's trainer stops at start-up (``signal.pause``) until cancel or the deadline stops it.
+submit, the job's trainer stops at start-up (``signal.pause``) until cancel or the deadline's last resort kills it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ HOLD_HOOK = """
 import os, signal
 if os.environ.get("PLAYGROUND_TEST_HOLD_TRAINER"):
     if b"playground.train" in open("/proc/self/cmdline", "rb").read():
-        signal.pause()  # a trainer that never ends on its own: cancel or the deadline stops it
+        signal.pause()  # a trainer that never ends on its own: cancel or the deadline's last resort stops it
 """
 
 
@@ -160,14 +160,22 @@ def test_owners_quotas_queue_and_ttl(home: Path, hold_hook):
         backend.get(bob.id)
 
 
-def test_a_job_past_its_deadline_fails_and_the_operator_cli(home: Path, hold_hook, capsys, monkeypatch):
-    backend = LocalBackend(home=home, policy=BoothPolicy(job_deadline_seconds=2), cancel_grace=2)
+def test_a_trainer_deaf_to_its_deadline_is_killed_after_the_grace_and_the_operator_cli(
+    home: Path, hold_hook, capsys, monkeypatch
+):
+    # The held trainer never reaches a step boundary, so it never sees the stop request: the last resort, a kill
+    # after the grace, and Failed (a trainer that stops saves and succeeds: tests/test_deadline.py).
+    policy = BoothPolicy(job_deadline_seconds=2, deadline_grace_seconds=2)
+    backend = LocalBackend(home=home, policy=policy, cancel_grace=2)
     job = hold_hook(backend, make_request("tiny-llama-cpu", SHORT, owner="erin"))
     last = follow_to_end(backend, job.id)[-1]
     job = backend.get(job.id)
-    assert job.phase == JobPhase.FAILED and job.message == "deadline exceeded: the job ran longer than 2 s"
+    assert job.phase == JobPhase.FAILED and job.message == (
+        "deadline exceeded: the trainer did not stop, evaluate and save within 2 s of the 2 s deadline"
+    )
     assert last == Phase(JobPhase.FAILED, job.message, time=job.finished_at)
-    assert any("deadline of 2 s exceeded" in line for line in job.log_tail), job.log_tail
+    assert any("deadline of 2 s reached: asking the trainer to stop training" in line for line in job.log_tail)
+    assert any("did not finish within 2 s of the deadline: stopping it" in line for line in job.log_tail)
 
     # The operator's CLI: every job with its owner, one visitor's, and the TTL cleanup.
     operator = LocalBackend(home=home)  # booth mode off: no deadline for the operator's own job

@@ -18,7 +18,9 @@ import pytest
 from _fixtures import catalog_variant
 
 from playground.blueprints import get_blueprint, load_catalog
-from playground.blueprints.plan import example_lengths, make_plan, measured_runs, resolve_architecture
+from playground.blueprints.plan import MachineLoad, example_lengths, make_plan, measured_runs, resolve_architecture
+
+IDLE = MachineLoad(cores=2, busy_cores=0.0)  # times compared on an idle machine: the run's scaled back by its load
 
 
 def _plan_cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
@@ -78,27 +80,27 @@ def test_plan_against_the_measured_tiny_run(
 ) -> None:
     blueprint = get_blueprint("tiny-llama-cpu")
     params = blueprint.defaults()
-    fresh = make_plan(blueprint, params, home=tmp_path / "empty")
+    fresh = make_plan(blueprint, params, home=tmp_path / "empty", load=IDLE)
     # Before any run: the counts are exact, the data's padded width comes from the chat template.
     assert fresh.parameters == tiny_metrics["parameters"]
     assert fresh.trainable_parameters == tiny_metrics["trainable_parameters"]
     assert fresh.tokens_per_example == pytest.approx(tiny_metrics["mean_padded_width"], rel=0.10)
     peak = tiny_metrics["peak_memory_bytes"]
     assert fresh.memory.total == pytest.approx(peak, rel=0.25), (fresh.memory, peak)
-    measured_step = tiny_metrics["train_seconds"] / tiny_metrics["steps"]
+    measured_step = tiny_metrics["train_seconds"] / tiny_metrics["steps"] / tiny_metrics["load_factor"]  # idle
     assert "stated" in fresh.time_basis
     assert 1 / 3 < fresh.seconds_per_step / measured_step < 3, (fresh.seconds_per_step, measured_step)
 
     # After it: time from that run, named; the same parameters predict its own figures.
     runs = measured_runs(measured_home)
     assert [r.job_id for r in runs] == [trained_tiny_job.id]
-    planned = make_plan(blueprint, params, home=measured_home)
+    planned = make_plan(blueprint, params, home=measured_home, load=IDLE)
     assert trained_tiny_job.id in planned.time_basis and trained_tiny_job.id in planned.memory_basis
     assert planned.memory.total == pytest.approx(peak, rel=0.05)  # its framework share, measured
     assert planned.seconds_per_step == pytest.approx(measured_step, rel=0.01)
-    assert planned.seconds == pytest.approx(tiny_metrics["wall_seconds"], rel=0.05)
+    assert planned.seconds == pytest.approx(runs[0].job_seconds / tiny_metrics["load_factor"], rel=0.05)
     # Twice the batch: twice the FLOPs per step, so about twice the time per step.
-    doubled = make_plan(blueprint, {**params, "batch_size": params["batch_size"] * 2}, home=measured_home)
+    doubled = make_plan(blueprint, {**params, "batch_size": params["batch_size"] * 2}, home=measured_home, load=IDLE)
     assert doubled.seconds_per_step == pytest.approx(2 * planned.seconds_per_step, rel=0.05)
     assert doubled.memory.activations > planned.memory.activations
 

@@ -1,14 +1,21 @@
-"""BlueprintGallery: one compact card per blueprint (title, what it does, CPU/GPU, why it cannot run here; model,
-data and method behind a details toggle)."""
+"""BlueprintGallery: one compact card per blueprint (title, what it does, CPU/GPU and how long a run takes, why it
+cannot run here; model, data and method behind a details toggle).
+
+A card's time is never written by hand: it is the engine's plan of the default run (``Plan.seconds``: start-up,
+training, evaluation and saving under this machine's load now), computed off the kernel's main thread."""
 
 from __future__ import annotations
 
+import contextlib
 import html
+import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import ipywidgets as ipw
 
 from playground.blueprints import Blueprint
+from playground.formatting import format_duration
 from widgets.state import blueprint_notes
 
 
@@ -36,9 +43,17 @@ def summary_text(blueprint: Blueprint, limit: int = 110) -> str:
     return first if len(first) <= limit else first[: limit - 1].rsplit(" ", 1)[0] + "…"
 
 
-def card_html(blueprint: Blueprint, notes: list[str]) -> str:
-    """Title, one line of what it does, CPU/GPU, why it cannot run here; the rest (model, data, method, id) behind a
-    ``details`` toggle, which works without JavaScript."""
+def time_text(plan: Any) -> str:
+    """How long the default run takes, from its plan (``about 4:10 here now``); "" without a plan."""
+    if plan is None or not plan.seconds or plan.seconds <= 0:
+        return ""
+    where = "here now" if plan.device == "cpu" else f"on {plan.processes} GPU{'s' if plan.processes > 1 else ''}"
+    return f"about {format_duration(plan.seconds, sub_minute=True)} {where}"
+
+
+def card_html(blueprint: Blueprint, notes: list[str], time: str = "") -> str:
+    """Title, one line of what it does, CPU/GPU and ``time`` (:func:`time_text`), why it cannot run here; the rest
+    (model, data, method, id) behind a ``details`` toggle, which works without JavaScript."""
     model = blueprint.model.source + (" (gated)" if blueprint.model.gated else "")
     rows = [
         ("id", blueprint.id),
@@ -49,10 +64,11 @@ def card_html(blueprint: Blueprint, notes: list[str]) -> str:
     ]
     table = "".join(f"<tr><th>{k}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     note = "".join(f"<div class='pg-note'>⚠ {html.escape(n)}</div>" for n in notes)
+    resources = gpu_text(blueprint) + (f" · {time}" if time and not notes else "")  # a time only where it runs
     return (
         f"<div class='pg-card-title'>{html.escape(blueprint.title)}</div>"
         f"<div class='pg-card-summary'>{html.escape(summary_text(blueprint))}</div>"
-        f"<div class='pg-card-resources'>{html.escape(gpu_text(blueprint))}</div>{note}"
+        f"<div class='pg-card-resources'>{html.escape(resources)}</div>{note}"
         f"<details class='pg-card-details'><summary>details</summary>"
         f"<table class='pg-card-table'>{table}</table></details>"
     )
@@ -73,6 +89,9 @@ class BlueprintGallery(ipw.VBox):
         self.operator = operator  # False: a booth visitor, who reads no operator advice on the cards
         self.selected: str | None = None
         self.backend = backend
+        self.times: dict[str, str] = {}  # each card's time text, from the plan (refresh_times)
+        self._times_lock = threading.Lock()
+        self._times_generation = 0
         super().__init__([])
         self.add_class("pg-gallery")
         self.refresh(blueprints)
@@ -107,7 +126,36 @@ class BlueprintGallery(ipw.VBox):
         self.backend = backend
         for bid, bp in self.blueprints.items():
             self.notes[bid] = blueprint_notes(bp, backend, operator=self.operator)
-            self.bodies[bid].value = card_html(bp, self.notes[bid])
+            self.bodies[bid].value = card_html(bp, self.notes[bid], self.times.get(bid, ""))
+        self.refresh_times()
+
+    def refresh_times(self, *, wait: bool = False) -> threading.Thread:
+        """Plan each card's default run in a thread (the kernel keeps answering), show its time; a newer call wins."""
+        with self._times_lock:
+            self._times_generation += 1
+            generation = self._times_generation
+        thread = threading.Thread(
+            target=self._compute_times, args=(generation, dict(self.blueprints), self.backend), daemon=True,
+            name="pg-card-times",
+        )  # fmt: skip
+        thread.start()
+        if wait:
+            thread.join()
+        return thread
+
+    def _compute_times(self, generation: int, blueprints: dict[str, Blueprint], backend: str) -> None:
+        from playground.blueprints.plan import make_plan
+
+        for bid, bp in blueprints.items():
+            try:
+                text = time_text(make_plan(bp, bp.resolve_params({}), backend=backend))
+            except Exception:  # a blueprint the plan cannot size here: the card says no time, never a traceback
+                text = ""
+            with self._times_lock, contextlib.suppress(Exception):  # the kernel shutting down: no page left
+                if generation != self._times_generation or bid not in self.bodies:
+                    return
+                self.times[bid] = text
+                self.bodies[bid].value = card_html(bp, self.notes.get(bid, []), text)
 
     def select(self, blueprint_id: str) -> Blueprint:
         blueprint = self.blueprints[blueprint_id]

@@ -26,7 +26,17 @@ GGUF header of a packaged model, or the hub architectures the project knows), ne
 **Time**: from the step rate of the most similar earlier run on this machine (same blueprint and model,
 else any run: its measured FLOP/s), scaled by the FLOPs per step (:mod:`playground.train.flops`); with no
 earlier run, from the FLOPs and a stated throughput (``PLAYGROUND_PEAK_FLOPS``, else the table below),
-said so in the plan. Setup, evaluation and saving come from the matched run, else from a stated estimate.
+said so in the plan. The total (``Plan.seconds``, what booth deadlines are sized from) is a breakdown
+(:class:`TimeBreakdown`): start-up (process, imports, model load, the base model's answers), training, evaluation
+(held-out loss and greedy answers: FLOPs at the training rate plus a fixed cost per generate() forward) and saving,
+each from the matched run when there is one, else modelled. **Load**: a CPU run shares the cores with whatever
+else runs (:func:`machine_load`: the 1-minute load average, or this home's running trainers if more); with ``busy``
+cores wanted by others and ``threads`` wanted by the run on ``cores``, training and evaluation take
+``max(1, (busy + threads) / cores)`` times as long as on an idle machine (fair sharing: tiny-llama-cpu runs on 2 cores
+beside other work got 3.1×, 3.4×, 6.0×, 7.2×, 4.2×, 2.1× less CPU than idle where the load average over the run said
+3.0×, 4.5×, 5.4×, 5.5×, 4.2×, 2.1×); start-up and saving, one thread that also waits on the disk, less
+(``SINGLE_THREAD_CONTENTION``). A run records the factor it trained under, from the CPU it got (``load_factor`` in
+metrics.json: threads × wall / CPU seconds), so a basis measured under load is scaled back to an idle machine first.
 """
 
 from __future__ import annotations
@@ -50,9 +60,10 @@ TRACKING_BYTES = int(0.14 * GiB)
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 GPU_ALLOCATOR_SLACK = 1.10  # the caching allocator reserves more than it hands out
 # Stated when nothing on this machine was measured: sustained fp32 FLOP/s of one CPU core running the
-# trainer (measured here: 37e9 per core on tiny-llama-cpu, 54e9 on SmolLM2 LoRA), and the share of a
-# GPU's bf16 peak a run reaches.
-CPU_CORE_FLOPS = 40e9
+# trainer (measured here: 54e9 per core on SmolLM2 LoRA; tiny-llama-cpu 37e9 in issue 21, 51e9 on 2026-12-07 scaled
+# back to an idle machine by the CPU the run got; at 40e9 the plans before any run were 1.3-1.4× pessimistic), and
+# the share of a GPU's bf16 peak a run reaches.
+CPU_CORE_FLOPS = 50e9
 # A blueprint with the cpu_bf16 setting on a CPU with bf16 instructions trains this much faster (SmolLM2-135M LoRA,
 # 2 cores of an AMD EPYC with AVX512-BF16: 1.83 → 0.95 s per step; benchmarks/README.md).
 CPU_BF16_SPEEDUP = 1.9
@@ -60,7 +71,21 @@ CPU_BF16_SPEEDUP = 1.9
 # of batch 8 on 2 cores, bf16 over float32: +0.13 GB padded (4 widths), +0.43 GB packed (~16 row widths).
 CPU_BF16_BYTES_PER_SHAPE = int(0.027 * GiB)
 GPU_ASSUMED_MFU = 0.35
-ASSUMED_SETUP_SECONDS = {"cpu": 15.0, "gpu": 60.0}
+ASSUMED_SETUP_SECONDS = {"cpu": 8.0, "gpu": 60.0}  # tiny-llama-cpu on an idle 2-core machine: 8.5 s to its 1st step
+# a pretrained model's load and conversion check (the base answers are modelled apart): SmolLM2-135M's start-up took
+# 44 s on an idle machine, 20 of them its 50 base answers
+PRETRAINED_SETUP_FACTOR = 3.0
+# Start-up and saving (one thread, and waits on the disk and on child processes) slow down less than training beside
+# the same load: tiny-llama-cpu, 2 cores, load 7.9 / 9.2 / 10.2: start-up 2.3× / 3.3× / 2.4×, saving 2.1× / 4.4× / 2.1×
+# the idle times (8.5 s, 2.2 s), where fair sharing with every busy core says 4.4× / 5.1× / 5.6×.
+SINGLE_THREAD_CONTENTION = 0.45
+# Stated until a run of the blueprint is measured here (2 cores, issue 62): one generate() forward's fixed cost
+# (Python, the cache, greedy picking: the held-out answers are a few dozen small forwards per batch of 64), and the
+# save (model/ and metrics.json, then the supervisor's wrap-up: the MLflow run, the status file).
+DECODE_FORWARD_SECONDS = {"cpu": 0.005, "gpu": 0.03}
+ASSUMED_SAVE_SECONDS = {"cpu": 3.0, "gpu": 15.0}
+SAVE_BYTES_PER_SECOND = 200e6
+GENERATE_BATCH = 64  # prompts per generate() call (playground.train.evaluate.GENERATE_BATCH)
 ASSUMED_GPU_MEMORY = 80 * GiB  # a GPU the blueprint asks for, when this machine has none to ask
 # Before a model's tokenizer is on disk: characters per token of a BPE tokenizer on English chat text
 # (SmolLM2's on the kubectl task, its ChatML markers included: 4.3).
@@ -170,6 +195,102 @@ class Memory:
         return self.framework + self.weights + self.gradients + self.optimizer + self.activations
 
 
+@dataclass(frozen=True)
+class MachineLoad:
+    """What else wants this machine's CPU now: ``busy_cores`` others keep busy out of ``cores``."""
+
+    cores: int
+    busy_cores: float
+    running_jobs: int = 0  # this home's trainers running now
+    basis: str = ""
+
+    def slowdown(self, threads: int, contention: float = 1.0) -> float:
+        """How many times longer CPU work wanting ``threads`` cores takes than on an idle machine: fair sharing with
+        the busy cores (``contention`` < 1 for work that also waits on the disk and on child processes)."""
+        return max(1.0, (contention * self.busy_cores + max(1, threads)) / max(1, self.cores))
+
+    @classmethod
+    def behind(cls, factor: float, threads: int, cores: int) -> MachineLoad:
+        """The load that made work wanting ``threads`` cores ``factor`` times slower (a measured run's)."""
+        return cls(cores=cores, busy_cores=max(0.0, factor * cores - max(1, threads)))
+
+
+def machine_load(home: Path | None = None, *, own_threads: float = 0.0, count_jobs: bool = True) -> MachineLoad:
+    """This machine's load now: the 1-minute load average less ``own_threads`` (a trainer measuring its own
+    surroundings), or the threads of this home's running trainers when they want more (a run that just started is
+    not in the average yet; ``count_jobs=False``: the average alone). Other work that comes and goes during the run
+    is not foreseen: the ETA follows the pace measured."""
+    cores = _usable_cores()
+    try:
+        load1 = os.getloadavg()[0]
+    except OSError:  # no load average on this platform
+        load1 = 0.0
+    jobs = running_trainers(home) if count_jobs else []
+    by_jobs = len(jobs) * cores
+    busy = max(0.0, load1 - own_threads)
+    basis = f"load average {load1:.1f} on {cores} cores"
+    if by_jobs > busy:
+        busy = float(by_jobs)
+        basis = f"{len(jobs)} running training job(s) of {cores} threads on {cores} cores"
+    elif jobs:
+        basis += f", {len(jobs)} running training job(s)"
+    return MachineLoad(cores=cores, busy_cores=round(busy, 2), running_jobs=len(jobs), basis=basis)
+
+
+def running_trainers(home: Path | None = None) -> list[str]:
+    """Ids of this home's local jobs whose trainer process runs now (Initializing to Saving)."""
+    import psutil
+
+    from playground.paths import playground_home
+
+    jobs_dir = (home or playground_home()) / "jobs"
+    running = []
+    for status_file in jobs_dir.glob("*/status.json") if jobs_dir.is_dir() else []:
+        try:
+            status = json.loads(status_file.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = status.get("trainer_pid")
+        if status.get("phase") in _RUNNING_PHASES and isinstance(pid, int) and psutil.pid_exists(pid):
+            running.append(status_file.parent.name)
+    return running
+
+
+_RUNNING_PHASES = ("Initializing", "Training", "Evaluating", "Saving")
+
+
+def _usable_cores() -> int:
+    from playground.train.cpu_share import usable_cores  # torch-free
+
+    return usable_cores()
+
+
+@dataclass
+class TimeBreakdown:
+    """Seconds of each phase of a run, as this machine's load now makes them; :attr:`total` is ``Plan.seconds``."""
+
+    startup: float  # process start, imports, model load, data, the base model's held-out answers
+    training: float
+    evaluation: float  # the final held-out loss and answers
+    saving: float  # model/, metrics.json, the supervisor's wrap-up
+    slowdown: float = 1.0  # the training phase's load factor (1: an idle machine)
+    load_basis: str = ""
+
+    @property
+    def total(self) -> float:
+        return round(self.startup + self.training + self.evaluation + self.saving, 1)
+
+    def describe(self) -> str:
+        from playground.formatting import format_duration
+
+        parts = {"start-up": self.startup, "training": self.training, "evaluation": self.evaluation}
+        parts["saving"] = self.saving
+        text = " + ".join(f"{name} {format_duration(value, sub_minute=True)}" for name, value in parts.items())
+        if self.slowdown > 1:
+            return f"{text}; × {self.slowdown:.2f} for the load ({self.load_basis})"
+        return f"{text}; no slowdown ({self.load_basis})" if self.load_basis else text
+
+
 @dataclass
 class Plan:
     blueprint_id: str
@@ -197,6 +318,7 @@ class Plan:
     time_basis: str
     memory_basis: str = ""
     notes: list[str] = field(default_factory=list)
+    time: TimeBreakdown | None = None  # the phases ``seconds`` sums
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -222,6 +344,8 @@ class Plan:
             + (f"; {self.advice}" if self.advice else ""),
             f"time: ~{format_duration(self.seconds)} ({self.seconds_per_step:.2f} s/step; {self.time_basis})",
         ]
+        if self.time is not None:
+            lines.append(f"time by phase: {self.time.describe()}")
         return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
@@ -411,10 +535,19 @@ class MeasuredRun:
     micro_batch_size: int | None = None
     finish_seconds: float | None = None  # the final evaluation and the save
     compute_dtype: str = "float32"  # of the training matmuls (bfloat16: a GPU, or a CPU with cpu_bf16)
+    evaluate_seconds: float | None = None  # the final evaluation alone (newer trainers)
+    job_seconds: float | None = None  # the job's own wall time: trainer start to Succeeded (status.json)
+    tail_seconds: float = 0.0  # after metrics.json was written, until the job said Succeeded
+    load_factor: float = 1.0  # the machine's load while it trained (MachineLoad.slowdown; 1: idle)
 
     @property
     def seconds_per_step(self) -> float:
         return self.train_seconds / max(1, self.steps)
+
+    @property
+    def idle_seconds_per_step(self) -> float:
+        """The step time on an idle machine: the measured one less the load it ran under."""
+        return self.seconds_per_step / max(1.0, self.load_factor)
 
     @property
     def flops_per_second(self) -> float | None:
@@ -423,6 +556,19 @@ class MeasuredRun:
     @property
     def overhead_seconds(self) -> float:
         return max(0.0, self.wall_seconds - self.train_seconds)
+
+    @property
+    def saving_seconds(self) -> float | None:
+        """The save and the job's wrap-up after it, where the run recorded the evaluation apart."""
+        if self.finish_seconds is None or self.evaluate_seconds is None:
+            return None
+        return max(0.0, self.finish_seconds - self.evaluate_seconds) + self.tail_seconds
+
+    @property
+    def startup_seconds(self) -> float:
+        """Everything before the first step: the job's wall time less training, the finish and the wrap-up."""
+        wall = self.job_seconds if self.job_seconds is not None else self.wall_seconds
+        return max(0.0, wall - self.train_seconds - (self.finish_seconds or 0.0) - self.tail_seconds)
 
 
 def measured_runs(home: Path | None = None) -> list[MeasuredRun]:
@@ -453,12 +599,29 @@ def measured_runs(home: Path | None = None) -> list[MeasuredRun]:
                 micro_batch_size=metrics.get("micro_batch_size"),
                 finish_seconds=metrics.get("finish_seconds"),
                 compute_dtype=str(metrics.get("compute_dtype") or "float32"),
+                evaluate_seconds=metrics.get("evaluate_seconds"),
+                load_factor=float(metrics.get("load_factor") or 1.0),
+                **_job_times(metrics_file),
             )
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a run that did not finish, or an older trainer's metrics: not a basis
         if run.steps > 0 and run.train_seconds > 0:
             runs.append((metrics_file.stat().st_mtime, run))
     return [run for _, run in sorted(runs, key=lambda pair: pair[0], reverse=True)]
+
+
+def _job_times(metrics_file: Path) -> dict[str, float]:
+    """The job's wall time from its status.json (trainer start to Succeeded) and the wrap-up after metrics.json;
+    nothing for a job that did not succeed or an older state directory."""
+    try:
+        status = json.loads((metrics_file.parent.parent / "status.json").read_text())
+        started, ended = float(status["started_at"]), float(status["updated_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    tail = ended - metrics_file.stat().st_mtime
+    if status.get("phase") != "Succeeded" or ended <= started or not 0 <= tail < 120:  # 120: updated later (served)
+        return {}
+    return {"job_seconds": ended - started, "tail_seconds": tail}
 
 
 # ------------------------------------------------------------------------------------ the plan
@@ -532,8 +695,10 @@ def make_plan(
     backend: str = "local",
     gpus: int | None = None,
     home: Path | None = None,
+    load: MachineLoad | None = None,
 ) -> Plan:
-    """Predict memory per device, fit and time for training ``blueprint`` with ``params`` (validated)."""
+    """Predict memory per device, fit and time for training ``blueprint`` with ``params`` (validated); a CPU run's
+    time under ``load`` (default: this machine's now, :func:`machine_load`)."""
     from playground.train.flops import FlopCounter
     from playground.train.settings import resolve_setting
 
@@ -653,18 +818,16 @@ def make_plan(
     notes: list[str] = [note for note in (backend_note, objective_note) if note]
     timed = [r for r in same_model if r.world_size == processes]
     fit = _fit_step_time(timed, flops)
-    if fit is not None:
+    if fit is not None:  # seconds per step on an idle machine: each run's less the load it ran under
         fixed, per_flop, used = fit
         seconds_per_step = fixed + per_flop * step_flops
-        overhead = timed[0].overhead_seconds
         names = ", ".join(r.job_id for r in used)
         time_basis = f"measured: {fixed:.3f} s + FLOPs / {1 / per_flop:.2e} per s per step, fitted to runs {names}"
     elif timed:
         basis_run = timed[0]
         basis_flops = _run_step_flops(basis_run, flops)
         scale = step_flops / basis_flops if basis_flops else global_batch / basis_run.global_batch
-        seconds_per_step = basis_run.seconds_per_step * scale
-        overhead = basis_run.overhead_seconds
+        seconds_per_step = basis_run.idle_seconds_per_step * scale
         time_basis = (
             f"measured: run {basis_run.job_id} of this blueprint ({basis_run.seconds_per_step:.2f} s/step), "
             "scaled by FLOPs per step"
@@ -675,7 +838,7 @@ def make_plan(
             (r for r in runs if r.device == device and r.compute_dtype == compute and r.flops_per_second), None
         )
         if measured is not None:
-            rate = measured.flops_per_second * (processes / measured.world_size)
+            rate = (measured.flops_per_second or 0.0) * measured.load_factor * (processes / measured.world_size)
             time_basis = f"FLOPs at the FLOP/s run {measured.job_id} reached here ({measured.flops_per_second:.2e}/s)"
         else:
             rate, time_basis = _stated_throughput(device, processes)
@@ -683,10 +846,21 @@ def make_plan(
                 rate *= CPU_BF16_SPEEDUP
                 time_basis += f", × {CPU_BF16_SPEEDUP:g} for bf16 (cpu_bf16, measured on SmolLM2 LoRA)"
         seconds_per_step = step_flops / rate
-        overhead = ASSUMED_SETUP_SECONDS[device] * (3 if pretrained and device == "cpu" else 1)
         notes.append("setup, evaluation and saving time are estimated; a measured run of this blueprint refines them")
     if tokens_basis.startswith("max_seq_length"):
         notes.append("activations and time assume every example fills max_seq_length (an upper bound)")
+    local_cpu = device == "cpu" and backend == "local"  # a cluster's node or a GPU: this machine's load is not theirs
+    load = (load or machine_load(home)) if local_cpu else None
+    eval_rate = step_flops / seconds_per_step if seconds_per_step > 0 else CPU_CORE_FLOPS
+    if cpu_bf16:  # the held-out answers run in float32 on a CPU (as the model is served): no bf16 speed-up
+        eval_rate /= CPU_BF16_SPEEDUP
+    phases = time_breakdown(
+        blueprint, setting, device=device, basis=timed[0] if timed else None, idle_step_seconds=seconds_per_step,
+        eval_flops_per_second=eval_rate,
+        matmul_params=base_matmul, tokens_per_example=tokens_per_example, saved_bytes=(trainable * 4 if lora else
+        n_params * wbytes), pretrained=pretrained, load=load, threads=_usable_cores() if device == "cpu" else 1,
+    )  # fmt: skip
+    seconds_per_step *= phases.slowdown
     return Plan(
         blueprint_id=blueprint.id,
         model_source=source,
@@ -708,11 +882,60 @@ def make_plan(
         capacity_basis=capacity_basis,
         fits=fits,
         advice=advice,
-        seconds=round(overhead + seconds_per_step * max_steps, 1),
+        seconds=phases.total,
         seconds_per_step=round(seconds_per_step, 4),
         time_basis=time_basis,
         memory_basis=memory_basis,
         notes=notes,
+        time=phases,
+    )
+
+
+def time_breakdown(
+    blueprint: Blueprint, setting: Any, *, device: str, basis: MeasuredRun | None, idle_step_seconds: float,
+    eval_flops_per_second: float, matmul_params: int, tokens_per_example: float, saved_bytes: int, pretrained: bool,
+    load: MachineLoad | None, threads: int,
+) -> TimeBreakdown:  # fmt: skip
+    """The run's phases on this machine now (module docstring): each from ``basis`` (the newest measured run of the
+    blueprint, scaled back to an idle machine) where it recorded the phase, else modelled; then × the load."""
+    max_steps = int(setting("max_steps"))
+    n_eval = int(setting("num_eval_examples") or 50)
+    exact = blueprint.dataset.format == "synthetic" or blueprint.quality.metric == "eval_exact_match"
+    answer_tokens = max(4.0, min(float(blueprint.serving.max_new_tokens), tokens_per_example / 2))
+    forward_flops = 2.0 * matmul_params * tokens_per_example  # one example through the model, no backward
+    answers = 0.0  # greedy answers to the held-out requests: prefill and decode ≈ one example's tokens, plus a fixed
+    if exact:  # cost per generate() forward (a batch of 64 requests decodes its answer tokens one by one)
+        forwards = math.ceil(n_eval / GENERATE_BATCH) * answer_tokens
+        answers = n_eval * forward_flops / eval_flops_per_second + forwards * DECODE_FORWARD_SECONDS[device]
+    modelled_eval = n_eval * forward_flops / eval_flops_per_second + answers  # + the held-out loss
+    idle = 1.0 if basis is None else max(1.0, basis.load_factor)  # the basis run's load, for its phases
+    cores = load.cores if load is not None else _usable_cores()
+    idle_single = MachineLoad.behind(idle, threads, cores).slowdown(1, SINGLE_THREAD_CONTENTION)
+    if basis is not None and basis.num_eval_examples and basis.finish_seconds is not None:
+        recorded = basis.evaluate_seconds if basis.evaluate_seconds is not None else basis.finish_seconds
+        evaluation = recorded / idle * n_eval / basis.num_eval_examples
+    else:
+        evaluation = modelled_eval
+    saving = basis.saving_seconds if basis is not None else None
+    if saving is not None:
+        saving /= idle_single
+    else:
+        saving = ASSUMED_SAVE_SECONDS[device] + saved_bytes / SAVE_BYTES_PER_SECOND
+    if basis is not None:
+        startup = basis.startup_seconds / idle_single
+    else:  # the process, imports and model load, then the base model's answers (cached for a packaged model)
+        startup = (
+            ASSUMED_SETUP_SECONDS[device] * (PRETRAINED_SETUP_FACTOR if pretrained and device == "cpu" else 1) + answers
+        )
+    slowdown = load.slowdown(threads) if load is not None else 1.0
+    single = load.slowdown(1, SINGLE_THREAD_CONTENTION) if load is not None else 1.0  # start-up and saving
+    return TimeBreakdown(
+        startup=round(startup * single, 1),
+        training=round(idle_step_seconds * max_steps * slowdown, 1),
+        evaluation=round(evaluation * slowdown, 1),
+        saving=round(saving * single, 1),
+        slowdown=round(slowdown, 3),
+        load_basis=load.basis if load is not None else "",
     )
 
 
@@ -762,7 +985,7 @@ def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
 def _fit_step_time(runs: list[MeasuredRun], flops: Any) -> tuple[float, float, list[MeasuredRun]] | None:
     """``seconds per step = fixed + per_flop × FLOPs``, least squares over runs of at least two step sizes
     (a small model's step is mostly fixed cost: Python, the optimizer, kernel launches). None with fewer."""
-    points = [(f, r.seconds_per_step, r) for r in runs if (f := _run_step_flops(r, flops))]
+    points = [(f, r.idle_seconds_per_step, r) for r in runs if (f := _run_step_flops(r, flops))]
     line = _fit_line([(f, t) for f, t, _ in points])
     if line is None:
         return None

@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from playground.blueprints import blueprint_from_yaml, get_blueprint, parse_set_options
 from playground.blueprints.fit import gpu_count_override, local_fit
+from playground.diagnostics import explain_exception
 from playground.errors import UserError, shown_path
 from playground.events import JobPhase
 from playground.paths import ensure_writable_dir
@@ -180,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except Exception as exc:  # a broken install fails here already: the frames for the log, then the cause
+        traceback.print_exc()
+        print(f"{PROG}: error: {explain_exception(exc)}", file=sys.stderr, flush=True)
+        return 1
 
     from playground.train.reporting import Reporter
 
@@ -197,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # every failure ends as Phase Failed + an exit code
         if isinstance(exc, SystemExit) and not exc.code:
             raise
-        reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__
+        # The innermost cause, with the fix where one is known (a torchvision built for another torch reaches us
+        # as transformers' "Could not import module 'LlamaConfig'"); the traceback above keeps the frames.
+        reason = explain_exception(exc) if not isinstance(exc, KeyboardInterrupt) else type(exc).__name__
         if not isinstance(exc, UserError | KeyboardInterrupt):
             traceback.print_exc()
             sys.stderr.flush()

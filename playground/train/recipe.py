@@ -31,10 +31,12 @@ from typing import Any
 
 from playground.errors import UserError
 from playground.events import JobPhase, Progress
+from playground.stopping import NotedReporter, StopRequest, StopWatch, answer_in_time
 from playground.train import checkpoint, cpu_share, evaluate, parallel
 from playground.train import model as models
 from playground.train.data import Batches, file_splits, load_rows, synthetic_splits, tokenize
-from playground.train.finish import FinishReporter, earlier_finish_seconds
+from playground.train.eta import EtaSmoother, LoadRecorder
+from playground.train.finish import FinishReporter, earlier_finish_seconds, make_eta, planned_finish
 from playground.train.flops import MFU_WARMUP_STEPS, FlopCounter, count_flops, mfu, peak_flops
 from playground.train.parallel import gradient_sync
 from playground.train.perf import CPU_BF16_WIDTH_MULTIPLE, causal_lm_loss, compile_model, cpu_has_bf16, model_inputs
@@ -300,6 +302,12 @@ class Recipe:
         self.state = TrainState()
         self.finish = FinishReporter(reporter)  # the Evaluating and Saving phases after the last step
         self.finish_estimate = 0.0  # seconds they took last time (setup finds out), added to the ETA
+        self.eta = EtaSmoother(self.settings.max_steps)  # smoothed; setup adds the finish (earlier run's or plan's)
+        self.load = LoadRecorder(cpu_threads())  # the machine's load while training: metrics.json's load_factor
+        self.stop_watch = StopWatch.from_env()  # a stop request (a booth deadline): checked at every step boundary
+        self.stopped: StopRequest | None = None  # set when one ended training before max_steps
+        self.eval_finish_by: float | None = None  # the final evaluation answers only what fits before this
+        self.eval_answered: int | None = None  # held-out requests it answered, when fewer than all
 
     def setup(self) -> None:
         """Ranks and device, data, model, optimizer, and the state (``--resume``: the checkpoint's)."""
@@ -310,6 +318,10 @@ class Recipe:
         self.state = restore(self)
         # the final evaluation and save, as long as they took last time: part of every progress point's ETA
         self.finish_estimate = earlier_finish_seconds(self.spec.output, self.spec.blueprint.id, len(self.data.eval_set))
+        planned = (
+            planned_finish(self.spec.blueprint, self.spec.params, self.spec.output) if self.runtime.dist.main else None
+        )
+        self.eta = make_eta(self.settings.max_steps, self.finish_estimate, planned, self.finish)
 
     def train(self) -> dict[str, Any]:
         """The base model's exact match (before the first step), the loop, the final eval and the save; returns the
@@ -505,12 +517,19 @@ def held_out_exact_match(recipe: Recipe, model: Any, on_answered: Callable[[int,
     """``model``'s greedy answers to the held-out requests, scored by exact match (the thread guard's ask applies
     between batches)."""
     data, runtime = recipe.data, recipe.runtime
+    prompts = data.eval_set.prompt_ids
     with runtime.autocast():
-        answers = evaluate.generate_answers(
-            model, data.tokenizer, data.eval_set.prompt_ids, max_new_tokens=answer_budget(recipe),
-            device=runtime.device, on_progress=runtime.sharing_cpu(recipe.reporter, on_answered),
+        answers = answer_in_time(
+            lambda ids, progress: evaluate.generate_answers(
+                model, data.tokenizer, ids, max_new_tokens=answer_budget(recipe), device=runtime.device,
+                on_progress=progress,
+            ),
+            prompts, finish_by=recipe.eval_finish_by, on_progress=runtime.sharing_cpu(recipe.reporter, on_answered),
         )  # fmt: skip
-    return evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples])
+    if len(answers) < len(prompts):  # stopped early with little time left: fewer requests, still a score
+        recipe.eval_answered = len(answers)
+        recipe.reporter.log(f"evaluation: {len(answers)} of {len(prompts)} held-out requests answered in the time left")
+    return evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples][: len(answers)])
 
 
 def base_eval(recipe: Recipe) -> dict[str, float]:
@@ -697,7 +716,29 @@ def train_loop(recipe: Recipe) -> None:
         if settings.checkpoint_every and step % settings.checkpoint_every == 0:
             with state.clock.paused():
                 save_checkpoint(recipe)
+        if step < max_steps and stop_requested(recipe, step):
+            if window.steps:  # the last trained step's point
+                _report_progress(recipe, window, peak)
+            recipe.stopped = recipe.stop_watch.requested() or StopRequest("stop", time.time())
+            recipe.reporter.log(f"{recipe.stopped.describe(step, max_steps)}: evaluating and saving the model")
+            break
     state.clock.lap()
+
+
+def stop_requested(recipe: Any, step: int) -> bool:
+    """Whether training should stop after ``step`` (a stop file: :mod:`playground.stopping`). Distributed, every rank
+    must agree: one tiny all-reduce on logging steps only (they sync the device anyway)."""
+    asked = recipe.stop_watch.requested() is not None
+    if recipe.runtime.dist.world_size == 1:
+        return asked
+    if step % recipe.settings.log_every:
+        return False
+    import torch
+    import torch.distributed
+
+    flag = torch.tensor([1.0 if asked else 0.0], device=recipe.runtime.device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def average_state(recipe: Recipe) -> dict[str, Any] | None:
@@ -760,6 +801,8 @@ def _report_progress(recipe: Recipe, window: _Window, peak: float | None) -> Non
     timed = state.clock.lap()  # since the window (or the MFU timer) started
     elapsed = window.warmup_seconds + timed
     step, max_steps = state.step, recipe.settings.max_steps
+    if not runtime.cuda:
+        recipe.load.sample(elapsed, torch.get_num_threads())
     recipe.reporter.progress(
         Progress(
             step=step,
@@ -768,7 +811,7 @@ def _report_progress(recipe: Recipe, window: _Window, peak: float | None) -> Non
             loss=state.last_loss,
             learning_rate=recipe.optim.scheduler.get_last_lr()[0],
             tokens_per_second=tokens / elapsed if elapsed > 0 else None,
-            eta_seconds=(max_steps - step) * elapsed / window.steps + recipe.finish_estimate,
+            eta_seconds=recipe.eta.update(step, window.steps, elapsed),  # smoothed, with the evaluation and save
             gpu_memory_bytes=torch.cuda.max_memory_allocated(runtime.device) if runtime.cuda else None,
             mfu=mfu(flops / world, timed, peak),
         )
@@ -779,7 +822,14 @@ def _report_progress(recipe: Recipe, window: _Window, peak: float | None) -> Non
 
 def final_eval(recipe: Recipe) -> dict[str, float]:
     """Held-out metrics of the trained model (the quality bar reads them), as the Evaluating phase."""
-    recipe.state.step = recipe.settings.max_steps
+    if recipe.stopped is None:
+        recipe.state.step = recipe.settings.max_steps
+    request = recipe.stopped or recipe.stop_watch.requested()  # asked during the last step: the time limit holds
+    recipe.eval_finish_by = request.eval_finish_by() if request is not None else None
+    if recipe.stopped is not None:  # Evaluating and Saving say where training stopped
+        recipe.finish.reporter = NotedReporter(
+            recipe.reporter, recipe.stopped.describe(recipe.state.step, recipe.settings.max_steps)
+        )
     recipe.finish.evaluating(len(recipe.data.eval_set))
     return evaluate_model(recipe, on_answered=recipe.finish.answered)
 
@@ -830,9 +880,31 @@ def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
             "history": state.history,
             **measured_footprint(recipe),
             "finish_seconds": recipe.finish.seconds,  # the final evaluation and the save: the next run's ETA has it
+            "evaluate_seconds": recipe.finish.evaluate_seconds,  # the evaluation alone: the plan's breakdown has it
+            # the load it trained under (the CPU it got): the plan scales its times back to an idle machine by it
+            "load_factor": recipe.load.measured(state.clock.wall, state.clock.cpu, gpu=runtime.cuda),
+            "load_average_factor": recipe.load.factor,  # what the load average said it would be
         }
+        if recipe.stopped is not None:  # a stop request (a booth deadline) ended training early
+            metrics["stopped"] = stopped_record(
+                recipe.stopped, state.step, recipe.settings.max_steps, recipe.eval_answered, len(data.eval_set)
+            )
         write_metrics(spec.output, metrics)
     return metrics
+
+
+def stopped_record(
+    request: StopRequest, step: int, total_steps: int, answered: int | None, eval_examples: int
+) -> dict[str, Any]:
+    """``metrics.json``'s ``stopped``: why and where training stopped, and how much of the held-out set was scored."""
+    return {
+        "reason": request.reason,
+        "step": step,
+        "total_steps": total_steps,
+        "message": request.describe(step, total_steps),
+        "eval_examples_answered": eval_examples if answered is None else answered,
+        "eval_examples": eval_examples,
+    }
 
 
 def write_metrics(output: Path, metrics: dict[str, Any]) -> None:

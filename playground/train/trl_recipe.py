@@ -25,17 +25,22 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from playground.events import JobPhase, Progress
+from playground.stopping import NotedReporter, StopRequest, StopWatch, answer_in_time
 from playground.train import checkpoint, evaluate, kubectl_reward
 from playground.train import model as models
 from playground.train.data import Sample
-from playground.train.finish import FinishReporter, earlier_finish_seconds
+from playground.train.eta import EtaSmoother, LoadRecorder
+from playground.train.finish import FinishReporter, earlier_finish_seconds, make_eta, planned_finish
 from playground.train.recipe import (
     MAX_SYNTHETIC_ROWS,
     MIN_LR_RATIO,
     Clock,
     _finite_json,
+    cpu_threads,
     peak_memory,
     setup_distributed,
+    stop_requested,
+    stopped_record,
     teardown,
     write_metrics,
 )
@@ -71,6 +76,13 @@ class TrlRecipe:
         self.evaluate_base = True  # GRPO with a warm start evaluates the base before it
         self.finish = FinishReporter(reporter)  # the Evaluating and Saving phases after the last step
         self.finish_estimate = 0.0  # seconds they took last time (setup finds out), added to the ETA
+        self.eta = EtaSmoother(self.settings.max_steps)  # smoothed; setup adds the finish (earlier run's or plan's)
+        self.load = LoadRecorder(cpu_threads())  # the machine's load while training: metrics.json's load_factor
+        self.stop_watch = StopWatch.from_env()  # a stop request (a booth deadline): checked at every step boundary
+        self.stopped: StopRequest | None = None  # set when one ended training before max_steps
+        self.stopped_step: int | None = None
+        self.eval_finish_by: float | None = None  # the final evaluation answers only what fits before this
+        self.eval_answered: int | None = None  # held-out requests it answered, when fewer than all
 
     # --- setup ---------------------------------------------------------------------------------
 
@@ -100,6 +112,10 @@ class TrlRecipe:
         self.trainer.remove_callback(KubeflowCallback)
         self.trainer.add_callback(_Events(self))
         self.finish_estimate = earlier_finish_seconds(self.spec.output, self.spec.blueprint.id, len(self.eval_samples))
+        planned = (
+            planned_finish(self.spec.blueprint, self.spec.params, self.spec.output) if self.runtime.dist.main else None
+        )
+        self.eta = make_eta(self.settings.max_steps, self.finish_estimate, planned, self.finish)
         n_params = sum(p.numel() for p in self.trainer.model.parameters())
         n_trainable = sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)
         self.reporter.log(
@@ -177,9 +193,20 @@ class TrlRecipe:
         self.clock.restart()
         self.trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         self.clock.lap()
+        request = self.stopped or self.stop_watch.requested()  # asked during the last step: the time limit holds
+        self.eval_finish_by = request.eval_finish_by() if request is not None else None
+        if self.stopped is not None:  # Evaluating and Saving say where training stopped
+            self.finish.reporter = NotedReporter(
+                self.reporter, self.stopped.describe(self.steps_done, self.settings.max_steps)
+            )
         self.finish.evaluating(len(self.eval_samples))
-        final = self.evaluate_model(self.trainer.model, step=self.settings.max_steps, on_answered=self.finish.answered)
+        final = self.evaluate_model(self.trainer.model, step=self.steps_done, on_answered=self.finish.answered)
         return self.save(final)
+
+    @property
+    def steps_done(self) -> int:
+        """The steps trained: ``max_steps``, or where a stop request ended training."""
+        return self.settings.max_steps if self.stopped_step is None else self.stopped_step
 
     def evaluate_model(
         self, model: Any, *, step: int, prefix: str = "", on_answered: Callable[[int, int], None] | None = None
@@ -206,10 +233,17 @@ class TrlRecipe:
             longest = max((len(self.tokenizer(s.answer)["input_ids"]) for s in samples), default=1)
             max_new = min(self.spec.blueprint.serving.max_new_tokens, longest + 8)
             with self.runtime.autocast():
-                answers = evaluate.generate_answers(
-                    model, self.tokenizer, prompt_ids, max_new_tokens=max_new, device=self.runtime.device,
+                answers = answer_in_time(
+                    lambda ids, progress: evaluate.generate_answers(
+                        model, self.tokenizer, ids, max_new_tokens=max_new, device=self.runtime.device,
+                        on_progress=progress,
+                    ),
+                    prompt_ids, finish_by=None if base else self.eval_finish_by,
                     on_progress=self.runtime.sharing_cpu(self.reporter, on_answered),
                 )  # fmt: skip
+            if len(answers) < len(samples):  # stopped early with little time left: fewer requests, still a score
+                self.eval_answered, samples = len(answers), samples[: len(answers)]
+                self.reporter.log(f"evaluation: {len(answers)} of {len(prompt_ids)} held-out requests answered in time")
             results["eval_exact_match"] = evaluate.exact_match(answers, [s.answer for s in samples])
             if self.spec.blueprint.task == "english-to-kubectl":
                 rewards = [kubectl_reward.score(a, s.answer) for a, s in zip(answers, samples, strict=True)]
@@ -250,7 +284,7 @@ class TrlRecipe:
             },
             "objective": self.objective,
             "train_loss": self.last_loss,
-            "steps": self.settings.max_steps,
+            "steps": self.steps_done,
             "train_seconds": round(self.clock.wall, 3),
             "train_cpu_seconds": round(self.clock.cpu, 3),
             "wall_seconds": round(time.perf_counter() - self.wall_start, 3),
@@ -265,7 +299,15 @@ class TrlRecipe:
             "history": self.history,
             **peak_memory(runtime),
             "finish_seconds": self.finish.seconds,  # the final evaluation and the save: the next run's ETA has it
+            "evaluate_seconds": self.finish.evaluate_seconds,  # the evaluation alone: the plan's breakdown has it
+            # the load it trained under (the CPU it got): the plan scales its times back to an idle machine by it
+            "load_factor": self.load.measured(self.clock.wall, self.clock.cpu, gpu=runtime.cuda),
+            "load_average_factor": self.load.factor,  # what the load average said it would be
         }
+        if self.stopped is not None:  # a stop request (a booth deadline) ended training early
+            metrics["stopped"] = stopped_record(
+                self.stopped, self.steps_done, self.settings.max_steps, self.eval_answered, len(self.eval_samples)
+            )
         write_metrics(self.spec.output, metrics)
         return metrics
 
@@ -325,6 +367,13 @@ class _Events:
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step >= state.max_steps:
             control.should_log = True  # the last step always reports
+        elif stop_requested(self.recipe, state.global_step):  # a stop request (a deadline): the last step
+            recipe = self.recipe
+            recipe.stopped = recipe.stop_watch.requested() or StopRequest("stop", time.time())
+            recipe.stopped_step = state.global_step
+            control.should_training_stop = True
+            control.should_log = True  # its progress point
+            recipe.reporter.log(f"{recipe.stopped.describe(state.global_step, state.max_steps)}: evaluating and saving")
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         logs = logs or {}
@@ -338,6 +387,10 @@ class _Events:
         rate = (tokens - self.tokens) / elapsed if tokens and self.tokens and elapsed > 0 else None
         self.tokens = tokens
         recipe.last_loss = float(logs["loss"])
+        if not recipe.runtime.cuda:
+            import torch
+
+            recipe.load.sample(elapsed, torch.get_num_threads())
         recipe.reporter.progress(
             Progress(
                 step=state.global_step,
@@ -346,7 +399,7 @@ class _Events:
                 loss=recipe.last_loss,
                 learning_rate=logs.get("learning_rate"),
                 tokens_per_second=rate,
-                eta_seconds=(state.max_steps - state.global_step) * elapsed / max(1, steps) + recipe.finish_estimate,
+                eta_seconds=recipe.eta.update(state.global_step, steps, elapsed),  # smoothed, with the finish
                 metrics=recipe.method_metrics(logs),
             )
         )

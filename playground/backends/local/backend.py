@@ -34,13 +34,14 @@ from playground.backends.local.gpus import detect_gpus
 from playground.backends.local.queue import WaitEstimator, jobs_queue
 from playground.blueprints import Blueprint, get_blueprint
 from playground.blueprints.fit import local_fit
-from playground.booth import BoothPolicy, QuotaExceeded, owns
+from playground.booth import BoothPolicy, QuotaExceeded, deadline_grace, job_deadline, owns
 from playground.errors import JobNotFound, UserError
 from playground.events import Event, JobPhase, Phase, Progress, event_from_dict, parse_line
 from playground.formatting import describe_event
 from playground.paths import ensure_writable_dir, playground_home
 from playground.processes import child_env, process_alive
 from playground.requests import check_request
+from playground.stopping import STOP_FILE, STOP_FILE_ENV
 from playground.types import Job, TrainRequest
 
 _JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -202,14 +203,47 @@ class LocalBackend(Backend):
             "base_model": base_model,
             "quality": blueprint.quality.model_dump(),
             "command": command,
-            "env": {"PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath, **self._run_env(job_id, request.owner)},
+            "env": {
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": pythonpath,
+                STOP_FILE_ENV: str(jobdir / STOP_FILE),  # the supervisor's stop request (a deadline) goes here
+                **self._run_env(job_id, request.owner),
+            },
             "cancel_grace_seconds": self.cancel_grace,
             "owner": request.owner,
-            # booth mode: wait for one of this many training slots; stop the trainer after this long
+            # booth mode: wait for one of this many training slots; stop training after this long (then evaluate and
+            # save), kill a trainer still running this much later
             "queue_slots": self.policy.max_concurrent_trainings if self.policy else None,
-            "deadline_seconds": self.policy.job_deadline_seconds if self.policy else None,
+            **self._deadline(blueprint, params, model, dataset),
             # a queued job of a visitor gone this long leaves the queue (their kernel stopped showing presence)
             "visitor_gone_seconds": self.policy.visitor_gone_seconds if self.policy else None,
+        }
+
+    def _deadline(
+        self, blueprint: Blueprint, params: dict, model: str | None, dataset: str | None
+    ) -> dict[str, float | int | None]:
+        """Booth mode: the job's deadline from its plan for this machine (:func:`playground.booth.job_deadline`:
+        the plan's time × slack, capped by the policy) and the grace after it for the evaluation and save
+        (:func:`playground.booth.deadline_grace`, from this blueprint's last measured finish)."""
+        if self.policy is None:
+            return {"deadline_seconds": None, "deadline_grace_seconds": None, "planned_seconds": None}
+        from playground.blueprints.plan import make_plan, measured_runs
+
+        try:
+            planned: float | None = make_plan(
+                blueprint, params, model_source=model, dataset_source=dataset, backend=self.name, home=self.home
+            ).seconds
+        except Exception:  # an estimate that cannot be made leaves the policy's cap; it never refuses a job
+            planned = None
+        try:
+            runs = measured_runs(self.home)  # newest first
+            finish = next((r.finish_seconds for r in runs if r.blueprint_id == blueprint.id and r.finish_seconds), None)
+        except Exception:
+            finish = None
+        return {
+            "deadline_seconds": job_deadline(planned, self.policy.job_deadline_seconds),
+            "deadline_grace_seconds": deadline_grace(finish, self.policy.deadline_grace_seconds),
+            "planned_seconds": planned,
         }
 
     def _run_env(self, job_id: str, owner: str | None) -> dict[str, str]:

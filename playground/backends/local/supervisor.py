@@ -6,10 +6,16 @@ the output to ``train.log``, turns event lines into ``status.json`` updates, and
 ``Succeeded``, ``Failed`` (exit code or signal, last log lines) or ``Cancelled``.
 
 SIGTERM (sent by :meth:`LocalBackend.cancel`) means cancel: the trainer's group gets SIGTERM, then
-SIGKILL after the grace period in ``spec.json``. The supervisor is the only writer of
-``status.json`` while it lives: it inherits the job's ``supervisor.lock``, held since before the job
-existed, and keeps it (not passed on to the trainer) until it exits; readers reconcile only a job
-whose lock they can take.
+SIGKILL after the grace period in ``spec.json``. The supervisor is the only writer of ``status.json`` while it
+lives: it inherits the job's ``supervisor.lock``, held since before the job existed, and keeps it (not passed on
+to the trainer) until it exits; readers reconcile only a job whose lock they can take.
+
+A booth job's deadline (``deadline_seconds`` in ``spec.json``, counted from the trainer's start) never throws finished
+work away. Arriving during training, it asks the trainer to stop at the next step (a stop file,
+:mod:`playground.stopping`); the trainer evaluates and saves what it trained, and the job ends Succeeded with the
+message "stopped at the deadline (step N of M)". Arriving in Evaluating or Saving (the steps are done), it changes
+nothing. Only a trainer still running ``deadline_grace_seconds`` after the deadline (hung, or deaf to the stop file)
+is killed, as a last resort: Failed "deadline exceeded" with its last log lines.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from playground.events import (
 )
 from playground.formatting import describe_event
 from playground.processes import child_env
+from playground.stopping import STOP_FILE, write_stop_request
 
 PROGRESS_WRITE_INTERVAL = 0.5  # seconds between status.json rewrites caused by progress alone
 VISITOR_LEFT = "visitor left the booth before the job's turn"
@@ -55,11 +62,16 @@ class Supervisor:
         self.proc: subprocess.Popen[bytes] | None = None
         self.cancel_requested = False
         self.trainer_reason = ""  # the reason of a Failed phase the trainer itself reported
+        self.trainer_succeeded = False  # the trainer reported Succeeded: its model and metrics are written
         self.last_write = 0.0
         self.dirty = False
         self.wakeup = threading.Event()  # set by a cancel: stop waiting in the queue at once
         self.slot: Slot | None = None  # the training slot held while the trainer runs (booth mode)
-        self.deadline_hit: int | None = None  # seconds, once the job's deadline stopped the trainer
+        self.deadline_hit: int | None = None  # seconds, once the job's deadline arrived while the trainer ran
+        self.stop_asked = False  # the trainer was asked to stop training (the deadline arrived during training)
+        self.grace_over: float | None = None  # seconds, once the trainer outlived the deadline's grace and was killed
+        self.grace_timer: threading.Timer | None = None  # the deadline's last resort, armed when it arrives
+        self.log: Any = None  # train.log, open while the trainer runs
         self.left_reason = ""  # why a queued job left the queue without being cancelled (its visitor left)
 
     # -- status -------------------------------------------------------------------------
@@ -94,6 +106,7 @@ class Supervisor:
                 # The supervisor decides the terminal phase once the process has exited.
                 if event.phase == JobPhase.FAILED and event.reason:
                     self.trainer_reason = event.reason
+                self.trainer_succeeded = event.phase == JobPhase.SUCCEEDED
                 return
             self.write_status(phase=str(event.phase), message=event.reason)
             return
@@ -115,17 +128,67 @@ class Supervisor:
         timer.daemon = True
         timer.start()
 
+    def log_line(self, line: str) -> None:
+        """A line of the supervisor's own in train.log (the job's history) and the status's log tail."""
+        self.tail.append(line)
+        try:
+            self.log.write(f"{line}\n".encode())
+            self.log.flush()
+        except (AttributeError, ValueError, OSError):  # no log open (yet, or any more)
+            pass
+
+    def _cause_in_log(self) -> str | None:
+        """The innermost cause of the last traceback in train.log, in one line (a trainer that died before it could
+        report its own failure, e.g. while importing its modules); None when the log holds none."""
+        from playground.diagnostics import explain_log
+
+        try:
+            with open(self.jobdir / state.LOG, "rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - 64_000))
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return None
+        return explain_log(text)
+
     def on_deadline(self, seconds: int) -> None:
-        """The job ran past its deadline (like ``activeDeadlineSeconds``): stop the trainer; it ends Failed."""
+        """The deadline arrived (timer thread). In training: ask the trainer to stop at the next step, then evaluate
+        and save (it ends Succeeded). In Evaluating or Saving: nothing to stop. Either way the trainer has
+        ``deadline_grace_seconds`` more before :meth:`on_grace_over` kills it."""
+        grace = float(self.spec.get("deadline_grace_seconds") or self.spec.get("cancel_grace_seconds", 10))
         with self.lock:
             proc = self.proc
             if proc is None or proc.poll() is not None or self.cancel_requested:
                 return
             self.deadline_hit = seconds
-            self.tail.append(f"[supervisor] deadline of {seconds} s exceeded: stopping the trainer")
+            phase = self.status.get("phase")
+            if phase in (JobPhase.EVALUATING, JobPhase.SAVING):
+                self.log_line(
+                    f"[supervisor] deadline of {seconds} s reached while {phase}: training is done, the job finishes "
+                    f"(stopped only if still running {grace:.0f} s from now)"
+                )
+            else:
+                write_stop_request(self.jobdir / STOP_FILE, "deadline", finish_by=time.time() + grace)
+                self.stop_asked = True
+                self.log_line(
+                    f"[supervisor] deadline of {seconds} s reached: asking the trainer to stop training at the next "
+                    f"step, then evaluate and save (within {grace:.0f} s)"
+                )
+        self.grace_timer = threading.Timer(grace, self.on_grace_over, args=(proc, grace))
+        self.grace_timer.daemon = True
+        self.grace_timer.start()
+
+    def on_grace_over(self, proc: subprocess.Popen[bytes], grace: float) -> None:
+        """The last resort: the trainer outlived the deadline by its grace; SIGTERM, SIGKILL after the cancel grace."""
+        with self.lock:
+            if proc.poll() is not None or self.cancel_requested:
+                return
+            self.grace_over = grace
+            self.log_line(f"[supervisor] the trainer did not finish within {grace:.0f} s of the deadline: stopping it")
         state.kill_group(proc.pid, signal.SIGTERM)
-        grace = float(self.spec.get("cancel_grace_seconds", 10))
-        timer = threading.Timer(grace, state.kill_group, args=(proc.pid, signal.SIGKILL))
+        timer = threading.Timer(
+            float(self.spec.get("cancel_grace_seconds", 10)), state.kill_group, args=(proc.pid, signal.SIGKILL)
+        )
         timer.daemon = True
         timer.start()
 
@@ -219,6 +282,7 @@ class Supervisor:
             return self.finish(JobPhase.CANCELLED, reason, queue_position=None, estimated_wait_seconds=None)
         log.write(f"[supervisor] starting: {' '.join(command)}\n".encode())
         log.flush()
+        self.log = log
         try:
             self.proc = subprocess.Popen(
                 command,
@@ -257,6 +321,8 @@ class Supervisor:
         returncode = self.proc.wait()
         if timer is not None:
             timer.cancel()
+        if self.grace_timer is not None:
+            self.grace_timer.cancel()
         # Leftovers of the group (torchrun workers, dataloader processes) would keep the pipe open.
         state.kill_group(self.proc.pid, signal.SIGKILL)
         reader.join(timeout=30)
@@ -264,10 +330,18 @@ class Supervisor:
 
     def conclude(self, returncode: int, log) -> int:
         model_dir = self.jobdir / state.OUTPUT / "model"
-        if returncode == 0 and model_dir.is_dir():
-            phase, message = JobPhase.SUCCEEDED, ""
-        elif self.deadline_hit is not None:
-            phase, message = JobPhase.FAILED, f"deadline exceeded: the job ran longer than {self.deadline_hit} s"
+        # A trainer killed by the deadline's last resort after it reported Succeeded (closing its MLflow run, say)
+        # has written everything: the job keeps its model.
+        done = returncode == 0 or (self.grace_over is not None and self.trainer_succeeded)
+        stopped = read_stopped(self.jobdir / state.OUTPUT) if done else None
+        if done and model_dir.is_dir():
+            phase, message = JobPhase.SUCCEEDED, str((stopped or {}).get("message") or "")
+        elif self.grace_over is not None:
+            phase, message = (
+                JobPhase.FAILED,
+                f"deadline exceeded: the trainer did not stop, evaluate and save within {self.grace_over:.0f} s "
+                f"of the {self.deadline_hit} s deadline",
+            )
         elif self.cancel_requested:
             phase, message = JobPhase.CANCELLED, "cancelled by user"
         elif returncode < 0:
@@ -275,7 +349,7 @@ class Supervisor:
         elif returncode == 0:
             phase, message = JobPhase.FAILED, "trainer exited with code 0 but wrote no model directory"
         else:
-            detail = self.trainer_reason or last_error_line(self.tail)
+            detail = self.trainer_reason or self._cause_in_log() or last_error_line(self.tail)
             message = f"trainer exited with code {returncode}" + (f": {detail}" if detail else "")
             phase = JobPhase.FAILED
         line = f"[supervisor] trainer exited ({returncode}); job {phase}" + (f": {message}" if message else "")
@@ -287,6 +361,8 @@ class Supervisor:
             changes["signal"] = signal_name(-returncode)
         if phase == JobPhase.SUCCEEDED:
             changes["metrics"] = {**self.status.get("metrics", {}), **read_metrics(self.jobdir / state.OUTPUT)}
+            if stopped:
+                changes["stopped"] = stopped
         return self.finish(phase, message, **changes)
 
     def finish(self, phase: JobPhase, message: str, **changes: Any) -> int:
@@ -317,6 +393,15 @@ def last_error_line(lines) -> str:
         if head.endswith(("Error", "Exception", "Interrupt", "Exit")) or ": error:" in line or line.startswith("error"):
             return line[:300]
     return candidates[-1][:300] if candidates else ""
+
+
+def read_stopped(output: Path) -> dict[str, Any] | None:
+    """``metrics.json``'s ``stopped`` record (where a stop request ended training), None when it ran to the end."""
+    try:
+        stopped = state.read_json(output / "metrics.json").get("stopped")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return stopped if isinstance(stopped, dict) else None
 
 
 def read_metrics(output: Path) -> dict[str, float]:

@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "playground.commands.app",  # app
     "playground.models.commands",  # models prepare
     "playground.runs.commands",  # runs, register
+    "playground.commands.doctor",  # doctor
 )
 
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         top_level = (exc.name or "").partition(".")[0]
         if top_level not in FULL_INSTALL_PACKAGES:
-            raise
+            return _crashed(exc)
         print(
             f"playground: error: `playground {args.command}` needs the full install ({top_level} is missing; "
             "this looks like the slim `playground e2e` install): pip install blueprint-playground",
@@ -139,6 +140,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _reader_gone()
+    except Exception as exc:
+        return _crashed(exc)
+
+
+def _crashed(exc: Exception) -> int:
+    """A bug or a broken install (a torchvision built for another torch...): the frames, then the innermost
+    cause in one line with the fix where one is known; exit 1."""
+    import traceback
+
+    from playground.diagnostics import explain_exception
+
+    traceback.print_exc()
+    print(f"playground: error: {explain_exception(exc)}", file=sys.stderr)
+    return 1
 
 
 def _reader_gone() -> int:

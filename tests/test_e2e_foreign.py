@@ -480,3 +480,103 @@ def test_controller_logs_forbidden_is_one_line(k8s_run: dict, monkeypatch: pytes
     finally:
         api.close()
         cluster.clear_faults()
+
+
+# ------------------------------------------------------------- what a foreign notebook does to the environment
+
+INSTALLS = """
+import os, pathlib, shutil
+site = pathlib.Path(os.environ["PYTHONPATH"].split(os.pathsep)[0])  # a site dir every interpreter here sees
+def dist(name, version):
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\\nName: {name}\\nVersion: {version}\\n")
+dist("upstream-extra", "9.9.9")  # as `pip install --target` would leave it
+shutil.rmtree(site / "upstream_pinned-1.0.dist-info")  # an upgrade: 1.0 out, 2.0 in
+dist("upstream-pinned", "2.0")
+"""
+
+
+def _wheel(folder: Path, name: str, version: str) -> Path:
+    """A tiny pure-Python wheel, built by hand (no network, no build backend)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        f"{name}/__init__.py": f"VERSION = {version!r}\n",
+        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+
+    def digest(text: str) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{path},sha256={digest(text)},{len(text.encode())}\n" for path, text in files.items())
+    files[f"{name}-{version}.dist-info/RECORD"] = record + f"{name}-{version}.dist-info/RECORD,,\n"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for member, text in files.items():
+            zf.writestr(member, text)
+    return path
+
+
+def test_the_summary_reports_what_a_foreign_notebook_installed(tmp_path: Path) -> None:
+    """A notebook that adds one distribution and upgrades another (dist-info written into a site directory on
+    the kernel's PYTHONPATH: no network), and one that pip-installs a local wheel under --isolated-env: the first
+    run's summary names both changes; the second's install stays in its throwaway environment."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "upstream_pinned-1.0.dist-info").mkdir()
+    (site / "upstream_pinned-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: upstream-pinned\nVersion: 1.0\n"
+    )
+    installs = _notebook(tmp_path / "nbs" / "installs.ipynb", INSTALLS)
+    wheel = _wheel(tmp_path, "upstream_wheel", "3.1.4")
+    pip = _notebook(
+        tmp_path / "nbs" / "pip-installs.ipynb",
+        f"%pip install --no-index --no-deps --quiet {wheel}",
+        "import upstream_wheel; assert upstream_wheel.VERSION == '3.1.4'",
+    )
+    env = _env(PYTHONPATH=str(site))
+    other_env = _env(PYTHONPATH=str(tmp_path / "no-site"))  # side by side: what one adds, the other must not see
+    plain = _cli([str(installs), "--out", str(tmp_path / "out-plain")], tmp_path / "cwd-plain", env)
+    isolated = _cli(
+        [str(pip), "--isolated-env", "--out", str(tmp_path / "out-isolated")], tmp_path / "cwd-isolated", other_env
+    )
+    a = _finish(plain, tmp_path / "out-plain", tmp_path / "cwd-plain", env)
+    b = _finish(isolated, tmp_path / "out-isolated", tmp_path / "cwd-isolated", other_env)
+
+    assert a["rc"] == 0, a["stderr"][-3000:]
+    changes = a["by_name"]["installs"]["environment_changes"]
+    assert changes["installed"] == {"upstream-extra": "9.9.9"}
+    assert changes["changed"] == {"upstream-pinned": {"before": "1.0", "after": "2.0"}}
+    assert changes["removed"] == {}
+    summary = (a["out"] / "summary.md").read_text()
+    assert "### Environment" in summary
+    assert (
+        "**installs** changed the environment: installed upstream-extra 9.9.9; changed upstream-pinned 1.0 → 2.0"
+        in summary
+    )
+    assert "the environment changed by installs" in a["stderr"].strip().splitlines()[-1]
+
+    assert b["rc"] == 0, b["stderr"][-3000:]
+    nb = b["by_name"]["pip-installs"]
+    assert nb["isolated_env"] is True
+    assert nb["environment_changes"]["installed"] == {"upstream-wheel": "3.1.4"}
+    assert (
+        "changed the environment (in its throwaway environment): installed upstream-wheel 3.1.4"
+        in (b["out"] / "summary.md").read_text()
+    )
+    main_env = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import importlib.metadata as m; print([d.metadata['Name'] for d in m.distributions()])",
+        ],
+        env=other_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "upstream_wheel" not in main_env and "upstream-wheel" not in main_env  # the main environment kept as it was

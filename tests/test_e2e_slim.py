@@ -270,7 +270,7 @@ def test_action_run_step_records_the_verdict_and_keeps_going(slim_env: dict[str,
 UPSTREAM = REPO / "deploy" / "ci" / "kubeflow-trainer"
 
 
-def test_upstream_run_file_mirrors_their_two_jobs_and_matches_the_readme() -> None:
+def test_upstream_run_file_mirrors_their_two_jobs_and_matches_the_docs() -> None:
     from playground.e2e.runfile import RunFileModel
 
     text = (UPSTREAM / "e2e-notebooks.yaml").read_text()
@@ -281,7 +281,7 @@ def test_upstream_run_file_mirrors_their_two_jobs_and_matches_the_readme() -> No
     jax = next(n for n in gpu if "jax" in n.path)
     assert jax.parameters == {"num_cpu": 8, "num_gpu": 2, "num_nodes": 1}
     assert all(not n.parameters for n in run.notebooks if n is not jax), "num_gpu goes to the jax notebook only"
-    assert text in (REPO / "README.md").read_text(), "the README shows this file"
+    assert text in (REPO / "docs" / "ci" / "kubeflow-notebooks.md").read_text(), "the docs show this file"
 
 
 @pytest.mark.parametrize("tool", ["zizmor", "check-jsonschema"])

@@ -130,6 +130,9 @@ def cmd_app(args: argparse.Namespace) -> int:
     env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(SHARE_DIR), env.get("JUPYTER_PATH", "")) if p)
     if args.booth:
         env.update(booth_environment(args, env))
+    from playground.commands.doctor import check_in_background
+
+    check_in_background()  # the stack's fast check; its problems print when known, the app starts meanwhile
     if prepare_model(env["PLAYGROUND_BLUEPRINT"]) is not None and env.get("PLAYGROUND_BACKEND", "local") == "local":
         warm_base_model(env["PLAYGROUND_BLUEPRINT"])  # in the background: the page does not wait for it
     port = first_free_port(args.ip, args.port)

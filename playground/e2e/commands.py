@@ -87,6 +87,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-f", "--parameters_file", action="append", default=[], metavar="FILE", help="parameters from a YAML file"
     )
+    p.add_argument(
+        "--isolated-env",
+        action="store_true",
+        help="run each foreign notebook in a throwaway venv (--system-site-packages): its pip installs go with it",
+    )
     p.add_argument("--keep-home", action="store_true", help="keep each notebook's PLAYGROUND_HOME for inspection")
     p.add_argument("--quiet", action="store_true", help="no live log output (artifacts are written all the same)")
     p.set_defaults(func=cmd_e2e)
@@ -250,6 +255,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         title=title,
         namespace=args.namespace,
         cleanup=args.cleanup,
+        isolated_env=args.isolated_env,
     )
     previous = signal.signal(signal.SIGTERM, _sigterm)  # CI cancellation: stop kernels and jobs, then exit
     try:

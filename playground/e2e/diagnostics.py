@@ -28,9 +28,18 @@ _EXCEPTION_LINE = re.compile(
 def root_cause(traceback: list[str]) -> str | None:
     """The first exception line of a (chained) traceback: what went wrong first, when the cell's final
     error is a consequence of it (``RuntimeError: training failed`` from ``HTTPError: 503 ...``)."""
+    from playground.diagnostics import Cause, explain
+
     lines = [_ANSI.sub("", line) for chunk in traceback for line in str(chunk).splitlines()]
-    found = [m.group(0).strip() for line in lines if (m := _EXCEPTION_LINE.match(line))]
-    return found[0] if len(found) > 1 and found[0] != found[-1] else None
+    matches = [m for line in lines if (m := _EXCEPTION_LINE.match(line.strip()))]
+    if not matches:
+        return None
+    first, last = matches[0].group(0).strip(), matches[-1].group(0).strip()
+    # with the fix where one is known: a torchvision built for another torch, a missing module...
+    explained = explain(Cause(matches[0].group(1).rsplit(".", 1)[-1], matches[0].group(2).strip()))
+    if explained != f"{matches[0].group(1).rsplit('.', 1)[-1]}: {matches[0].group(2).strip()}":
+        return explained
+    return first if len(matches) > 1 and first != last else None
 
 
 def _backend_name(run: NotebookRun, default_backend: str) -> str:

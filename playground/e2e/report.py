@@ -126,6 +126,7 @@ def metrics(run: RunReport) -> dict[str, Any]:
         },
         "notebooks": notebooks,
         "skipped": run.skipped,
+        "environment_problems": run.environment_problems,
     }
 
 
@@ -211,12 +212,30 @@ def summary_markdown(run: RunReport) -> str:
                 lines.append(f"  TrainJob `{job['name']}`: {job['state']}")
             if nb.diagnostics:
                 lines.append(f"  diagnostics: `{nb.diagnostics}`")
+    lines += environment_markdown(run)
     lines += [
         "",
         f"Artifacts: executed notebooks, `papermill.log`, `junit.xml`, `metrics.json` in `{run.out}`.",
         "",
     ]
     return "\n".join(lines)
+
+
+def environment_markdown(run: RunReport) -> list[str]:
+    """The stack check's problems, and the packages each foreign notebook installed, changed or removed."""
+    lines: list[str] = []
+    for problem in run.environment_problems:
+        lines.append(f"- problem: {_md_escape(problem)} (see `playground doctor`)")
+    for nb in run.notebooks:
+        changes = nb.env_changes
+        if changes is None or not (changes or changes.note):
+            continue
+        if not changes:
+            lines.append(f"- **{nb.name}**: {_md_escape(changes.note)}")
+            continue
+        where = " (in its throwaway environment)" if nb.isolated_env else ""
+        lines.append(f"- **{nb.name}** changed the environment{where}: {_md_escape('; '.join(changes.lines()))}")
+    return ["", "### Environment", "", *lines] if lines else []
 
 
 def _cut(text: str, limit: int) -> str:

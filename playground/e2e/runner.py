@@ -34,6 +34,8 @@ from typing import Any, TextIO
 
 import psutil
 
+from playground.e2e.environment import THROWAWAY_KERNEL, kernel_python, make_throwaway
+from playground.e2e.environment import Watch as EnvWatch
 from playground.e2e.metrics import GpuInfo, Sampler, gpu_info, job_timings
 from playground.e2e.scrub import Scrubber, check_parameter_names
 from playground.e2e.types import (
@@ -226,6 +228,7 @@ def run_e2e(notebooks: Sequence[Path | NotebookSpec], options: RunOptions) -> Ru
     )
     started = time.time()
     t0 = time.monotonic()
+    stack_check = _StackCheck(emit)  # `playground doctor`'s fast part, beside the first notebook (summary.md too)
     results: list[NotebookRun | None] = [None] * len(specs)
     stop = threading.Event()
 
@@ -259,11 +262,40 @@ def run_e2e(notebooks: Sequence[Path | NotebookSpec], options: RunOptions) -> Ru
         run_timeout=options.effective_run_timeout,
         skipped=skipped,
         title=options.title,
+        environment_problems=stack_check.problems(),
     )
     report.write_all(run, scrubber=scrubber)
     scrubber.tree(out)  # last pass over every artifact the run left
     say(final_line(run))  # the verdict, once, --quiet or not
     return run
+
+
+class _StackCheck:
+    """``playground doctor``'s fast part (imports in a child, versions agreeing) on a thread from the run's start:
+    its problems are said as soon as known and kept for the summary. Never stops the run: a foreign notebook may not
+    need the project's stack, and a broken one shows in the notebooks' own failures (with the cause)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._found: list[str] = []
+        self._say = say
+        self._thread = threading.Thread(target=self._run, name="e2e-stack-check", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            from playground.commands.doctor import fast_problems
+
+            report = fast_problems(full=False)  # the slim e2e install: only what is installed is checked
+        except Exception as exc:  # the check must never break the run
+            self._found = [f"the stack check itself failed ({type(exc).__name__}: {exc})"]
+        else:
+            self._found = report.problems
+        for line in self._found:
+            self._say(f"playground e2e: environment problem: {line}")
+
+    def problems(self, timeout: float = 120.0) -> list[str]:
+        self._thread.join(timeout)
+        return list(self._found) if not self._thread.is_alive() else ["the stack check did not finish"]
 
 
 def final_line(run: RunReport) -> str:
@@ -275,6 +307,9 @@ def final_line(run: RunReport) -> str:
         line += " (" + ", ".join(f"{nb.name}: {nb.status}" for nb in run.failed) + ")"
     if run.skipped:
         line += f"; {len(run.skipped)} skipped after --fail-fast"
+    changed = [nb.name for nb in run.notebooks if nb.env_changes and not nb.isolated_env]
+    if changed:
+        line += f"; the environment changed by {', '.join(changed)} (see summary.md)"
     return f"{line}; reports in {run.out}"
 
 
@@ -309,7 +344,27 @@ def run_notebook(
     t0 = time.monotonic()
     sampler = Sampler(gpu=None)
     sampler.start()
+    throwaway = workdir / "throwaway-env" if options.isolated_env and not run.own else None
+    python = kernel_python(run.kernel, run.notebook)
+    if throwaway is not None:  # its pip installs land in a venv that goes with the workdir
+        try:
+            python, isolated = make_throwaway(throwaway, python)
+        except (OSError, subprocess.CalledProcessError) as exc:  # never run it in the main environment instead
+            sampler.stop()
+            cluster.close()
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise UserError(f"--isolated-env: cannot create a throwaway environment for {run.name}: {exc}") from exc
+        run.kernel, run.isolated_env = THROWAWAY_KERNEL, True
     process = PapermillProcess(run, options, workdir)
+    if throwaway is not None:
+        process.env |= {
+            **isolated,
+            "JUPYTER_PATH": os.pathsep.join(filter(None, [isolated["JUPYTER_PATH"], process.env.get("JUPYTER_PATH")])),
+            "PATH": os.pathsep.join(filter(None, [str(Path(python).parent), process.env.get("PATH")])),
+        }
+    env_watch = None if run.own else EnvWatch(python, process.env)  # what a foreign notebook installs
+    if env_watch is not None:
+        env_watch.start()
 
     def stop_jobs(*, quiet: bool) -> None:  # a timeout or a cancelled run: nothing may outlive it
         if run.own:
@@ -335,6 +390,12 @@ def run_notebook(
     run.wall_seconds = time.monotonic() - t0
     run.returncode = process.returncode
     run.log_tail = pump.tail[-40:]
+    if env_watch is not None:
+        run.env_changes = env_watch.changes()
+        if run.env_changes or run.env_changes.note:
+            where = "its throwaway environment" if run.isolated_env else "the environment"
+            said = "; ".join(run.env_changes.lines()) or run.env_changes.note
+            emit(f"[{run.name}] {where}: {said}")
     run.result = _read_json(run.result_path)
     run.status, run.message = verdict(run, process.outcome(), timed_out=timed_out, options=options)
     run.first_error = run.message.splitlines()[0] if run.message else ""

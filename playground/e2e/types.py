@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from playground.e2e.environment import EnvChanges
 from playground.e2e.metrics import GpuInfo, ResourceSummary
 from playground.e2e.profiles import Profile
 
@@ -33,6 +34,7 @@ class RunOptions:
     title: str | None = None  # the summary's title (the run file's name); None: a generic one
     namespace: str | None = None  # kubernetes: where the notebooks create TrainJobs (None: the context's)
     cleanup: bool = False  # delete the TrainJobs each notebook created during its run (never older ones)
+    isolated_env: bool = False  # foreign notebooks in a throwaway venv (--system-site-packages): installs go with it
 
     @property
     def effective_cell_timeout(self) -> int:
@@ -96,6 +98,8 @@ class NotebookRun:
     resources: ResourceSummary = field(default_factory=ResourceSummary)
     log_tail: list[str] = field(default_factory=list)
     diagnostics: Path | None = None
+    env_changes: EnvChanges | None = None  # foreign notebooks: distributions it installed, changed or removed
+    isolated_env: bool = False  # it ran in a throwaway environment (--isolated-env)
 
     @property
     def passed(self) -> bool:
@@ -136,6 +140,8 @@ class NotebookRun:
             "result_json": str(self.result_path) if self.result_path.exists() else None,
             "diagnostics": str(self.diagnostics) if self.diagnostics else None,
             "trainjobs": [{k: job.get(k) for k in ("name", "state", "created")} for job in self.trainjobs],
+            "environment_changes": self.env_changes.to_dict() if self.env_changes is not None else None,
+            "isolated_env": self.isolated_env,
         }
 
 
@@ -155,6 +161,7 @@ class RunReport:
     run_timeout: int
     skipped: list[str] = field(default_factory=list)  # not run after --fail-fast stopped the run
     title: str | None = None  # the run file's name
+    environment_problems: list[str] = field(default_factory=list)  # `playground doctor`'s fast part, at the start
 
     @property
     def blueprint_run(self) -> bool:

@@ -109,6 +109,9 @@ def _is_our_server(pid: int) -> bool:
     return process_alive(pid, SERVER_MODULE)
 
 
+LOG_CAUSE_CHARS = 256_000  # of a dead server's log read for its traceback
+
+
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     """The log's last meaningful lines (blank lines and traceback ``^^^`` markers skipped)."""
     try:
@@ -116,6 +119,21 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     except OSError:
         return []
     return [line.strip() for line in text.splitlines() if line.strip(" ^~\t")][-lines:]
+
+
+def _exited_early(model_dir: str, code: int, log_path: Path, lines: list[str]) -> str:
+    """Why a server died before it was ready: the innermost cause of its traceback (with the fix where one is
+    known), else its last log lines; the log file keeps the frames."""
+    from playground.diagnostics import explain_log
+
+    try:
+        cause = explain_log(log_path.read_text(errors="replace")[-LOG_CAUSE_CHARS:])
+    except OSError:
+        cause = None
+    head = f"model server for {model_dir} exited with code {code} before it was ready"
+    if cause:
+        return f"{head}: {cause} (log: {log_path})"
+    return f"{head}; last log lines ({log_path}): " + " | ".join(lines[-5:])
 
 
 def _slug(text: str) -> str:
@@ -534,10 +552,7 @@ class LocalServers(ModelServers):
                     lines = tail(log_path)
                     if any("address already in use" in line.lower() for line in lines):
                         raise _PortTaken
-                    raise UserError(
-                        f"model server for {record['model_dir']} exited with code {code} before it was ready; "
-                        f"last log lines ({log_path}): " + " | ".join(lines[-5:])
-                    )
+                    raise UserError(_exited_early(record["model_dir"], code, log_path, lines))
                 try:
                     health = client.get(url.removesuffix("/v1") + "/health")
                     models = client.get(url + "/models") if health.status_code == 200 else None

@@ -25,7 +25,17 @@ from playground.events import JobPhase, Progress
 from playground.runs import default_tracking_uri, safe_uri, tracking_uri
 from playground.runs.registry import parse_reference, resolve_job
 from playground.runs.settings import TAG_JOB
+from playground.runs.store import job_run
 from playground.runs.tracking import RunTracker
+from playground.runs.ui import (
+    INSTALL_MLFLOW,
+    INSTALL_PROXY,
+    full_mlflow_installed,
+    jupyter_proxy_server,
+    notebook_base_url,
+    server_proxy_installed,
+    ui_link,
+)
 
 SHORT = {"max_steps": 10, "log_every": 2, "checkpoint_every": 0, "num_eval_examples": 10, "learning_rate": 5e-3}
 
@@ -128,7 +138,7 @@ def test_runs_lists_and_compares(trained_tiny_job, short_job, capsys: pytest.Cap
     assert table[0].split()[:4] == ["JOB", "BLUEPRINT", "STATUS", "VERDICT"]
     row = next(line for line in table if line.startswith(short_job.id))
     assert "max_steps=10" in row and "learning_rate=0.005" in row
-    assert table[-1].startswith("browse: mlflow ui --backend-store-uri sqlite:///")
+    assert table[-1] == f"browse: {INSTALL_MLFLOW}"  # mlflow-skinny only here: no UI to open, the package named
 
     assert cli(["runs", "--blueprint", "no-such-blueprint"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -295,3 +305,166 @@ def test_the_run_opens_at_the_first_progress_point(client: MlflowClient, mlflow_
     run = client.get_run(failed.run_id)
     assert run.info.status == "FAILED" and run.data.metrics == {"base_eval_exact_match": 0.5}
     assert failed.take_warning() is None and tracker.take_warning() is None
+
+
+# -- a job's whole run, and where to browse it (a notebook pod reaches MLflow's UI through its own base URL) -----
+
+
+def test_job_run_is_the_whole_run_read_with_mlflows_client(
+    trained_tiny_job, session_home: Path, client: MlflowClient, mlflow_store: str, tmp_path: Path
+) -> None:
+    record = job_run(trained_tiny_job.id)
+    run = _run_of(client, trained_tiny_job.id)
+    assert (record.run_id, record.experiment_id, record.job_id) == (
+        run.info.run_id,
+        run.info.experiment_id,
+        trained_tiny_job.id,
+    )
+    assert record.status == "FINISHED" and record.blueprint == "tiny-llama-cpu"
+    assert record.verdict == run.data.tags["playground.verdict"] and record.end_time >= record.start_time > 0
+    assert record.params == run.data.params and record.params["max_steps"] == "300"
+    assert record.metrics == run.data.metrics
+    assert record.metrics["eval_exact_match"] == pytest.approx(trained_tiny_job.metrics["eval_exact_match"])
+    # every point of every curve: the progress events' steps and values (60 points: 300 steps, one every 5)
+    curves = {curve.key: curve for curve in record.curves}
+    assert {"loss", "learning_rate", "tokens_per_second"} <= set(curves) and "eval_exact_match" not in curves
+    points = [e for e in LocalBackend(home=session_home).events(trained_tiny_job.id) if isinstance(e, Progress)]
+    assert curves["loss"].steps == [p.step for p in points] and len(points) == 60
+    assert curves["loss"].values == pytest.approx([p.loss for p in points], rel=1e-6)
+    for key, curve in curves.items():
+        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+        assert curve.steps == [m.step for m in history] and curve.values == [m.value for m in history], key
+    # mlflow-skinny only here: no UI to link to, the package to install instead of a dead 127.0.0.1 link
+    assert not full_mlflow_installed(), "this environment has mlflow-skinny only"
+    assert record.link.url is None and record.link.note == INSTALL_MLFLOW
+    assert record.to_dict()["curves"][0]["key"] == record.curves[0].key
+    # no such job, no store: None, and nothing is created
+    assert job_run("no-such-job") is None
+    missing = tmp_path / "none" / "mlflow.db"
+    assert job_run(trained_tiny_job.id, uri=f"sqlite:///{missing}") is None and not missing.parent.exists()
+
+
+KUBEFLOW_PREFIX = "/notebook/team-ml/my-notebook"  # Kubeflow Notebooks' NB_PREFIX (the server's --base-url)
+
+
+@pytest.mark.parametrize(
+    "env, base",
+    [
+        ({"NB_PREFIX": KUBEFLOW_PREFIX}, KUBEFLOW_PREFIX + "/"),
+        ({"NB_PREFIX": KUBEFLOW_PREFIX + "/", "JUPYTERHUB_SERVICE_PREFIX": "/user/x/"}, KUBEFLOW_PREFIX + "/"),
+        ({"JUPYTERHUB_SERVICE_PREFIX": "/user/alice/"}, "/user/alice/"),
+        ({"VOILA_BASE_URL": "/"}, "/"),
+        ({}, None),
+    ],
+)
+def test_the_notebook_base_url_comes_from_the_platforms_variables(env: dict, base: str | None, monkeypatch) -> None:
+    for name in ("NB_PREFIX", "JUPYTERHUB_SERVICE_PREFIX", "VOILA_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert notebook_base_url() == base
+
+
+def test_the_run_link_goes_through_the_notebooks_base_url(monkeypatch: pytest.MonkeyPatch, mlflow_store: str) -> None:
+    run = "#/experiments/3/runs/abc"
+    monkeypatch.setenv("NB_PREFIX", KUBEFLOW_PREFIX)
+    # the full mlflow (its UI) is not installed here: one line naming the package, under Kubeflow and locally
+    assert ui_link(mlflow_store, "3", "abc").url is None
+    assert ui_link(mlflow_store, "3", "abc").text() == INSTALL_MLFLOW
+    # with it and jupyter-server-proxy: the notebook server's own base URL, never 127.0.0.1 (the user's laptop)
+    link = ui_link(mlflow_store, "3", "abc", mlflow_ui=True, server_proxy=True)
+    assert link.url == f"{KUBEFLOW_PREFIX}/mlflow/{run}" and "jupyter-server-proxy" in link.note
+    assert ui_link(mlflow_store, mlflow_ui=True, server_proxy=True).url == f"{KUBEFLOW_PREFIX}/mlflow/"
+    # in the pod without jupyter-server-proxy: what to install, no link
+    assert ui_link(mlflow_store, "3", "abc", mlflow_ui=True, server_proxy=False).text() == INSTALL_PROXY
+    # on one's own machine (no notebook base URL): the local UI, and the command that starts it
+    local = ui_link(mlflow_store, "3", "abc", env={}, mlflow_ui=True, server_proxy=False)
+    assert (
+        local.url == f"http://127.0.0.1:5000/{run}"
+        and local.note == f"start it: mlflow ui --backend-store-uri {mlflow_store}"
+    )
+    # a tracking server is linked as it is (no credentials), whatever is installed
+    server = ui_link("https://alice:s3cret@mlflow.example:5000/", "3", "abc", mlflow_ui=False)
+    assert server.url == f"https://mlflow.example:5000/{run}" and server.text() == server.url
+
+
+def test_jupyter_server_proxy_starts_mlflows_ui_on_the_store(mlflow_store: str) -> None:
+    """The ``jupyter_serverproxy_servers`` entry point: ``{base_url}mlflow/`` runs MLflow's UI on the playground's
+    store, bound to 127.0.0.1, with options MLflow's own CLI accepts (checked by it: ``--help`` after them)."""
+    import subprocess
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    entry = pyproject["project"]["entry-points"]["jupyter_serverproxy_servers"]["mlflow"]
+    assert entry == "playground.runs.ui:jupyter_proxy_server"
+    server = jupyter_proxy_server()
+    command = server["command"]
+    assert command[command.index("--backend-store-uri") + 1] == mlflow_store
+    assert command[command.index("--host") + 1] == "127.0.0.1" and command[command.index("--port") + 1] == "{port}"
+    real = [part.replace("{port}", "5000") for part in command]
+    checked = subprocess.run([*real, "--help"], capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr[-500:]
+
+
+@pytest.mark.skipif(
+    not (full_mlflow_installed() and server_proxy_installed()),
+    reason="needs the full mlflow and jupyter-server-proxy (the core install has mlflow-skinny only)",
+)
+def test_the_run_link_opens_the_run_through_jupyter_server_proxy(
+    client: MlflowClient, mlflow_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Jupyter server under Kubeflow's base URL, jupyter-server-proxy configured with this package's entry point:
+    the app's link answers MLflow's UI, and the run (its metric history) through MLflow's REST API behind it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    experiment = client.create_experiment(f"through-proxy-{tmp_path.name}", (tmp_path / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    for step in range(1, 4):
+        client.log_metric(run_id, "loss", 3.0 / step, step=step)
+    monkeypatch.setenv("NB_PREFIX", KUBEFLOW_PREFIX)
+    link = ui_link(mlflow_store, experiment, run_id)
+    assert link.url == f"{KUBEFLOW_PREFIX}/mlflow/#/experiments/{experiment}/runs/{run_id}"
+    config = tmp_path / "jupyter_server_config.py"
+    config.write_text(
+        "from playground.runs.ui import jupyter_proxy_server\n"
+        "c.ServerProxy.servers = {'mlflow': jupyter_proxy_server()}\n"
+        "c.ServerApp.jpserver_extensions = {'jupyter_server_proxy': True}\n"
+    )
+    port = unused_port()
+    argv = [sys.executable, "-m", "jupyter_server", f"--port={port}", "--ip=127.0.0.1", "--no-browser", "--allow-root"]
+    argv += [f"--ServerApp.base_url={KUBEFLOW_PREFIX}/", "--IdentityProvider.token=tok", f"--config={config}"]
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    with open(tmp_path / "server.log", "w") as log:
+        server = subprocess.Popen(
+            argv, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    page = f"http://127.0.0.1:{port}{link.url.split('#')[0]}"
+
+    def read(url: str, timeout: float = 200) -> bytes:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers={"Authorization": "token tok"}), timeout=timeout
+        ) as r:
+            return r.read()
+
+    try:
+        wait_for(
+            lambda: _answers(read, f"http://127.0.0.1:{port}{KUBEFLOW_PREFIX}/api/status"), 60, "the Jupyter server"
+        )
+        assert b"<html" in read(page).lower()  # the first visit starts MLflow's UI (22-43 s at load 10 on 2 cores)
+        history = json.loads(read(f"{page}ajax-api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=loss"))
+        assert [m["step"] for m in history["metrics"]] == [1, 2, 3]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(30)
+
+
+def _answers(read, url: str) -> bool:
+    try:
+        read(url, timeout=5)
+        return True
+    except OSError:
+        return False

@@ -42,9 +42,9 @@ def _metric(value: float | None) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from playground.runs import mlflow_ui_command
     from playground.runs.settings import store_uri
     from playground.runs.store import age, check_blueprint_filter, list_runs
+    from playground.runs.ui import ui_link
 
     uri = store_uri()
     runs = list_runs(args.blueprint, uri=uri)
@@ -74,7 +74,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    print(f"browse: {mlflow_ui_command(uri)}")
+    print(f"browse: {ui_link(uri).text()}")
     return 0
 
 

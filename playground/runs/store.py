@@ -1,4 +1,4 @@
-"""Reading runs back: ``playground runs``, the app's loss chart, a job's run link.
+"""Reading runs back: ``playground runs``, the app's loss chart, a job's whole run (:func:`job_run`).
 
 A default SQLite store that does not exist yet means "no runs": nothing is created and mlflow is not
 imported (``import mlflow`` takes ~2 s).
@@ -12,6 +12,7 @@ from typing import Any
 
 from playground.errors import UserError, shown
 from playground.runs import settings as rs
+from playground.runs.ui import UiLink, ui_link
 
 FINAL_METRICS = ("loss", "eval_loss", "eval_exact_match", "train_seconds", "tokens_per_second")
 
@@ -49,6 +50,36 @@ class Curve:
     values: list[float]
 
 
+@dataclass(frozen=True)
+class MetricCurve:
+    """Every logged point of one metric, in step order."""
+
+    key: str
+    steps: list[int]
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A job's MLflow run as the app shows it: status, parameters, final metrics, every curve, where to browse it."""
+
+    run_id: str
+    experiment_id: str
+    job_id: str
+    blueprint: str
+    status: str  # RUNNING, FINISHED, FAILED, KILLED
+    verdict: str  # passed / failed / unknown
+    start_time: float  # seconds since the epoch
+    end_time: float | None
+    params: dict[str, str]
+    metrics: dict[str, float]  # the latest value of each
+    curves: list[MetricCurve]  # the metrics logged at two or more steps, by key
+    link: UiLink
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def store_exists(uri: str) -> bool:
     db = rs.sqlite_path(uri)
     return db is None or db.is_file()
@@ -68,10 +99,9 @@ def client_for(uri: str | None = None):
 
 
 def run_link(uri: str, experiment_id: str, run_id: str) -> str:
-    """The run's page: a URL on a tracking server; for a SQLite store, what to run to see it."""
-    if uri.startswith(("http://", "https://")):
-        return f"{rs.safe_uri(uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-    return f"{rs.mlflow_ui_command(uri)}  →  http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id}"
+    """The run's page as one line: a URL the user's browser reaches (:func:`playground.runs.ui.ui_link`), or what
+    to install to get one."""
+    return ui_link(uri, experiment_id, run_id).text()
 
 
 def _summary(uri: str, run: Any) -> RunSummary:
@@ -132,10 +162,48 @@ def run_for_job(job_id: str, *, uri: str | None = None) -> RunSummary | None:
     client = client_for(uri)
     if client is None:
         return None
+    found = _job_search(client, job_id)
+    return _summary(uri, found[0]) if found else None
+
+
+def _job_search(client: Any, job_id: str) -> list[Any]:
+    """The run tagged with ``job_id`` (a list of at most one)."""
     from playground.runs.tracking import _quoted
 
-    found = _search(client, None, f"tags.`{rs.TAG_JOB}` = '{_quoted(job_id)}'", max_results=1)
-    return _summary(uri, found[0]) if found else None
+    return _search(client, None, f"tags.`{rs.TAG_JOB}` = '{_quoted(job_id)}'", max_results=1)
+
+
+def job_run(job_id: str, *, uri: str | None = None) -> RunRecord | None:
+    """Job ``job_id``'s run read back with MLflow's client: every metric's history, the parameters, the status and a
+    link to MLflow's UI where one is reachable (None: no store, or no run with that job id)."""
+    uri = uri or rs.store_uri()
+    client = client_for(uri)
+    if client is None:
+        return None
+    found = _job_search(client, job_id)
+    if not found:
+        return None
+    run = found[0]
+    curves = []
+    for key in sorted(run.data.metrics):
+        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp))
+        if len({m.step for m in history}) >= 2:
+            curves.append(MetricCurve(key, [m.step for m in history], [m.value for m in history]))
+    tags = run.data.tags
+    return RunRecord(
+        run_id=run.info.run_id,
+        experiment_id=run.info.experiment_id,
+        job_id=tags.get(rs.TAG_JOB, run.info.run_name or ""),
+        blueprint=tags.get(rs.TAG_BLUEPRINT, ""),
+        status=run.info.status,
+        verdict=tags.get(rs.TAG_VERDICT, "unknown"),
+        start_time=(run.info.start_time or 0) / 1000,
+        end_time=run.info.end_time / 1000 if run.info.end_time else None,
+        params=dict(sorted(run.data.params.items())),
+        metrics=dict(run.data.metrics),
+        curves=curves,
+        link=ui_link(uri, run.info.experiment_id, run.info.run_id),
+    )
 
 
 def loss_curves(

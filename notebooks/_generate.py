@@ -83,7 +83,7 @@ preload()  # what App() would import on first use: done before a visitor comes w
                 """
 # Booth mode keeps warm kernels that ran the cell above before anyone came: such a kernel waits here for
 # the page request that takes it (with the visitor's cookie). Anywhere else this returns at once.
-receive_request()
+_ = receive_request()  # a bare call would echo its True/False at the top of the page
 """,
             ),
             _code(

@@ -17,6 +17,7 @@ from typing import Any
 from playground.backends import Backend, get_backend
 from playground.backends.base import is_expired
 from playground.booth import Heartbeat, owns, touch_presence
+from playground.chats import ChatStore
 from playground.errors import JobNotFound, UserError
 from playground.events import Event
 from playground.serving.base import ModelServers, ServerInfo
@@ -75,6 +76,8 @@ class Playground:
         self.backend.get(job_id, owner=owner)
         self.servers.stop_job(job_id)
         self.backend.delete(job_id, owner=owner)
+        with contextlib.suppress(OSError, ValueError):
+            ChatStore(self.backend.quota_home).forget(job_id)
 
     def cleanup(self, *, now: float | None = None) -> list[str]:
         """Delete the finished jobs past their TTL, with their servers, and stop the servers idle past theirs
@@ -126,6 +129,17 @@ class Playground:
     def unserve_all(self) -> list[Endpoint]:
         """Stop every model server, shared ones too (the operator's ``playground unserve --all``)."""
         return self.servers.stop_all()
+
+    # -- chats: a reloaded page shows the visitor's chat with a job again -----------------------------------
+    def chat_history(self, job_id: str, *, owner: str | None = None) -> list[dict[str, Any]]:
+        """``owner``'s kept chat with the job's models (someone else's job: JobNotFound)."""
+        self.backend.get(job_id, owner=owner)
+        return ChatStore(self.backend.quota_home).load(job_id, owner)
+
+    def save_chat(self, job_id: str, exchanges: list[dict[str, Any]], *, owner: str | None = None) -> None:
+        """Keep ``owner``'s chat with the job's models (bounded: see :mod:`playground.chats`)."""
+        self.backend.get(job_id, owner=owner)
+        ChatStore(self.backend.quota_home).save(job_id, owner, exchanges)
 
     # -- presence (booth mode) -------------------------------------------------------------------------
     def keep_present(self, owner: str | None, *, interval: float | None = None) -> Heartbeat | None:

@@ -6,7 +6,8 @@ one-sentence intro and the preselected blueprint's Launch; a bad value is an inl
 nothing; a double-click makes one job and brings the monitor into view; visitors see only their own
 jobs; the second and third visitors wait in the queue and watch their position move; a reload
 reattaches the running job by itself; the job ends with a headline (base → fine-tuned), the trained
-model is served and chatted with under it; a second job in the same page redraws the chart; the
+model is served and chatted with under it (a row per question, both answers side by side, back after a reload;
+the visitor kernel's memory recorded, no torch or pandas in it); a second job in the same page redraws the chart; the
 hourly quota is an inline error; no request leaves localhost; a page replaced by the visitor's third
 tab says so. Then a flood of page loads stays under the kernel cap (the friendly "booth is full"
 page beyond it). Screenshots: test-artifacts/browser/.
@@ -15,6 +16,7 @@ page beyond it). Screenshots: test-artifacts/browser/.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -116,6 +118,7 @@ def booth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Booth]:
                 backend.delete(job.id)  # cancels, stops its servers, removes its state
         backend.unserve_all()  # the booth's shared base server belongs to no job: it outlives them
         assert backend.endpoints() == [] and backend.servers.records() == []
+        assert not list(home.glob("chats/*/*.json"))  # a deleted job's kept chats go with it
 
 
 # -- page helpers -------------------------------------------------------------------------------------
@@ -158,6 +161,44 @@ def scroll_state(page) -> str:
                 + `answer ${box('.pg-answer-fine-tuned')}, focus ${document.activeElement?.className || 'none'}`;
         }"""
     )
+
+
+def stray_outputs(page) -> list[str]:
+    """Text the notebook's cells printed or echoed on the page (outputs that are no widget): there should be none."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('.jp-OutputArea-output')]
+                 .filter((el) => !el.querySelector('.jupyter-widgets, .widget-box'))
+                 .map((el) => el.innerText.trim()).filter((text) => text)"""
+    )
+
+
+def misaligned_rows(page) -> list[str]:
+    """Chat rows whose two answers do not start side by side right under their question (empty: all aligned)."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('.pg-step-chat .pg-turn')].map((row) => {
+            const box = (s) => row.querySelector(s).getBoundingClientRect();
+            const q = box('.pg-q').bottom, base = box('.pg-answer-base'), fine = box('.pg-answer-fine-tuned');
+            const ok = Math.abs(base.top - fine.top) <= 1 && base.top >= q - 1 && base.right <= fine.left + 1;
+            return ok ? '' : `row ${row.dataset.turn}: question ends ${q}, base ${base.top}, fine-tuned ${fine.top}`;
+        }).filter((problem) => problem)"""
+    )
+
+
+HEAVY_LIBRARIES = ("torch", "transformers", "tokenizers", "pandas", "pyarrow")  # none belongs in a visitor kernel
+
+
+def kernel_memory(booth: Booth) -> list[dict]:
+    """The booth's live kernels: RSS and USS (MB) and the heavy libraries mapped into each (their shared objects)."""
+    kernels = []
+    for child in psutil.Process(booth.pid).children():
+        with contextlib.suppress(psutil.Error):
+            if "ipykernel" not in " ".join(child.cmdline()):
+                continue
+            info = child.memory_full_info()
+            paths = {m.path for m in child.memory_maps()}
+            heavy = sorted({lib for lib in HEAVY_LIBRARIES for path in paths if f"/{lib}/" in path})
+            kernels.append({"rss_mb": round(info.rss / 2**20), "uss_mb": round(info.uss / 2**20), "heavy": heavy})
+    return kernels
 
 
 def in_view(page, selector: str) -> bool:
@@ -240,6 +281,32 @@ def test_first_visit_sets_a_signed_cookie_and_starts_no_kernel(booth: Booth) -> 
     assert booth.kernels() == before
 
 
+def test_a_page_load_asks_nothing_of_another_host(booth: Booth) -> None:
+    """An offline booth or cluster gets the whole page: no CDN (Voila's stock template asks Font Awesome and
+    mermaid from CDNs, its script MathJax); every request of a page load stays on this server."""
+    from playwright.sync_api import sync_playwright
+
+    hosts: set[str] = set()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport=TALL)
+            context.on("request", lambda request: record_host(request.url, hosts))
+            page = context.new_page()
+            open_app(page, booth.url)
+            page.wait_for_load_state("networkidle", timeout=120_000)
+            # an icon: Font Awesome's font comes from this server too
+            page.evaluate(
+                """() => { const el = document.createElement('div');
+                   el.innerHTML = '<i class="fa fa-check"></i>'; document.body.appendChild(el); }"""
+            )
+            page.wait_for_timeout(2000)
+            page.close()
+        finally:
+            browser.close()
+    assert hosts == {"127.0.0.1"}, f"requests left localhost: {sorted(hosts)}"
+
+
 def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -269,6 +336,8 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             assert a.title() == "Blueprint Playground"
             assert "Traceback" not in a.content()
             assert "Pick a model, press Launch" in a.inner_text(".pg-intro")
+            assert stray_outputs(a) == []  # the notebook echoed nothing (a stray "True" sat on top of the page)
+            assert not a.is_visible(".pg-cancel")  # no job yet: no Cancel
             for screen in SCREENS:
                 a.set_viewport_size(screen)
                 for selector in (".pg-intro", ".pg-form h3", ".pg-launch"):
@@ -289,6 +358,8 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             # 2. A fixes it and double-clicks Launch: one job
             set_field(a, "max_steps", A_STEPS)
             a.wait_for_function("!document.querySelector('.pg-error-max_steps').innerText.trim()", timeout=60_000)
+            a.wait_for_function("!document.querySelector('.pg-form-status').innerText.includes('nothing launched')",
+                                timeout=60_000)  # fmt: skip
             a.dblclick(".pg-launch")
             wait_for(lambda: in_view(a, ".pg-cancel") and in_view(a, ".pg-monitor-header"), 60,
                      "the monitor brought into view after Launch (1366×768)")  # fmt: skip
@@ -347,6 +418,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             assert "Exact match on held-out examples" in results and "%" in results and "e+0" not in results
             # the headline: the measured result next to the base model's (measured before the first step)
             assert re.fullmatch(r"held-out exact match: base \d+ % → fine-tuned \d+ %", a.inner_text(".pg-headline"))
+            wait_for(lambda: not a.is_visible(".pg-cancel"), 60, "no Cancel once the job ended")
             wait_for(lambda: "next in line" in c.inner_text(".pg-queue") or not c.inner_text(".pg-queue"), 600,
                      "C's queue position moving")  # fmt: skip
             a.screenshot(path=str(shots / "05-trained.png"), full_page=True)
@@ -359,7 +431,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             for i, (prompt, answer) in enumerate(((s.prompt, s.answer) for s in tiny_held_out(3)), start=1):
                 a.fill(".pg-prompt input", prompt)
                 a.click(".pg-send")
-                done = f".pg-answer-{{side}} .pg-turn:nth-child({i}) .pg-a[data-done='true']"
+                done = f".pg-turn[data-turn='{i}'] .pg-answer-{{side}} .pg-a[data-done='true']"
                 a.wait_for_selector(done.format(side="fine-tuned"), timeout=180_000)
                 a.wait_for_selector(done.format(side="base"), timeout=180_000)
                 fine = a.text_content(done.format(side="fine-tuned")).strip()
@@ -367,9 +439,22 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
                 assert base and "no answer" not in base  # the base model's output, or why it is empty
                 assert base != answer, "the untrained base model should not know the task"
                 if fine == answer:
-                    correct = (prompt, fine, base)
+                    correct = correct or (prompt, fine, base)
+                if correct and i >= 2:  # two questions at least: their rows must line up
                     break
+            assert misaligned_rows(a) == [] and a.locator(".pg-step-chat .pg-turn").count() == i
             a.screenshot(path=str(shots / "06-chat.png"), full_page=True)
+            # a visitor kernel showing a finished job and its chat: its memory, and no torch/transformers/pandas in it
+            kernels = kernel_memory(booth)
+            (shots / "kernel-memory.json").write_text(json.dumps({"kernels": kernels, "load": os.getloadavg()}))
+            print(f"booth kernels while A's page shows its job and chat: {kernels}")
+            assert kernels and all(k["heavy"] == [] for k in kernels), kernels
+            # a reload brings the chat back (kept by the engine for this visitor and job), servers adopted
+            chat = a.inner_text(".pg-step-chat .pg-answers")
+            a.reload(timeout=240_000)
+            a.wait_for_selector(f".pg-step-chat .pg-turn[data-turn='{i}']", timeout=240_000)
+            assert a.inner_text(".pg-step-chat .pg-answers") == chat and misaligned_rows(a) == []
+            a.wait_for_selector(".pg-send:not([disabled])", timeout=120_000)
             # the end as a visitor's screen shows it: the headline, the two models' answers right under it
             assert "base " in a.inner_text(".pg-step-chat .pg-headline")
             for screen in SCREENS:
@@ -384,6 +469,10 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
                 a.screenshot(path=str(shots / f"06b-end-{screen['width']}x{screen['height']}.png"))
             a.set_viewport_size(TALL)
             assert correct is not None, "the fine-tuned model answered none of 3 held-out prompts correctly"
+            # Stop servers: the visitor's own server stops; the shared base server keeps running, and the page says so
+            a.click(".pg-unserve")
+            a.wait_for_selector(".pg-serve-status :text('keeps running for other visitors')", timeout=60_000)
+            assert "Fine-tuned server stopped" in a.inner_text(".pg-serve-status")
 
             # 8. B and C end; each sees only their own job
             for page, job in ((b, job_b), (c, job_c)):

@@ -597,6 +597,121 @@ def test_chat_prompt_sends_on_enter_once() -> None:
     assert panel.wait(5) and asked == ["reverse: kube"]
 
 
+# -- page nits (issue 62) -------------------------------------------------------------------------
+
+
+def test_a_fixed_value_clears_the_nothing_launched_line() -> None:
+    """The red "nothing launched: fix …" names only the fields still wrong, and goes once none is."""
+    form = LaunchForm(get_blueprint("tiny-llama-cpu"), on_launch=lambda backend, params: params)
+    form.controls["max_steps"].set_state({"value": "99999999"})
+    form.controls["seed"].set_state({"value": "x"})
+    assert form.launch() is None and "nothing launched: fix max steps, seed" in form.status.value
+    form.controls["max_steps"].set_state({"value": "12"})
+    assert "nothing launched: fix seed" in form.status.value
+    form.controls["seed"].set_state({"value": "0"})
+    assert form.status.value == "" and form.errors["seed"].value == ""
+    assert form.launch() is not None and form.status.value == "launched"
+
+
+def test_cancel_is_shown_only_while_the_job_can_be_cancelled_and_one_point_is_one_point() -> None:
+    release = threading.Event()
+
+    def held() -> Iterator[Event]:  # a job that trains until released
+        yield Phase(JobPhase.TRAINING)
+        yield _progress(1, 2)
+        release.wait(30)
+        yield Phase(JobPhase.SUCCEEDED)
+
+    class Held(ScriptedBackend):
+        def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+            yield from held()
+            self.jobs[job_id].phase = JobPhase.SUCCEEDED
+
+    monitor = JobMonitor(operator=False)
+    assert monitor.cancel_button.layout.display == "none"  # no job: no Cancel (not even a greyed one)
+    backend = Held([], rate=1.0)
+    monitor.follow(backend.get("job-1"), backend=backend)
+    wait_for(lambda: monitor.points.value == "1 point", 10, "the first point")
+    assert monitor.cancel_button.layout.display is None and not monitor.cancel_button.disabled
+    release.set()
+    assert monitor.wait(10)
+    assert monitor.cancel_button.layout.display == "none" and monitor.cancel_button.disabled
+    finished = backend.get("job-1")
+    monitor.follow(finished, backend=backend, start=False)  # a finished job shown again (Your jobs → Open)
+    assert monitor.cancel_button.layout.display == "none" and monitor.points.value == "0 points"
+
+
+def test_chat_rows_pair_both_answers_with_their_question_and_come_back_from_the_engine(isolated_home: Path) -> None:
+    """Each question is one row holding the base and the fine-tuned answer (the columns never drift apart, even
+    when one side is not served); the exchanges kept by the engine draw the same rows in a new page."""
+    from playground.chats import MAX_EXCHANGES, MAX_TEXT_CHARS, ChatStore
+    from playground.facade import Playground
+    from widgets.chat import ChatPanel, Turn, stopped_text
+
+    blueprint = get_blueprint("tiny-llama-cpu")
+    kept: list[list[dict]] = []
+    panel = ChatPanel(blueprint, operator=False, on_change=kept.append)
+    answers = {"base": ["a rambling base answer " * 20, "b"], "fine-tuned": ["ebuk", "wolf", "tset"]}
+
+    def stream(side: str, endpoint: Endpoint, turn: Turn) -> None:  # no server: the answer this side gives
+        turn.answer, turn.seconds = answers[side][len(panel.transcripts[side].turns) - 1], 0.5
+        turn.done = True
+        panel._refresh(side)
+        panel._answered()
+
+    panel._stream = stream
+    panel.set_endpoints({side: Endpoint(url="http://127.0.0.1:9/v1", model="m") for side in answers})
+    for prompt in ("reverse: kube", "reverse: flow"):
+        assert panel.ask(prompt) and panel.wait(5)
+    panel.set_endpoints({"fine-tuned": Endpoint(url="http://127.0.0.1:9/v1", model="m")})  # the base not served
+    assert panel.ask("reverse: test") and panel.wait(5)
+    rows = panel.dialogue.value.split("<div class='pg-turn' ")[1:]
+    bases = [*answers["base"], "not served"]
+    for number, (row, prompt, base, fine) in enumerate(
+        zip(rows, ("reverse: kube", "reverse: flow", "reverse: test"), bases, answers["fine-tuned"], strict=True), 1
+    ):
+        assert row.startswith(f"data-turn='{number}'><div class='pg-q'>{prompt}</div>")
+        assert row.index("pg-answer-base") < row.index(base) < row.index("pg-answer-fine-tuned") < row.index(fine)
+    assert len(kept) == 3 and [e["prompt"] for e in kept[-1]] == ["reverse: kube", "reverse: flow", "reverse: test"]
+
+    again = ChatPanel(blueprint, operator=False, history=kept[-1])  # a reloaded page, from what was kept
+    assert again.dialogue.value == panel.dialogue.value
+
+    # the engine keeps it per visitor and per job, bounded; someone else's job is unknown
+    backend = Playground(ScriptedBackend([], rate=1.0))
+    backend.save_chat("job-1", kept[-1], owner="v-a11ce00000000000")
+    assert backend.chat_history("job-1", owner="v-a11ce00000000000") == kept[-1]
+    assert backend.chat_history("job-1", owner="v-b0b0000000000000") == []  # another visitor's page: nothing
+    with pytest.raises(JobNotFound):
+        backend.save_chat("job-9", kept[-1], owner="v-a11ce00000000000")
+    store = ChatStore(isolated_home)
+    store.save("job-1", "v-a11ce00000000000", [{"prompt": "x" * 10**5, "answers": {}}] * (MAX_EXCHANGES + 5))
+    long = store.load("job-1", "v-a11ce00000000000")
+    assert len(long) == MAX_EXCHANGES and len(long[0]["prompt"]) == MAX_TEXT_CHARS
+    store.forget("job-1")  # what deleting the job does (Playground.delete)
+    assert store.load("job-1", "v-a11ce00000000000") == []
+
+    # Stop servers: a shared base server is not the visitor's to stop, and the page says so
+    own, shared = Endpoint(url="u", model="m"), Endpoint(url="u", model="m", kind="base", shared=True)
+    said = stopped_text({"fine-tuned": own, "base": shared})
+    assert said == "Fine-tuned server stopped; the shared base model server keeps running for other visitors"
+    assert stopped_text({"fine-tuned": own}) == "servers stopped"
+
+
+def test_the_app_notebook_shows_no_stray_value(isolated_home: Path) -> None:
+    """The app notebook run in a real kernel: only its last cell (the App) shows anything; a bare call before it
+    printed its True/False at the top of the page."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(REPO / "notebooks" / "playground.ipynb", as_version=4)
+    NotebookClient(notebook, timeout=240, resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert [cell.outputs for cell in cells[:-1]] == [[] for _ in cells[:-1]]
+    (shown,) = cells[-1].outputs
+    assert "application/vnd.jupyter.widget-view+json" in shown["data"]
+
+
 # -- reattach -------------------------------------------------------------------------------------
 
 
@@ -648,6 +763,59 @@ print(json.dumps({{
     assert "Succeeded" in seen["phase"] and seen["progress"] == 1.0
     assert seen["serve"], "a succeeded job offers serving after reattach"
     assert seen["heavy"] == [] and seen["error"] == ""
+
+
+def test_the_run_view_shows_the_runs_curves_metrics_and_parameters(trained_tiny_job: Job, session_home: Path) -> None:
+    """A finished job's MLflow run inline (operator view), rendered from the engine's record (real MLflow store)."""
+    import dataclasses
+
+    from playground.backends.local import LocalBackend
+    from playground.runs.settings import store_uri
+    from playground.runs.store import job_run
+    from playground.runs.ui import INSTALL_MLFLOW, ui_link
+    from widgets.run_view import RunView
+
+    record = job_run(trained_tiny_job.id)
+    assert record is not None and len(record.curves) >= 3
+    view = RunView()
+    view.show(record)
+    traces = {trace.meta: trace for trace in view.chart.data}
+    assert list(traces) == [curve.key for curve in record.curves]
+    for curve in record.curves:  # every point of every curve, the loss drawn and the others a legend click away
+        assert list(traces[curve.key].x) == curve.steps and list(traces[curve.key].y) == curve.values
+        assert traces[curve.key].visible == (True if curve.key == "loss" else "legendonly")
+    assert view.chart_box.children == (view.chart,)
+    for label, value in metric_rows(record.metrics, operator=True):
+        assert f"<th>{html.escape(label)}</th><td>{html.escape(value)}</td>" in view.tables.value
+    for key in record.params:
+        assert f"<th>{html.escape(key)}</th>" in view.tables.value
+    assert f"Parameters</b> ({len(record.params)})" in view.tables.value
+    assert f"Run metrics</b> ({len(record.metrics)})" in view.tables.value
+    # mlflow-skinny only here: the run id and the package to install, no dead link
+    assert record.run_id in view.link.value and "FINISHED" in view.link.value
+    assert html.escape(INSTALL_MLFLOW) in view.link.value and "<a " not in view.link.value
+    # where MLflow's UI is reachable (Kubeflow Notebooks, jupyter-server-proxy): a link under the notebook's base URL
+    link = ui_link(
+        store_uri(),
+        record.experiment_id,
+        record.run_id,
+        env={"NB_PREFIX": "/notebook/ns/nb"},
+        mlflow_ui=True,
+        server_proxy=True,
+    )
+    view.show(dataclasses.replace(record, link=link))
+    assert f"href='/notebook/ns/nb/mlflow/#/experiments/{record.experiment_id}/runs/{record.run_id}'" in view.link.value
+    chart = view.chart
+    view.clear()
+    assert view.link.value == view.tables.value == "" and view.chart_box.children == () and view.chart is None
+    view.show(record)  # a new figure, its traces in it from the start (added later they never reach a new view)
+    assert view.chart is not chart and len(view.chart.data) == len(record.curves)
+
+    # the monitor shows it once the job is done (operator view)
+    monitor = JobMonitor(LocalBackend(home=session_home), trained_tiny_job, blueprint=get_blueprint("tiny-llama-cpu"))
+    assert monitor.wait(120)
+    wait_for(lambda: monitor.run_view.record is not None, 30, "the run view")
+    assert monitor.run_view.record == record and monitor.run_view in monitor.children
 
 
 def test_reattach_to_a_running_job_gets_history_then_live(isolated_home: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ipywidgets as ipw
@@ -50,6 +50,7 @@ STYLE = """<style>
 .pg-metrics-table th { text-align: left; font-weight: normal; color: #555; padding: 2px 16px 2px 0; }
 .pg-metrics-table td { font-weight: 600; font-variant-numeric: tabular-nums; text-align: right; }
 .pg-answers { border: 1px solid #ddd; border-radius: 6px; min-height: 80px; padding: 6px; }
+.pg-turn { border-top: 1px solid #eee; padding-top: 4px; }
 .pg-q { color: #555; font-style: italic; }
 .pg-reading { color: #777; font-size: 0.85em; }
 .pg-a { font-family: monospace; font-size: 1.1em; margin-bottom: 6px; white-space: pre-wrap; }
@@ -307,10 +308,26 @@ class App(ipw.VBox):
             self.serve_box.children = [ipw.HTML(f"job ended {job.phase}{reason}")]
         else:
             blueprint = get_blueprint(job.blueprint_id)
-            self.chat = ChatPanel(blueprint, operator=self.operator)
+            self.chat = ChatPanel(
+                blueprint,
+                operator=self.operator,
+                history=self._chat_history(backend, job),
+                on_change=self._keep_chat(backend, job),
+            )
             self.serve_panel = ServePanel(backend, job, chat=self.chat, owner=self.owner, operator=self.operator)
             top = headline_html(job.metrics, blueprint.quality.metric)  # the measured win, the chat right under it
             shown = [ipw.HTML(top)] if top else []
             self.serve_box.children = [*shown, self.serve_panel, self.chat]
         if self.form is not None:
             self.form.unblock()  # the monitor's stream has ended (it is marked done just after this)
+
+    def _chat_history(self, backend: Playground, job: Job) -> list[dict[str, Any]]:
+        """This visitor's chat with the job's models as the engine kept it ([] when none or unreadable)."""
+        try:
+            return backend.chat_history(job.id, owner=self.owner)
+        except Exception:  # a backend without kept chats, an unreadable file: the chat starts empty
+            return []
+
+    def _keep_chat(self, backend: Playground, job: Job) -> Callable[[list[dict[str, Any]]], None]:
+        """What the chat calls once a question has both answers: the engine keeps it for this visitor and job."""
+        return lambda exchanges: backend.save_chat(job.id, exchanges, owner=self.owner)

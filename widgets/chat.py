@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import threading
 import time
@@ -70,48 +71,111 @@ class Turn:
 
 @dataclass
 class Transcript:
+    """One side's turns; both sides hold a turn for every question (a side not served: its turn says so)."""
+
     turns: list[Turn] = field(default_factory=list)
 
-    def html(self, side: str) -> str:
-        parts = []
-        for turn in self.turns:
-            mark = ""
-            if turn.correct is not None:
-                mark = " <span class='pg-ok'>✓</span>" if turn.correct else " <span class='pg-bad'>✗</span>"
-            answer = answer_html(turn)
-            reading = f"<div class='pg-reading'>read as: {html.escape(turn.reading)}</div>" if turn.reading else ""
-            added = (
-                f"<div class='pg-reading'>-n {html.escape(turn.added_namespace)}: the namespace from your request</div>"
-                if turn.added_namespace
-                else ""
-            )
-            parts.append(
-                f"<div class='pg-turn'><div class='pg-q'>{html.escape(turn.prompt)}</div>{reading}"
-                f"<div class='pg-a' data-side='{side}' data-done='{str(turn.done).lower()}'>{answer}{mark}</div>"
-                f"{added}</div>"
-            )
-        return "".join(parts) or "<div class='pg-empty'>no messages yet</div>"
+
+NOT_SERVED = "not served"
+# inline: the two answers to a question share a grid row (same top, same height) wherever the panel is shown
+_GRID = "display:grid;grid-template-columns:1fr 1fr;column-gap:12px"
+_TURN_FIELDS = ("answer", "error", "seconds", "tokens", "truncated", "held_back", "added_namespace")
+
+
+def _answer_cell(side: str, turn: Turn) -> str:
+    mark = ""
+    if turn.correct is not None:
+        mark = " <span class='pg-ok'>✓</span>" if turn.correct else " <span class='pg-bad'>✗</span>"
+    added = (
+        f"<div class='pg-reading'>-n {html.escape(turn.added_namespace)}: the namespace from your request</div>"
+        if turn.added_namespace
+        else ""
+    )
+    return (
+        f"<div class='pg-answer-{side}'><div class='pg-a' data-side='{side}' data-done='{str(turn.done).lower()}'>"
+        f"{answer_html(turn)}{mark}</div>{added}</div>"
+    )
+
+
+def dialogue_html(transcripts: dict[str, Transcript]) -> str:
+    """Every question once, with the base and the fine-tuned answer to it side by side in one row."""
+    head = "".join(f"<div class='pg-title-{side}'><b>{SIDE_TITLES[side]}</b></div>" for side in SIDES)
+    rows = []
+    for number, turns in enumerate(zip(*(transcripts[side].turns for side in SIDES), strict=True), start=1):
+        first = turns[0]
+        reading = f"<div class='pg-reading'>read as: {html.escape(first.reading)}</div>" if first.reading else ""
+        cells = "".join(_answer_cell(side, turn) for side, turn in zip(SIDES, turns, strict=True))
+        rows.append(
+            f"<div class='pg-turn' data-turn='{number}'><div class='pg-q'>{html.escape(first.prompt)}</div>{reading}"
+            f"<div class='pg-pair' style='{_GRID}'>{cells}</div></div>"
+        )
+    body = "".join(rows) or "<div class='pg-empty'>no messages yet</div>"
+    return f"<div class='pg-dialogue-head' style='{_GRID}'>{head}</div>{body}"
+
+
+def exchange_record(turns: dict[str, Turn]) -> dict[str, Any]:
+    """One question and both answers as plain data (kept by the engine: a reloaded page shows them again)."""
+    asked = next(iter(turns.values()))  # both sides were asked the same
+    answers = {side: {name: getattr(turn, name) for name in _TURN_FIELDS} for side, turn in turns.items()}
+    return {"prompt": asked.prompt, "reading": asked.reading, "answers": answers}
+
+
+def restored_turn(record: dict[str, Any], side: str, expected: str | None, guarded: bool) -> Turn:
+    """A kept answer as a finished turn; one that was still streaming when it was kept says it was interrupted."""
+    answer = record.get("answers", {}).get(side)
+    turn = Turn(prompt=str(record.get("prompt", "")), expected=expected, guarded=guarded, done=True)
+    turn.reading = str(record.get("reading") or "")
+    if not isinstance(answer, dict):
+        turn.error = NOT_SERVED
+        return turn
+    turn.answer, turn.error = str(answer.get("answer") or ""), str(answer.get("error") or "")
+    turn.held_back, turn.added_namespace = str(answer.get("held_back") or ""), str(answer.get("added_namespace") or "")
+    turn.truncated = answer.get("truncated") is True
+    tokens, seconds = answer.get("tokens"), answer.get("seconds")
+    turn.tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+    turn.seconds = float(seconds) if isinstance(seconds, int | float) and not isinstance(seconds, bool) else None
+    if seconds is None and not turn.error:  # kept before its stream ended (the page went away meanwhile)
+        turn.error = "interrupted: ask again"
+    return turn
 
 
 class ChatPanel(ipw.VBox):
-    """Ask both models the same prompt; answers stream in side by side (≤ 10 updates/s each)."""
+    """Ask both models the same prompt; answers stream in side by side, a row per question (≤ 10 updates/s each).
 
-    def __init__(self, blueprint: Blueprint, *, max_rate: float = 10.0, operator: bool = True) -> None:
+    ``history`` (exchanges kept by the engine, see :func:`exchange_record`) is shown first; ``on_change`` gets every
+    exchange each time a question has both its answers (the App keeps them: a reloaded page shows the chat again).
+    """
+
+    def __init__(
+        self,
+        blueprint: Blueprint,
+        *,
+        max_rate: float = 10.0,
+        operator: bool = True,
+        history: list[dict[str, Any]] | None = None,
+        on_change: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> None:
         self.blueprint = blueprint
         self.operator = operator
         self.interval = 1.0 / max_rate
         self.endpoints: dict[str, Endpoint] = {}
         self.transcripts = {side: Transcript() for side in SIDES}
         self.expected = {ex.prompt: ex.expected for ex in blueprint.examples}
+        self.on_change = on_change
         self._threads: list[threading.Thread] = []
         self._asking = ""  # the question being answered
         self._echo = False
-        self.answers = {side: ipw.HTML(self.transcripts[side].html(side)) for side in SIDES}
-        columns = []
-        for side in SIDES:
-            self.answers[side].add_class("pg-answers").add_class(f"pg-answer-{side}")
-            title = ipw.HTML(f"<b>{SIDE_TITLES[side]}</b>").add_class(f"pg-title-{side}")
-            columns.append(ipw.VBox([title, self.answers[side]], layout=ipw.Layout(width="50%", padding="4px")))
+        self._render_lock = threading.Lock()  # both sides' threads redraw the one dialogue
+        self._kept_lock = threading.Lock()
+        self._kept = len(history or [])  # exchanges handed to on_change (each once, with both its answers)
+        guarded = blueprint.serving.guard == "kubectl"
+        for record in history or []:
+            for side in SIDES:
+                turn = restored_turn(record, side, self.expected.get(str(record.get("prompt", ""))), guarded)
+                self.transcripts[side].turns.append(turn)
+        # both sides in one widget, a grid row per question: answers of different lengths stay beside their question
+        self.dialogue = ipw.HTML(dialogue_html(self.transcripts)).add_class("pg-answers").add_class("pg-dialogue")
+        self.answers = dict.fromkeys(SIDES, self.dialogue)  # each side's answers (one shared widget)
         # Enter (or leaving the box) sends the question: the value syncs then (ipywidgets' replacement for the
         # deprecated on_submit); the same question while it is being answered is not asked twice.
         self.prompt = ipw.Text(placeholder="Ask both models…", layout=ipw.Layout(width="60%"), continuous_update=False)
@@ -131,7 +195,7 @@ class ChatPanel(ipw.VBox):
             [
                 ipw.HBox([ipw.HTML("Try:"), *self.suggestions], layout=ipw.Layout(flex_flow="row wrap")),
                 ipw.HBox([self.prompt, self.send]),
-                ipw.HBox(columns),
+                self.dialogue,
                 self.status,
             ]
         )
@@ -196,22 +260,42 @@ class ChatPanel(ipw.VBox):
             reading = normalize(prompt)
             reading = "" if reading == prompt else reading
         threads = []
-        for side in SIDES:
+        turns = {}
+        for side in SIDES:  # every side gets a turn (one not served says so): the rows stay aligned by question
             endpoint = self.endpoints.get(side)
-            if endpoint is None:
-                continue
             turn = Turn(
                 prompt=prompt,
                 expected=self.expected.get(prompt),
                 guarded=self.blueprint.serving.guard == "kubectl",
                 reading=reading,
             )
+            if endpoint is None:
+                turn.done, turn.error = True, NOT_SERVED
+            turns[side] = turn
             self.transcripts[side].turns.append(turn)
-            thread = threading.Thread(target=self._stream, args=(side, endpoint, turn), daemon=True)
-            thread.start()
-            threads.append(thread)
+        for side, turn in turns.items():
+            if not turn.done:
+                thread = threading.Thread(target=self._stream, args=(side, self.endpoints[side], turn), daemon=True)
+                thread.start()
+                threads.append(thread)
         self._threads = threads
         return threads
+
+    def exchanges(self) -> list[dict[str, Any]]:
+        """Every question asked here and both answers, as plain data (oldest first)."""
+        rows = zip(*(self.transcripts[side].turns for side in SIDES), strict=True)
+        return [exchange_record(dict(zip(SIDES, turns, strict=True))) for turns in rows]
+
+    def _answered(self) -> None:
+        """A stream ended: once the question has both its answers, hand the chat to ``on_change`` (never raises)."""
+        with self._kept_lock:
+            complete = all(t.turns and t.turns[-1].done for t in self.transcripts.values())
+            asked = len(self.transcripts[SIDES[0]].turns)
+            if self.on_change is None or not complete or asked <= self._kept:
+                return
+            self._kept = asked
+            with contextlib.suppress(Exception):  # keeping the chat is best effort: the answers are on the page
+                self.on_change(self.exchanges())
 
     def wait(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -219,8 +303,10 @@ class ChatPanel(ipw.VBox):
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in self._threads)
 
-    def _refresh(self, side: str) -> None:
-        self.answers[side].value = self.transcripts[side].html(side)
+    def _refresh(self, side: str = "") -> None:
+        """Redraw the dialogue (``side``: whose answer changed; both are drawn)."""
+        with self._render_lock:
+            self.dialogue.value = dialogue_html(self.transcripts)
 
     def _stream(self, side: str, endpoint: Endpoint, turn: Turn) -> None:
         from playground.serving.client import chat
@@ -258,9 +344,24 @@ class ChatPanel(ipw.VBox):
                     turn.added_namespace = ""
         except Exception as exc:  # shown in the column, never printed from this thread
             turn.error = error_text(exc) if self.operator else scrub_paths(error_text(exc))
-        turn.done = True
         turn.seconds = time.monotonic() - start
+        turn.done = True
         self._refresh(side)
+        self._answered()
+
+
+SHARED_KEEPS_RUNNING = "the shared base model server keeps running for other visitors"
+
+
+def stopped_text(endpoints: dict[str, Endpoint]) -> str:
+    """What Stop servers did: the job's own servers stopped; a shared base server (booth) is not this visitor's to
+    stop, and the page says it keeps running."""
+    shared = [side for side, endpoint in endpoints.items() if endpoint.shared]
+    if not shared:
+        return "servers stopped"
+    own = [SIDE_TITLES.get(side, side) for side in sorted(endpoints) if side not in shared]
+    stopped = f"{' and '.join(own)} server stopped; " if own else ""
+    return f"{stopped}{SHARED_KEEPS_RUNNING}"
 
 
 class ServePanel(ipw.VBox):
@@ -369,7 +470,7 @@ class ServePanel(ipw.VBox):
         self.stop_button.disabled = True
         try:
             self.backend.unserve(self.job.id, owner=self.owner)
-            self.status.value = "servers stopped"
+            self.status.value = stopped_text(self.endpoints)
         except Exception as exc:
             message = error_text(exc) if self.operator else scrub_paths(error_text(exc))
             self.status.value = f"<span class='pg-error-text'>{html.escape(message)}</span>"

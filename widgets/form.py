@@ -98,6 +98,7 @@ class LaunchForm(ipw.VBox):
         self.controls: dict[str, ipw.ValueWidget] = {}
         self.errors: dict[str, ipw.HTML] = {}
         self.blocked_reason = ""
+        self._refused = False  # the status says "nothing launched: fix …" (kept up to date as fields change)
         self.show_backend = show_backend
         self._launching = threading.Lock()
         rows = []
@@ -187,8 +188,19 @@ class LaunchForm(ipw.VBox):
         self.errors[name].value = _error_html(message)
         if message:
             self.show_settings()
+        if self._refused:
+            self._show_refusal(self.model.validate(self.values()))
         self.refresh_plan()
         return message
+
+    def _show_refusal(self, result: FormResult) -> None:
+        """Say "nothing launched: fix …" naming the fields still wrong; gone once none is (no stale red line)."""
+        self._refused = not result.ok
+        if result.ok:
+            self.status.value = ""
+            return
+        bad = ", ".join(name.replace("_", " ") for name in result.errors)
+        self.status.value = _error_html(f"nothing launched: fix {bad}")
 
     def refresh_plan(self, *, wait: bool = False) -> threading.Thread | None:
         """Recompute the plan for the current values in a thread (the kernel keeps answering); a newer
@@ -268,9 +280,9 @@ class LaunchForm(ipw.VBox):
             result = self.validate()
             if not result.ok:
                 if not self.status.value:
-                    bad = ", ".join(name.replace("_", " ") for name in result.errors)
-                    self.status.value = _error_html(f"nothing launched: fix {bad}")
+                    self._show_refusal(result)
                 return None
+            self._refused = False
             if self.on_launch is None:
                 return None
             self.launch_button.disabled = True

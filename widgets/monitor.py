@@ -12,22 +12,19 @@ from collections.abc import Callable
 from copy import deepcopy
 
 import ipywidgets as ipw
-
-# Imported whole before any monitor thread runs: plotly's chart validators use pandas as soon as it is in
-# sys.modules, and the MLflow reads (previous runs, Register) import it from their own threads, so a chart
-# render during that import met a half-initialised module (AttributeError: ... 'pandas' has no 'Series').
-import pandas  # noqa: F401  (0.3 s, once per kernel)
 import plotly.graph_objects as go
 
 from playground.backends.base import Backend
 from playground.blueprints import Blueprint
+from playground.diagnostics import without_tracebacks
 from playground.events import HEADLINE_METRICS, METRIC_LABELS, JobPhase, Progress
-from playground.formatting import format_duration, format_rate
+from playground.formatting import format_duration, format_rate, time_left_in
 from playground.runs.registry import register as register_model
+from playground.runs.store import job_run
 from playground.runs.store import loss_curves as previous_loss_curves
-from playground.runs.store import run_for_job
 from playground.types import Job
 from voila_app import PLOTLY_BUNDLE_ENV
+from widgets.run_view import RunView
 from widgets.state import (
     Coalescer,
     Snapshot,
@@ -76,6 +73,11 @@ def metrics_table(
     if operator:
         return f"{top}<b>Results</b>{table}"
     return f"{top}<details class='pg-all-results'><summary><b>Results</b>: every figure</summary>{table}</details>"
+
+
+def points_text(count: int) -> str:
+    """``1 point``, ``12 points``: the chart's progress points."""
+    return f"{count} point" if count == 1 else f"{count} points"
 
 
 def headline_html(metrics: dict[str, float], quality_metric: str | None = None) -> str:
@@ -187,6 +189,12 @@ class JobMonitor(ipw.VBox):
         owner: str | None = None,
         operator: bool = True,
     ) -> None:
+        if operator:
+            # Imported whole before any monitor thread runs: plotly's chart validators use pandas as soon as it is in
+            # sys.modules, and the operator's MLflow reads (previous runs, the run view, Register) import it from their
+            # own threads, so a chart render during that import met a half-initialised module (AttributeError: ...
+            # 'pandas' has no 'Series'). A visitor's page reads no MLflow: its kernel never imports pandas (~70 MB).
+            import pandas  # noqa: F401  (0.3 s, once per kernel)
         self.backend = backend
         self.job_id = ""
         self.blueprint = blueprint
@@ -214,17 +222,19 @@ class JobMonitor(ipw.VBox):
         self.progress = ipw.FloatProgress(value=0.0, min=0.0, max=1.0, layout=ipw.Layout(width="60%"))
         self.progress.add_class("pg-progress")
         self.progress_text = ipw.HTML("").add_class("pg-progress-text")
-        self.points = ipw.HTML("0 points").add_class("pg-points")
-        self.run_link = ipw.HTML("").add_class("pg-run-link")  # the job's MLflow run (operator view)
+        self.points = ipw.HTML(points_text(0)).add_class("pg-points")
+        self.run_view = RunView()  # the finished job's MLflow run: curves, metrics, parameters, its UI (operator view)
+        self.run_link = self.run_view.link
         self.chart = chart if chart is not None else loss_chart()
         self.chart_box = ipw.VBox([self.chart], layout=ipw.Layout(width="100%")).add_class("pg-chart")
         self.metrics = ipw.HTML("").add_class("pg-metrics")
         self.cluster = ipw.HTML("", layout=ipw.Layout(display="none")).add_class("pg-cluster-events")
         self.logs = ipw.HTML("<pre class='pg-log'></pre>").add_class("pg-logs")
         self.status = ipw.HTML("").add_class("pg-monitor-status")
-        self.cancel_button = ipw.Button(description="Cancel", icon="stop", button_style="warning", disabled=True)
+        self.cancel_button = ipw.Button(description="Cancel", icon="stop", button_style="warning")
         self.cancel_button.add_class("pg-cancel")
         self.cancel_button.on_click(lambda _: self.cancel())
+        self._set_cancellable(False)  # shown only while a job that can be cancelled is
         self.register_button = ipw.Button(description="Register model", icon="archive", disabled=True)
         self.register_button.add_class("pg-register")  # MLflow's model registry; not in booth mode
         self.register_button.on_click(lambda _: self.register())
@@ -246,7 +256,7 @@ class JobMonitor(ipw.VBox):
                 ipw.HBox([self.progress, self.progress_text]),
                 self.chart_box,
                 self.points,
-                self.run_link,
+                self.run_view,
                 self.metrics,
                 self.cluster,
                 ipw.HTML("<b>Log</b>"),
@@ -309,14 +319,14 @@ class JobMonitor(ipw.VBox):
             self.progress.value = 0.0
             self.progress.bar_style = ""
             self.progress_text.value = "waiting for the first progress point…"
-            self.points.value = "0 points"
-            self.run_link.value = ""
+            self.points.value = points_text(0)
+            self.run_view.clear()
             self.metrics.value = ""
             self.cluster.value = ""
             self.cluster.layout.display = "none"
             self.logs.value = "<pre class='pg-log'></pre>"
             self.status.value = ""
-            self.cancel_button.disabled = isinstance(job, Job) and job.done
+            self._set_cancellable(not (isinstance(job, Job) and job.done))
             self.register_button.disabled = True
             self._job_info = job if isinstance(job, Job) else None
             self._details_lines = 0
@@ -362,10 +372,15 @@ class JobMonitor(ipw.VBox):
         """A job is shown and has not finished."""
         return bool(self.job_id) and not self._done.is_set()
 
+    def _set_cancellable(self, cancellable: bool) -> None:
+        """Cancel is on the page only while the shown job can be cancelled (no greyed orange button otherwise)."""
+        self.cancel_button.disabled = not cancellable
+        self.cancel_button.layout.display = None if cancellable else "none"
+
     def cancel(self) -> None:
         if not self.job_id or self.backend is None:
             return
-        self.cancel_button.disabled = True
+        self.cancel_button.disabled = True  # stays shown (greyed) until the job ends: the request is on its way
         threading.Thread(target=self._cancel, args=(self.backend, self.job_id), daemon=True).start()
 
     def _cancel(self, backend: Backend, job_id: str) -> None:
@@ -435,7 +450,7 @@ class JobMonitor(ipw.VBox):
         with self._lock:
             if self._current(generation):
                 self.final_job = final
-                self.cancel_button.disabled = True
+                self._set_cancellable(False)
                 self.register_button.disabled = not (
                     self.operator and final is not None and final.phase == JobPhase.SUCCEEDED
                 )
@@ -462,12 +477,12 @@ class JobMonitor(ipw.VBox):
 
     def _show_run_link(self, generation: int, job_id: str) -> None:
         try:
-            run = run_for_job(job_id)
+            run = job_run(job_id)
         except Exception:
             return
         with self._lock:
             if self._current(generation) and run is not None:
-                self.run_link.value = f"MLflow run <code>{html.escape(run.run_id)}</code>: {html.escape(run.link)}"
+                self.run_view.show(run)
 
     def _stream_error(self, exc: BaseException, generation: int) -> None:
         with self._lock:
@@ -487,7 +502,8 @@ class JobMonitor(ipw.VBox):
     def _log_lines(self, lines: list[str]) -> list[str]:
         if self.operator:
             return lines
-        return [shown for line in lines if (shown := visitor_text(line)) is not None]
+        # A visitor sees no traceback frames: each traceback becomes its one-line cause (the operator's log keeps it).
+        return [shown for line in without_tracebacks(lines) if (shown := visitor_text(line)) is not None]
 
     def _show_details(self, job: Job | None, lines: list[str]) -> None:
         if not self.operator:
@@ -585,17 +601,19 @@ class JobMonitor(ipw.VBox):
         if snap.new_points:
             self._set_step_axis(snap.new_points[-1].total_steps or None)
             self._draw_chart()
-        self.points.value = f"{len(self._steps)} points"
+        self.points.value = points_text(len(self._steps))
         self.progress.value = snap.fraction
         latest = snap.latest
         if latest is not None:
             loss = f"{latest.loss:.4f}" if latest.loss is not None else "–"
             right = right_axis_value(latest)
             figure = f"{right[0]} {right[1]:.3g}" if right else f"{format_rate(latest.tokens_per_second)} tokens/s"
+            eta = 0 if snap.phase.terminal else latest.eta_seconds
+            if snap.phase in (JobPhase.EVALUATING, JobPhase.SAVING):  # the finish's own countdown, never 0:00
+                eta = time_left_in(snap.reason) or eta
             self.progress_text.value = (
                 f"step {latest.step}/{latest.total_steps} · {snap.fraction:.0%} · ETA "
-                f"{format_duration(latest.eta_seconds if not snap.phase.terminal else 0, unknown='–')} · loss {loss} · "
-                f"{figure}"
+                f"{format_duration(eta, unknown='–')} · loss {loss} · {figure}"
             )
         elif snap.queue_position:
             self.progress_text.value = "queued: training starts when a slot is free"
@@ -616,7 +634,7 @@ class JobMonitor(ipw.VBox):
         tail = self._log_lines(snap.log_tail)[-LOG_LINES:]
         self.logs.value = f"<pre class='pg-log'>{html.escape(chr(10).join(tail))}</pre>"
         if snap.phase.terminal:
-            self.cancel_button.disabled = True
+            self._set_cancellable(False)
         if self.operator:
             supervisor = [line for line in snap.log_tail if visitor_text(line) is None]
             if len(supervisor) != self._details_lines:
@@ -634,6 +652,8 @@ class JobMonitor(ipw.VBox):
                 self.progress.bar_style = "success"
             elif job.phase in (JobPhase.FAILED, JobPhase.CANCELLED):
                 self.progress.bar_style = "danger" if job.phase == JobPhase.FAILED else "warning"
+                if not self._steps:  # ended before any progress: say why instead of "waiting for the first…"
+                    self.progress_text.value = html.escape(self._text(job.message) or f"{job.phase} before training")
             if job.metrics:
                 self.metrics.value = metrics_table(
                     job.metrics,

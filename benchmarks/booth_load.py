@@ -6,9 +6,10 @@ own policy (``BoothPolicy.from_env()``: one training slot, the queue, the deadli
 In a fresh ``PLAYGROUND_HOME`` (local backend), a busy-loop process runs for the whole benchmark (from 75 s before the
 visitors come, so that the load average the plan reads has seen it); the visitors (ids shaped like the booth
 cookie's, ``v-`` + 16 hex), their pages open (a presence heartbeat each, as the app's kernel sends), submit at the
-same moment, each with the blueprint's defaults. For each visitor it records what the page promised when they pressed Launch (the plan's time for the
-run, and the queue's first wait estimate) against what happened: when the trainer started, when the job ended,
-its final phase and message, whether it has a model to chat with and the headline metric the page shows.
+same moment, each with the blueprint's defaults. For each visitor it records what the page promised when they
+pressed Launch (the plan's time for the run, and the queue's first wait estimate) against what happened: when the
+trainer started, when the job ended, its final phase and message, whether it has a model to chat with and the
+headline metric the page shows.
 
 Goal (issue 62, item 7): every run ends with a model and a headline (0 lost).
 """

@@ -39,6 +39,11 @@ fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ruff check .
 ruff format --check .
+# The docs site (docs/, mkdocs.yml) into a throwaway dir: --strict fails on a broken link, anchor or API reference
+# (not with --quiet, which hides the warnings that --strict counts).
+site_dir="$(mktemp -d "${TMPDIR:-/tmp}/playground-site.XXXXXX")"
+NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --site-dir "$site_dir"
+rm -rf "$site_dir"
 # A private base temp dir: other pytest sessions on the machine prune /tmp/pytest-of-$USER/pytest-N
 # dirs (keeping the newest 3), which would delete this run's session fixtures under it.
 # Removed however pytest ends (failure, Ctrl-C, kill); the script still exits with pytest's status.

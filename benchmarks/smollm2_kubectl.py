@@ -39,7 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the trainer and servers set it
 BLUEPRINT = "smollm2-135m-lora-kubectl"
-GENERAL_PROMPTS = [  # none of these is in playground/train/general_answers.json (the training mix)
+GENERAL_PROMPTS = [  # none of these is in playground/kubectl/general_answers.json (the training mix)
     ("What is the capital of France?", "Paris"),
     ("What is the capital of Germany?", "Berlin"),
     ("Who wrote Romeo and Juliet?", "Shakespeare"),

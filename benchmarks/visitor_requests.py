@@ -3,7 +3,7 @@
     python benchmarks/visitor_requests.py [--model-dir DIR] [--split SPLIT|all] [--show] [--keep DIR] [--answers FILE]
 
 The set (benchmarks/data/visitor_requests.jsonl) was written apart from the training generator's templates
-(playground/train/data.py, kubectl_wide.py; tests/test_kubectl_wide.py checks no request is one the
+(playground/kubectl/generator.py, wide.py; tests/test_kubectl_wide.py checks no request is one the
 generator makes): casual words, synonyms, other word orders, typos, and requests no supported operation
 answers. Without ``--model-dir`` the blueprint is trained with its defaults through the real entrypoint (2 cores:
 the ≥ 0.80-in-3-minutes bar on the synthetic held-out set is reported too, from the same run).
@@ -11,17 +11,17 @@ the ≥ 0.80-in-3-minutes bar on the synthetic held-out set is reported too, fro
 Scored per request, greedy, the chat template the server uses:
 
 - **exact**: a supported request answered with a command equivalent to the expected one
-  (playground/train/kubectl_reward.py ``score == 1``); goal ≥ 85 % over the supported requests;
+  (playground/kubectl/reward.py ``score == 1``); goal ≥ 85 % over the supported requests;
 - **mutating**: a read-only or unsupported request answered with a command that would change the cluster
   (``changes_unasked``); goal 0 in the whole set;
 - **declined**: an unsupported request answered without any command (the refusal, or prose).
 
 Each figure is given for the model's raw answers to the requests as typed (``fine_tuned``), to the requests as
 the chat panel reads them (``fine_tuned_read``: the blueprint's ``serving.normalize: kubectl``,
-playground/kubectl_request.py, spells mistyped kubectl words right and says a typed ``-n NAME`` in words; only the
+playground/kubectl/request.py, spells mistyped kubectl words right and says a typed ``-n NAME`` in words; only the
 requests it changes are asked again), and for what the chat panel shows (``fine_tuned_guarded``): those answers
 with the namespace the request says added where the command has none (``serving.complete: kubectl``,
-playground/kubectl_answer.py), through the blueprint's ``serving.guard: kubectl`` (playground/kubectl_guard.py), which
+playground/kubectl/answer.py), through the blueprint's ``serving.guard: kubectl`` (playground/kubectl/guard.py), which
 replaces a cluster-changing command the request as typed did not ask for with the refusal.
 
 Splits: ``dev`` (40) and ``dev2`` (80: the test split until 2026-11-27) were read while tuning the generator and the
@@ -67,7 +67,7 @@ def load_set(split: str = "all") -> list[dict[str, Any]]:
 
 def score_answers(rows: list[dict[str, Any]], answers: list[str]) -> dict[str, Any]:
     """The visitor-set figures of ``answers`` (one per row)."""
-    from playground.train.kubectl_reward import changes_unasked, extract, score
+    from playground.kubectl.reward import changes_unasked, extract, score
 
     supported = [(r, a) for r, a in zip(rows, answers, strict=True) if r["expected"]]
     unsupported = [(r, a) for r, a in zip(rows, answers, strict=True) if not r["expected"]]
@@ -116,7 +116,7 @@ def get_blueprint_serving():
 
 def readings(rows: list[dict[str, Any]]) -> list[str]:
     """Each request as the chat panel asks the models it (the blueprint's ``serving.normalize``)."""
-    from playground.kubectl_request import normalize
+    from playground.kubectl.request import normalize
 
     if get_blueprint_serving().normalize != "kubectl":
         return [r["request"] for r in rows]
@@ -136,11 +136,11 @@ def answers_read(ask: Callable[[list[str]], list[str]], rows: list[dict[str, Any
 
 def fine_tuned_figures(rows: list[dict[str, Any]], typed: list[str], read: list[str] | None = None) -> dict[str, Any]:
     """:func:`per_split` of the model's answers to the requests as typed (``fine_tuned``), as read
-    (``fine_tuned_read``: mistyped kubectl words spelt right, playground/kubectl_request.py) and those with the
-    namespace the request says added where they have none (playground/kubectl_answer.py) through the guard, which
+    (``fine_tuned_read``: mistyped kubectl words spelt right, playground/kubectl/request.py) and those with the
+    namespace the request says added where they have none (playground/kubectl/answer.py) through the guard, which
     judges the request as typed (``fine_tuned_guarded``: what the chat panel shows)."""
-    from playground.kubectl_answer import complete
-    from playground.kubectl_guard import guard
+    from playground.kubectl.answer import complete
+    from playground.kubectl.guard import guard
 
     read = typed if read is None else read
     if get_blueprint_serving().complete == "kubectl":  # the namespace the request says, where the answer has none
@@ -180,8 +180,8 @@ def main() -> None:
         print(json.dumps(rescore(args.answers, args.split), indent=1))
         return
     from playground.blueprints import get_blueprint
+    from playground.kubectl.reward import score
     from playground.models.packaged import ensure_converted
-    from playground.train.kubectl_reward import score
 
     bench = _smollm2()
     blueprint = get_blueprint(bench.BLUEPRINT)

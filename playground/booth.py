@@ -66,15 +66,14 @@ class BoothPolicy:
     # about 20 minutes.
     max_queued: int = 6
     visitor_gone_seconds: int = 300  # a queued job of a visitor unseen this long leaves the queue (Cancelled)
-    # Model servers running on this machine (local servers). 10: SmolLM2 servers are ~1 GB each; 24 GB less the
-    # app (4 GB), one training (3 GB) and headroom for the OS and generation (~5 GB) leaves room for about 10.
-    max_servers: int = 10
-    server_idle_seconds: int = 600  # a server with no chat request this long is stopped
+    # Model server processes on this machine (local servers): one vLLM server per base model (~4.2 GB RSS with its
+    # 1 GB KV cache) answers every visitor's base chat and LoRA adapter; a full fine-tune gets a server of its own.
+    max_servers: int = 4
+    server_idle_seconds: int = 600  # an adapter or fine-tuned server with no chat request this long is unloaded
     server_evict_idle_seconds: int = 120  # at the cap, a visitor's fine-tuned server idle this long makes room
-    # The shared base server answers concurrent visitors in one batch (continuous batching) out of a KV cache of
-    # this many tokens (0: one request after another). 4096: ~25 SmolLM2 chats at once for ~230 MB more memory;
-    # 24 requests in 6.9 s instead of 35 s on 2 cores (benchmarks/README.md, "The shared base server").
-    shared_server_batch_tokens: int = 4096
+    # LoRA adapters loaded on one base server; one more evicts the least recently used (re-served in ~0.05 s on
+    # the visitor's next chat). 32 SmolLM2 r16 adapters: ~0.7 GB in float32.
+    max_adapters: int = 32
     # After the deadline: at least this long for the final evaluation and the save (longer when this blueprint's
     # earlier finishes took longer, see deadline_grace) before a trainer that did not stop is killed (Failed).
     deadline_grace_seconds: int = 300
@@ -160,9 +159,9 @@ SETTINGS: dict[str, str] = {
     "max_servers": "PLAYGROUND_BOOTH_MAX_SERVERS",
     "server_idle_seconds": "PLAYGROUND_BOOTH_SERVER_IDLE_SECONDS",
     "server_evict_idle_seconds": "PLAYGROUND_BOOTH_SERVER_EVICT_IDLE_SECONDS",
-    "shared_server_batch_tokens": "PLAYGROUND_BOOTH_SHARED_SERVER_BATCH_TOKENS",
+    "max_adapters": "PLAYGROUND_BOOTH_MAX_ADAPTERS",
 }
-_LOWEST = {"finished_ttl_seconds": 0, "server_evict_idle_seconds": 0, "shared_server_batch_tokens": 0}  # others: 1
+_LOWEST = {"finished_ttl_seconds": 0, "server_evict_idle_seconds": 0}  # others: 1
 
 
 # -- deadlines -------------------------------------------------------------------------------------------

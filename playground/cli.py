@@ -22,6 +22,7 @@ FULL_INSTALL_PACKAGES = frozenset(
 COMMAND_MODULES = (
     "playground.commands.blueprints",  # blueprints, blueprints show
     "playground.commands.jobs",  # train, jobs, logs, cancel, delete
+    "playground.commands.export",  # export
     "playground.commands.plan",  # plan
     "playground.commands.ray",  # ray status, ray stop
     "playground.commands.data",  # data check, custom
@@ -31,6 +32,7 @@ COMMAND_MODULES = (
     "playground.models.commands",  # models prepare
     "playground.runs.commands",  # runs, register
     "playground.commands.doctor",  # doctor
+    "playground.commands.setup",  # setup
 )
 
 

@@ -1,4 +1,4 @@
-"""Regenerate ``playground/train/general_answers.json``: SmolLM2-135M-Instruct's own answers to
+"""Regenerate ``playground/kubectl/general_answers.json``: SmolLM2-135M-Instruct's own answers to
 general prompts, mixed into the ``kubectl`` task's training rows so that LoRA keeps the model's
 general answers (self-distillation; without them the fine-tuned model answers "What is the capital
 of France?" with ``kubectl get capital of France``).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-TARGET = REPO / "playground" / "train" / "general_answers.json"
+TARGET = REPO / "playground" / "kubectl" / "general_answers.json"
 BLUEPRINT = "smollm2-135m-lora-kubectl"
 MAX_ANSWER_TOKENS = 40
 

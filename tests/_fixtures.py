@@ -82,3 +82,15 @@ def stop_process(proc: subprocess.Popen, grace: float = 20) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def adapter_job(job_id: str, adapter_dir: Path | str, base_model: Path | str, owner: str | None = None):
+    """A Succeeded LoRA job (no job directory): ``adapter_dir`` as its model, on ``base_model``."""
+    import time
+
+    from playground.events import JobPhase
+    from playground.types import Job
+
+    return Job(id=job_id, blueprint_id="smollm2-135m-lora-kubectl", backend="local", phase=JobPhase.SUCCEEDED,
+               params={}, created_at=time.time(), model_dir=str(adapter_dir), base_model=str(base_model),
+               owner=owner)  # fmt: skip

@@ -268,6 +268,16 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if key not in self.store:
             raise KubernetesError(status=404, reason="NotFound", message=f'{plural} "{name}" not found')
         patch = dict(patch)
+        expected = (patch.get("metadata") or {}).get("resourceVersion")
+        current = self.store[key]["metadata"].get("resourceVersion")
+        if expected is not None and expected != current:  # the API server's optimistic concurrency on a patch
+            raise KubernetesError(
+                status=409,
+                reason="Conflict",
+                message=f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
+                "please apply your changes to the latest version and try again",
+                details={"name": name, "kind": plural},
+            )
         if "metadata" in patch:
             patch["metadata"] = {k: v for k, v in patch["metadata"].items() if k not in ("resourceVersion", "uid")}
         obj = merge_patch(self.store[key], patch)
@@ -622,6 +632,8 @@ class TrainerSimulator:
         self.scenarios: dict[str, Scenario] = {}  # by TrainJob name or blueprint label
         self.output_dir: Path | None = None  # what every job's /workspace/output holds once done
         self.servers: Any = None  # playground.serving.local.LocalServers
+        self.hub_models: set[str] = set()  # hf:// models KServe's storage initializer can download here
+        self.isvc_generations: dict[str, int] = {}  # the spec generation each InferenceService was rolled out at
         self.admitted: dict[str, asyncio.Event] = {}
         self.tasks: dict[str, asyncio.Task] = {}
         self.errors: list[BaseException] = []
@@ -649,7 +661,16 @@ class TrainerSimulator:
                         self.emu.end_log(meta["namespace"], pod["metadata"]["name"])
                         self.emu.delete("pods", meta["namespace"], pod["metadata"]["name"])
         elif plural == "inferenceservices" and etype == "ADDED":
+            self.isvc_generations[key] = meta.get("generation", 1)
             self._spawn(key, self._run_isvc(meta["namespace"], meta["name"]))
+        elif plural == "inferenceservices" and etype == "MODIFIED":
+            generation = meta.get("generation", 1)
+            if generation > self.isvc_generations.get(key, generation):  # a new spec: KServe rolls the predictor
+                self.isvc_generations[key] = generation
+                task = self.tasks.pop(key, None)
+                if task:
+                    task.cancel()
+                self._spawn(key, self._run_isvc(meta["namespace"], meta["name"]))
         elif plural == "inferenceservices" and etype == "DELETED":
             self.emu.proxies.pop((meta.get("namespace"), meta.get("name")), None)
             if self.servers is not None:
@@ -835,26 +856,47 @@ class TrainerSimulator:
     def admit(self, queue: str) -> None:
         self.loop.call_soon_threadsafe(self.admitted.setdefault(queue, asyncio.Event()).set)
 
-    async def _run_isvc(self, ns: str, name: str) -> None:
-        isvc = self.emu.store[("inferenceservices", ns, name)]
-        uri = isvc["spec"]["predictor"]["model"]["storageUri"]
-        conds = [{"type": "PredictorReady", "status": "False", "reason": "Initializing"}]
-        conds.append({"type": "Ready", "status": "False", "reason": "Initializing", "message": "loading the model"})
-        await self._patch("inferenceservices", ns, name, {"status": {"conditions": conds}})
+    def _loadable(self, uri: str) -> bool:
+        """Whether KServe would find ``uri``: a job's output on its workspace PVC, or a downloadable hub model."""
+        if uri.startswith("hf://"):
+            return uri in self.hub_models
+        return self._local(uri) is not None
+
+    def _local(self, uri: str) -> Path | None:
         match = re.fullmatch(r"pvc://[^/]+/output/(.+)", uri)
         local = self.output_dir / match.group(1) if match and self.output_dir else None
-        if local is None or not local.is_dir() or self.servers is None:
-            conds = [
-                {"type": "Ready", "status": "False", "reason": "ModelLoadFailed", "message": f"{uri}: no such model"}
-            ]
+        return local if local is not None and local.is_dir() else None
+
+    async def _run_isvc(self, ns: str, name: str) -> None:
+        """Roll out an InferenceService's current spec: one ``storageUri`` (served by a local model server when
+        ``servers`` is set), or ``storageUris`` (a base with LoRA adapters on the vLLM runtime: Ready once every
+        entry is there; no model server behind it here)."""
+        isvc = self.emu.store[("inferenceservices", ns, name)]
+        predictor = isvc["spec"]["predictor"]
+        entries = predictor.get("storageUris") or []
+        uris = [e["uri"] for e in entries] or [predictor["model"]["storageUri"]]
+        generation = isvc["metadata"].get("generation", 1)
+        conds = [{"type": "PredictorReady", "status": "False", "reason": "Initializing"}]
+        conds.append({"type": "Ready", "status": "False", "reason": "Initializing", "message": "loading the model"})
+        status = {"observedGeneration": generation, "conditions": conds}
+        await self._patch("inferenceservices", ns, name, {"status": status})
+        missing = [u for u in uris if not self._loadable(u)]
+        if missing or (not entries and self.servers is None):
+            why = f"{(missing or uris)[0]}: no such model"
+            conds = [{"type": "Ready", "status": "False", "reason": "ModelLoadFailed", "message": why}]
             await self._patch("inferenceservices", ns, name, {"status": {"conditions": conds}})
             return
-        kind = isvc["metadata"].get("labels", {}).get("blueprint-playground.dev/kind", "fine-tuned")
-        endpoint = await self.loop.run_in_executor(None, lambda: self.servers.start(str(local), kind=kind, name=name))
-        self.emu.proxies[(ns, name)] = (endpoint.url, endpoint.model)
+        if not entries:
+            local = self._local(uris[0])
+            kind = isvc["metadata"].get("labels", {}).get("blueprint-playground.dev/kind", "fine-tuned")
+            endpoint = await self.loop.run_in_executor(
+                None, lambda: self.servers.start(str(local), kind=kind, name=name)
+            )
+            self.emu.proxies[(ns, name)] = (endpoint.url, endpoint.model)
         url = f"{self.emu_url}/serving/{ns}/{name}"
         ready = [{"type": t, "status": "True", "lastTransitionTime": now_iso()} for t in ("PredictorReady", "Ready")]
-        await self._patch("inferenceservices", ns, name, {"status": {"url": url, "conditions": ready}})
+        status = {"url": url, "observedGeneration": generation, "conditions": ready}
+        await self._patch("inferenceservices", ns, name, {"status": status})
 
     emu_url: str = ""
 

@@ -41,9 +41,9 @@ def test_policy_defaults_and_env_settings():
         "PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS": "0",
     }
     assert BoothPolicy.from_settings(env) == BoothPolicy(2, 10, 3, 600, 0)
-    assert policy.shared_server_batch_tokens == 4096  # the shared base server batches by default
-    off = {"PLAYGROUND_BOOTH": "1", "PLAYGROUND_BOOTH_SHARED_SERVER_BATCH_TOKENS": "0"}
-    assert BoothPolicy.from_settings(off).shared_server_batch_tokens == 0  # one request after another
+    assert (policy.max_servers, policy.max_adapters) == (4, 32)  # base servers with adapters on them
+    fewer = {"PLAYGROUND_BOOTH": "1", "PLAYGROUND_BOOTH_MAX_ADAPTERS": "2", "PLAYGROUND_BOOTH_MAX_SERVERS": "3"}
+    assert (BoothPolicy.from_settings(fewer).max_adapters, BoothPolicy.from_settings(fewer).max_servers) == (2, 3)
 
 
 @pytest.mark.parametrize(
@@ -67,8 +67,8 @@ def test_policy_defaults_and_env_settings():
             r"^PLAYGROUND_BOOTH_FINISHED_TTL_SECONDS: -5 is out of range; allowed: an integer >= 0$",
         ),
         (
-            {"PLAYGROUND_BOOTH": "1", "PLAYGROUND_BOOTH_SHARED_SERVER_BATCH_TOKENS": "-1"},
-            r"^PLAYGROUND_BOOTH_SHARED_SERVER_BATCH_TOKENS: -1 is out of range; allowed: an integer >= 0$",
+            {"PLAYGROUND_BOOTH": "1", "PLAYGROUND_BOOTH_MAX_ADAPTERS": "0"},
+            r"^PLAYGROUND_BOOTH_MAX_ADAPTERS: 0 is out of range; allowed: an integer >= 1$",
         ),
     ],
 )
@@ -83,6 +83,8 @@ def test_policy_validates_values_given_in_code():
         BoothPolicy(job_deadline_seconds=0)
     with pytest.raises(UserError, match="max_running_per_owner"):
         BoothPolicy(max_running_per_owner=True)  # a bool is no count
+    with pytest.raises(UserError, match=r"max_adapters \(PLAYGROUND_BOOTH_MAX_ADAPTERS\): 0 is not allowed"):
+        BoothPolicy(max_adapters=0)
     assert booth_enabled({"PLAYGROUND_BOOTH": "Off"}) is False
 
 

@@ -1,173 +1,181 @@
-"""Booth mode's model servers, with real ``transformers serve`` processes over the shared trained tiny model:
-one shared base server for every visitor (answering them in one batch), one fine-tuned server per visitor, the
-machine's cap with least recently used eviction (else a one-line refusal), the idle TTL and gone visitors in the
-facade's cleanup, and the operator's ``playground servers`` / ``unserve --all``.
+"""Booth mode's model servers: the one SmolLM2 base server on vLLM shared by every visitor (each sees it as
+theirs), one fine-tuned model per visitor (a LoRA adapter on that server: serving another unloads the previous one),
+the adapter cap, idle and gone visitors' adapters unloaded by ``stop_idle``, and the operator's ``playground
+servers`` / ``unserve --all``.
 
-Visitors' jobs are copies of the session's trained job (its model and state files, a new id and an owner; the
-base model stays the trained job's), so nothing is trained here. Six servers start in all.
+Visitors' LoRA jobs are random PEFT adapters of SmolLM2 (conftest's ``random_adapters``), loaded onto the run's shared
+base server (``smollm2_base``, which tests/test_serving.py uses too), so nothing is trained and no vLLM server starts
+here. The cap on server processes is engine-independent: it runs on the suite's default engine (``transformers
+serve``) with the session's tiny full fine-tune.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
-import psutil
 import pytest
-from _fixtures import tiny_held_out
+from _fixtures import adapter_job
 
-from playground.backends.local import LocalBackend
 from playground.booth import BoothPolicy, touch_presence
 from playground.cli import main
 from playground.errors import UserError
-from playground.facade import Playground
 from playground.processes import process_alive
 from playground.serving.client import chat
+from playground.serving.local import LocalServers
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # the first test's setup starts the vLLM base server
 
-
-def visitor_job(trained, session_home: Path, home: Path, owner: str, suffix: str) -> str:
-    """A Succeeded job of ``owner`` under ``home``: the trained job's state and model, a new id."""
-    source = session_home / "jobs" / trained.id
-    job_id = f"{trained.id}-{suffix}"
-    target = home / "jobs" / job_id
-    (target / "output").mkdir(parents=True)
-    for name in ("status.json", "train.log"):
-        if (source / name).exists():
-            shutil.copy(source / name, target / name)
-    shutil.copytree(source / "output" / "model", target / "output" / "model")
-    spec = json.loads((source / "spec.json").read_text())
-    spec.update(id=job_id, owner=owner)  # base_model: still the trained job's, the same for every visitor
-    (target / "spec.json").write_text(json.dumps(spec))
-    return job_id
+BOB = "bob-0123456789abcdef"
+IDLE = 3000  # server_idle_seconds here: longer than the run, so only the adapters aged below count as idle
 
 
-def pid_of(backend: Playground, url: str) -> int:
-    return next(int(r["pid"]) for r in backend.servers.records() if r["url"] == url)
+def _loaded(url: str) -> set[str]:
+    return {m["id"] for m in httpx.get(url.rstrip("/") + "/models", timeout=30).json()["data"]}
 
 
-def age_last_use(home: Path, url: str, backend: Playground, seconds: float) -> None:
-    """Make a server's last request ``seconds`` old: its usage file's time, which the server touches per request."""
-    name = next(r["name"] for r in backend.servers.records() if r["url"] == url)
+def _ask(endpoint, prompt: str = "list the pods") -> str:
+    return chat(endpoint, [{"role": "user", "content": prompt}], max_tokens=8, temperature=0.0)
+
+
+def _age(servers: LocalServers, server_name: str, model: str | None, seconds: float) -> None:
+    """Make the last use of ``model`` (None: every model) on server ``server_name`` ``seconds`` old: its usage file,
+    which the server touches at every chat request."""
     when = time.time() - seconds
-    os.utime(home / "servers" / f"{name}.used", (when, when))
+    for path in (servers.dir / f"{server_name}.usage").glob("*.used"):
+        if model is None or path.stem == model:
+            os.utime(path, (when, when))
 
 
-def test_shared_base_one_fine_tuned_per_visitor_cap_idle_and_the_operator_cli(
-    trained_tiny_job, session_home, home, capsys
+def test_visitors_share_the_base_server_with_one_fine_tuned_model_each(
+    shared_base, random_adapters, smollm2_dir, session_home, monkeypatch, capsys
 ):
-    policy = BoothPolicy(
-        max_servers=3, server_evict_idle_seconds=60, server_idle_seconds=600, finished_ttl_seconds=86400
-    )
-    backend = Playground(LocalBackend(home=home, policy=policy))
-    alice1, alice2 = (visitor_job(trained_tiny_job, session_home, home, "alice", s) for s in ("a1", "a2"))
-    bob1 = visitor_job(trained_tiny_job, session_home, home, "bob-0123456789abcdef", "b1")
-    carol1 = visitor_job(trained_tiny_job, session_home, home, "carol", "c1")
-    try:
-        # One base server for every visitor: each sees it as theirs (their job), the operator sees one shared one.
-        base_a = backend.serve(alice1, base=True, owner="alice")
-        base_b = backend.serve(bob1, base=True, owner="bob-0123456789abcdef")
-        assert base_a.url == base_b.url and base_a.shared and (base_a.job_id, base_b.job_id) == (alice1, bob1)
-        shared_pid = pid_of(backend, base_a.url)
-        assert [(e.job_id, e.kind, e.owner) for e in backend.endpoints(owner="alice")] == [(alice1, "base", "alice")]
-        assert [(e.url, e.owner, e.shared) for e in backend.endpoints()] == [(base_a.url, None, True)]
-
-        # It answers concurrent visitors in one batch (continuous batching); its sampling is shared, so it refuses
-        # a request that would change it, in one line naming the field.
-        (shared_record,) = [r for r in backend.servers.records() if r.get("shared")]
-        assert shared_record["batch_tokens"] == policy.shared_server_batch_tokens == 4096
-        assert "--batch-tokens 4096" in " ".join(psutil.Process(shared_pid).cmdline())
-        for extra, field in (({"temperature": 0.7}, "temperature"), ({"stop": ["\n"]}, "stop")):
-            body = {"messages": [{"role": "user", "content": "reverse: kube"}], "max_tokens": 4, **extra}
-            refused_request = httpx.post(f"{base_a.url}/chat/completions", json=body, timeout=30)
-            error = refused_request.json()["error"]
-            assert refused_request.status_code == 400 and error["param"] == field, refused_request.text
-            assert error["message"].startswith(f"{field}: this server answers concurrent requests in one batch")
-        other = httpx.post(f"{base_a.url}/responses", json={"input": "reverse: kube", "temperature": 1.0}, timeout=30)
-        assert other.status_code == 404 and "answers /v1/chat/completions and /v1/completions only" in other.text
-
-        # One fine-tuned server per visitor: serving another job stops the previous one.
-        first = backend.serve(alice1, owner="alice")
-        first_pid = pid_of(backend, first.url)
-        second = backend.serve(alice2, owner="alice")
-        fine_tuned = [e.job_id for e in backend.endpoints(owner="alice") if e.kind == "fine-tuned"]
-        assert not process_alive(first_pid) and fine_tuned == [alice2]
-
-        # Batched, each visitor still gets their own answer: the trained model behind a batching server, asked 6
-        # prompts at once, answers as alice's fine-tuned server (one request after another) does.
-        batched = backend.servers.start(trained_tiny_job.model_dir, name="batched", batch_tokens=512)
-        prompts = [sample.prompt for sample in tiny_held_out(6)]
-        try:
-            with ThreadPoolExecutor(len(prompts)) as pool:
-                together = list(pool.map(lambda p: chat(batched, p, max_tokens=12), prompts))
-            assert together == [chat(second, p, max_tokens=12) for p in prompts] and any(together), together
-        finally:
-            backend.servers.stop("batched")
-        bobs = backend.serve(bob1, owner="bob-0123456789abcdef")  # the third server: the cap
-
-        # At the cap with no server idle long enough: refused in one line, nothing starts.
-        pids = {r["pid"] for r in backend.servers.records()}
-        with pytest.raises(UserError) as refused:
-            backend.serve(carol1, owner="carol")
-        assert str(refused.value) == (
-            "all 3 model servers are busy; try again in a few minutes (PLAYGROUND_BOOTH_MAX_SERVERS)"
+    policy = BoothPolicy(max_adapters=2, server_idle_seconds=IDLE)
+    servers = LocalServers(session_home, policy=policy)
+    alice1, alice2, bob1 = (
+        adapter_job(job_id, path, smollm2_dir, owner=owner)
+        for job_id, path, owner in zip(
+            ("alice-1", "alice-2", "bob-1"), random_adapters, ("alice", "alice", BOB), strict=True
         )
-        assert refused.value.field == "PLAYGROUND_BOOTH_MAX_SERVERS"
-        assert {r["pid"] for r in backend.servers.records()} == pids and backend.endpoints(owner="carol") == []
+    )
+    shared_pid = next(r["pid"] for r in servers.records() if r["url"] == shared_base.url)
 
-        # The operator's view: owner (shortened), kind, idle time, memory and the total.
-        assert main(["servers"]) == 0
-        header, *rows, total = capsys.readouterr().out.splitlines()
-        assert header.split()[:6] == ["NAME", "JOB", "OWNER", "KIND", "IDLE", "MEMORY"]
-        cells = {tuple(row.split()[1:4]) for row in rows}
-        assert cells == {("-", "shared(2)", "base"), (alice2, "alice", "fine-tuned"), (bob1, "bob-0123", "fine-tuned")}
-        sizes = [float(row.split()[5].replace(",", "")) for row in rows]  # MB
-        assert all(50 < size < 2000 for size in sizes), rows
-        assert total.startswith("total: 3 servers, ") and total.endswith(" MB resident")
+    # One base server for every visitor: each sees it as theirs (their job), the operator sees the one shared server.
+    base_a, base_b = servers.serve(alice1, base=True), servers.serve(bob1, base=True)
+    assert base_a.url == base_b.url == shared_base.url and base_a.shared and base_a.kind == "base"
+    assert (base_a.job_id, base_a.owner, base_b.job_id, base_b.owner) == ("alice-1", "alice", "bob-1", BOB)
+    assert [(e.job_id, e.kind, e.owner) for e in servers.endpoints(owner="alice")] == [("alice-1", "base", "alice")]
+    assert [(e.job_id, e.kind, e.owner) for e in servers.endpoints(owner=BOB)] == [("bob-1", "base", BOB)]
 
-        # A chat request is a use (the server touches its usage file); at the cap the least recently used
-        # visitor's server idle long enough makes room for a new one.
-        age_last_use(home, bobs.url, backend, 200)
-        assert chat(bobs, "reverse: kube", max_tokens=4) is not None
-        assert time.time() - (home / "servers" / f"{bobs.name}.used").stat().st_mtime < 30
-        age_last_use(home, second.url, backend, 300)
-        age_last_use(home, bobs.url, backend, 200)
-        carols = backend.serve(carol1, owner="carol")
-        assert not any(e.job_id == alice2 for e in backend.endpoints()) and process_alive(pid_of(backend, bobs.url))
+    # One fine-tuned model per visitor: serving another unloads the previous adapter.
+    first = servers.serve(alice1)
+    assert (first.url, first.model, first.owner) == (shared_base.url, "alice-1", "alice") and "alice-1" in _loaded(
+        shared_base.url
+    )
+    second = servers.serve(alice2)
+    assert "alice-2" in _loaded(shared_base.url) and "alice-1" not in _loaded(shared_base.url)
+    assert [e.job_id for e in servers.endpoints(owner="alice") if e.kind == "fine-tuned"] == ["alice-2"]
+    bobs = servers.serve(bob1)
+    assert {(e.job_id, e.kind) for e in servers.endpoints(owner=BOB)} == {("bob-1", "base"), ("bob-1", "fine-tuned")}
 
-        # A visitor never stops the shared server nor another visitor's: naming the shared one only takes them off it.
-        backend.unserve(base_b.url, owner="bob-0123456789abcdef")
-        assert [e.kind for e in backend.endpoints(owner="bob-0123456789abcdef")] == ["fine-tuned"]
-        assert process_alive(shared_pid) and [e.job_id for e in backend.endpoints(owner="alice")] == [alice1]
-        for target in (base_a.url, carol1, carols.url):
-            with pytest.raises(UserError, match=r"^no local model server matches"):
-                backend.unserve(target, owner="dave")
-        assert process_alive(pid_of(backend, carols.url))
+    # Concurrent visitors, one server: each gets their own model's answer (the same as asked one at a time).
+    alone = [_ask(ep) for ep in (second, bobs, base_a)]
+    with ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(_ask, (second, bobs, base_a)))
+    assert together == alone and len(set(alone)) == 3, alone
 
-        # The facade's cleanup: a server idle past the TTL stops, and so does a gone visitor's (bob's presence
-        # is old); the shared one, used recently, stays, and a gone visitor leaves its user list (alice's
-        # presence is old too).
-        age_last_use(home, carols.url, backend, 700)
-        assert [d.users for d in backend.servers.details() if d.endpoint.shared] == [1]  # alice
-        for visitor in ("bob-0123456789abcdef", "alice"):
-            touch_presence(home, visitor, when=time.time() - policy.visitor_gone_seconds - 60)
-        carol_pid, bob_pid = pid_of(backend, carols.url), pid_of(backend, bobs.url)
-        backend.cleanup()
-        assert [e.url for e in backend.endpoints()] == [base_a.url]
-        assert not process_alive(carol_pid) and not process_alive(bob_pid) and process_alive(shared_pid)
-        assert [d.users for d in backend.servers.details()] == [0]
+    # A visitor never stops the shared server nor another visitor's model: naming the shared one only takes them
+    # off it.
+    for target in (bobs.url, "bob-1", bobs.name):
+        with pytest.raises(UserError, match=r"^no local model server matches"):
+            servers.unserve(target, owner="dave")
+    servers.unserve(shared_base.url, owner=BOB)
+    assert servers.endpoints(owner=BOB) == [] and "bob-1" not in _loaded(shared_base.url)
+    assert process_alive(shared_pid) and "alice-2" in _loaded(shared_base.url)
+    bobs = servers.serve(bob1)  # back on
 
-        # The operator stops everything.
+    # The operator's view: the shared server with its users, its idle time and memory.
+    monkeypatch.setenv("PLAYGROUND_HOME", str(session_home))
+    assert main(["servers"]) == 0
+    header, *rows, total = capsys.readouterr().out.splitlines()
+    assert header.split()[:6] == ["NAME", "JOB", "OWNER", "KIND", "IDLE", "MEMORY"]
+    (base_row,) = [row.split() for row in rows if shared_base.url in row]
+    users = re.fullmatch(r"shared\((\d+)\)", base_row[2])
+    assert (base_row[1], base_row[3]) == ("-", "base") and users and int(users.group(1)) >= 3, base_row
+    assert 100 < float(base_row[5].replace(",", "")) < 20_000, base_row  # MB, every process of the server
+    assert total.startswith("total: ") and total.endswith(" MB resident")
+
+    # stop_idle: an adapter with no chat request for server_idle_seconds is unloaded; a used one and the base
+    # server stay. A gone visitor's adapter and base-side use go too.
+    name = next(r["name"] for r in servers.records() if r["url"] == shared_base.url)
+    assert _ask(bobs) and _ask(base_a)
+    _age(servers, name, "alice-2", IDLE + 100)
+    servers.stop_idle()
+    assert "alice-2" not in _loaded(shared_base.url) and "bob-1" in _loaded(shared_base.url)
+    assert [e.kind for e in servers.endpoints(owner="alice")] == ["base"] and process_alive(shared_pid)
+    touch_presence(session_home, BOB, when=time.time() - policy.visitor_gone_seconds - 60)
+    servers.stop_idle()
+    assert "bob-1" not in _loaded(shared_base.url) and servers.endpoints(owner=BOB) == []
+    assert process_alive(shared_pid) and _ask(base_a)
+    assert [e.job_id for e in servers.endpoints(owner="alice")] == ["alice-1"]
+
+
+def test_the_adapter_cap_in_a_booth_unloads_the_least_recently_used_visitor(
+    shared_base, random_adapters, smollm2_dir, session_home
+):
+    """Two adapters at most: a third visitor's unloads the least recently used one; its visitor's next serve (the
+    chat panel's, before a chat) loads it again."""
+    servers = LocalServers(session_home, policy=BoothPolicy(max_adapters=2))
+    jobs = [adapter_job(f"visitor-{i}-job", path, smollm2_dir, owner=f"visitor-{i}") for i, path in
+            enumerate(random_adapters)]  # fmt: skip
+    first, second = servers.serve(jobs[0]), servers.serve(jobs[1])
+    assert _ask(first) and _ask(second)  # the second is the most recently used
+    name = next(r["name"] for r in servers.records() if r["url"] == shared_base.url)
+    _age(servers, name, first.model, 60)
+    servers.serve(jobs[2])
+    assert {"visitor-1-job", "visitor-2-job"} <= _loaded(shared_base.url) and "visitor-0-job" not in _loaded(
+        shared_base.url
+    )
+    assert servers.endpoints(owner="visitor-0") == []
+    again = servers.serve(jobs[0])
+    assert again == first and _ask(again) and "visitor-0-job" in _loaded(shared_base.url)
+
+
+def test_the_server_cap_and_the_operators_unserve_all(trained_tiny_job, tmp_path, monkeypatch, capsys):
+    """Full fine-tunes get servers of their own (here on ``transformers serve``): at ``max_servers`` a new one is
+    refused in one line unless a visitor's server is idle long enough to make room; ``playground unserve --all``
+    stops everything."""
+    home = tmp_path / "home"
+    policy = BoothPolicy(max_servers=1, server_evict_idle_seconds=60)
+    servers = LocalServers(home, policy=policy)
+    alice, carol = (
+        adapter_job(f"{owner}-full", trained_tiny_job.model_dir, trained_tiny_job.base_model or "", owner=owner)
+        for owner in ("alice", "carol")
+    )
+    try:
+        alices = servers.serve(alice)
+        assert chat(alices, "reverse: kube", max_tokens=12) == "ebuk"
+        alice_pid = next(r["pid"] for r in servers.records())
+        with pytest.raises(UserError) as refused:
+            servers.serve(carol)
+        assert str(refused.value) == (
+            "all 1 model servers are busy; try again in a few minutes (PLAYGROUND_BOOTH_MAX_SERVERS)"
+        )
+        assert [r["pid"] for r in servers.records()] == [alice_pid] and servers.endpoints(owner="carol") == []
+        _age(servers, alices.name, None, 120)
+        carols = servers.serve(carol)
+        carol_pid = next(r["pid"] for r in servers.records())
+        assert not process_alive(alice_pid) and [e.job_id for e in servers.endpoints()] == ["carol-full"]
+
+        monkeypatch.setenv("PLAYGROUND_HOME", str(home))
         assert main(["unserve", "--all"]) == 0
-        assert capsys.readouterr().out == f"stopped base server {base_a.name} ({base_a.url})\n"
-        assert backend.endpoints() == [] and not process_alive(shared_pid)
+        assert capsys.readouterr().out == f"stopped fine-tuned server {carols.name} ({carols.url})\n"
+        assert servers.endpoints() == []
         assert main(["unserve"]) == 2
         assert "give a URL, server name or job id, or --all" in capsys.readouterr().err
+        assert not (home / "servers" / f"{alices.name}.json").exists() and not process_alive(carol_pid)
     finally:
-        backend.servers.stop_all()
+        servers.stop_all()

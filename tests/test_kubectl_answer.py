@@ -1,11 +1,11 @@
-"""The namespace the request says, added to a bare kubectl answer that has none (playground/kubectl_answer.py)."""
+"""The namespace the request says, added to a bare kubectl answer that has none (playground/kubectl/answer.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from playground.kubectl_answer import added_namespace, complete
-from playground.kubectl_guard import check
+from playground.kubectl.answer import added_namespace, complete
+from playground.kubectl.guard import check
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from playground.kubectl_guard import REFUSAL, check, guard
+from playground.kubectl.guard import REFUSAL, check, guard
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from playground.kubectl_request import VOCABULARY, normalize
+from playground.kubectl.request import VOCABULARY, normalize
 
 
 @pytest.mark.parametrize(

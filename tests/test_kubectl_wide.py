@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from playground.blueprints import get_blueprint
-from playground.kubectl_guard import _object  # the object a command changes
-from playground.train import data, kubectl_wide
+from playground.kubectl import core
+from playground.kubectl import wide as kubectl_wide
+from playground.kubectl.guard import _object  # the object a command changes
+from playground.kubectl.reward import KIND_ALIASES as KINDS
+from playground.kubectl.reward import changes_unasked, parse, score
 from playground.train.data import synthetic_splits
-from playground.train.kubectl_reward import _KINDS as KINDS
-from playground.train.kubectl_reward import changes_unasked, parse, score
 
 REPO = Path(__file__).resolve().parents[1]
 VISITOR_SET = REPO / "benchmarks" / "data" / "visitor_requests.jsonl"
@@ -130,14 +131,14 @@ def test_the_wide_task_mixes_typos_word_orders_and_refusals(generated) -> None:
 def _known_words() -> set[str]:
     text = json.dumps([kubectl_wide.EXTRA_PHRASINGS, kubectl_wide.EXTRA_OPS, kubectl_wide.UNSUPPORTED,
                        kubectl_wide.REASONS, kubectl_wide.ANY_REASON])  # fmt: skip
-    text += json.dumps([data._KUBECTL_OPS, data._IN_NAMESPACE, data._WRAPPERS, kubectl_wide.WIDE_WRAPPERS,
+    text += json.dumps([core.OPERATIONS, core.IN_NAMESPACE, core.WRAPPERS, kubectl_wide.WIDE_WRAPPERS,
                         kubectl_wide._NS_FIRST])  # fmt: skip
     return set(_normal(re.sub(r"\{\w+\}", " ", text)).split())
 
 
 def _names() -> set[str]:
-    values = [*data._APPS[False], *data._APPS[True], *data._NAMESPACES[False], *data._NAMESPACES[True],
-              *data._NODE_POOLS[False], *data._NODE_POOLS[True], *data._KINDS, *data._KIND, *map(str, data._TAGS),
+    values = [*core.APPS[False], *core.APPS[True], *core.NAMESPACES[False], *core.NAMESPACES[True],
+              *core.NODE_POOLS[False], *core.NODE_POOLS[True], *core.KINDS, *core.KIND, *map(str, core.TAGS),
               *kubectl_wide._USERS, *kubectl_wide._LABEL_KEYS[False], *kubectl_wide._LABEL_KEYS[True],
               *kubectl_wide._LABEL_VALUES[False], *kubectl_wide._LABEL_VALUES[True], "yaml", "yml", "manifest",
               "deployment", "service", "k8s", "deploy", "manifests", "config", "secret"]  # fmt: skip
@@ -148,7 +149,7 @@ def test_refusals_say_a_namespace_where_supported_requests_would_and_never_answe
     """A namespace said is no sign that a request is supported: an unsupported request that names a namespaced object
     (and no node, cluster or namespace of its own) says one as often as a supported request may (models trained
     without such refusals refused "restart the api deployment"); the answer stays the refusal, without ``-n``."""
-    namespaces = {*data._NAMESPACES[False], *data._NAMESPACES[True]}
+    namespaces = {*core.NAMESPACES[False], *core.NAMESPACES[True]}
 
     def says_namespace(prompt: str) -> bool:
         return bool(namespaces & set(re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", prompt.lower())))
@@ -187,9 +188,7 @@ def _reason_pattern(reason: str) -> re.Pattern:
 def test_a_reason_fraction_says_why_and_the_why_never_changes_the_command() -> None:
     """With ``reason_fraction``, a request "drain gpu-7 so we can reboot it" is a drain: a reason names other verbs
     (reboot, upgrade, crash) but the command is the request's. The held-out set (the 3-minute bar's) has none."""
-    from playground.train.data import _KUBECTL_OPS
-
-    templates = {command for command, *_ in kubectl_wide.wide_ops(_KUBECTL_OPS)}
+    templates = {command for command, *_ in kubectl_wide.wide_ops(core.OPERATIONS)}
     assert set(kubectl_wide.REASONS) <= templates  # a misspelt key would never be used
     options = {**WIDE, "general_fraction": 0.0, "reason_fraction": 0.2}
     train, held = synthetic_splits("kubectl", options, num_train=4000, num_eval=300, seed=3)

@@ -19,6 +19,7 @@ from conftest import SHARED_DIR as SHARED
 
 from playground.api import DEFAULT_BLUEPRINT, make_request
 from playground.backends.kubernetes import manifests as m
+from playground.backends.kubernetes import trainjob as tj
 from playground.backends.ray import rayjob as rj
 from playground.backends.ray.kuberay import KubeRayBackend
 from playground.blueprints import get_blueprint
@@ -130,7 +131,7 @@ def test_rayjob_matches_the_kuberay_crds_and_runs_the_trainjobs_trainer(schemas,
     assert float(options["--cpus-per-worker"]) == float(res.cpu) / max(1, res.gpus_per_node)
     assert options["--storage"].startswith(m.WORKSPACE + "/")
     request = make_request(blueprint_id, labels={"session": "s1"}, owner="alice")
-    trainjob = m.build_trainjob(m.plan_trainjob(blueprint, request, m.ClusterOptions(namespace=NS), plan.name))
+    trainjob = tj.build_trainjob(tj.plan_trainjob(blueprint, request, m.ClusterOptions(namespace=NS), plan.name))
     assert trainer_args == trainjob["spec"]["trainer"]["args"]
     assert trainer_args[trainer_args.index("--output") + 1] == m.OUTPUT_DIR
 

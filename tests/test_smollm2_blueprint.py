@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from playground.api import DEFAULT_BLUEPRINT, blueprints, make_request
+from playground.api import DEFAULT_BLUEPRINT, blueprints
 from playground.blueprints import get_blueprint
-from playground.events import JobPhase, Metric, Progress
+from playground.events import Metric, Progress
 
 pytestmark = pytest.mark.slow
 # Enough for the held-out metric to rise well above the base model's (the wide task: new operations, typos and
 # refusals, so more steps than the core task's 30); the default (240 steps) is the bar: benchmarks/README.md. On the
 # generator of 2026-11-28 (evening) 40 steps answered 1 of these 10 held-out requests exactly, 60 steps 5 (49 s).
 STEPS = 60
-# 10 held-out requests: the SmolLM2 notebook's (test_notebooks.py), so the base model's figure is known by then
+# 10 held-out requests: the SmolLM2 notebook's (test_notebooks.py), so the base model's figure is known by then;
+# what conftest.py's session fixture smollm2_job trains (SMOLLM2_QUICK)
 QUICK = {"max_steps": STEPS, "num_eval_examples": 10, "log_every": 5}
 N_BASE = 6  # held-out requests asked of the served base model
 MAX_TOKENS = 24  # the longest command is ~20 tokens
@@ -61,17 +62,14 @@ def test_the_headless_bar_is_one_a_working_run_meets() -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path):
-    """(backend, job, events): the default blueprint trained once through the local backend."""
+def trained(smollm2_job):
+    """(backend, job, events): the default blueprint trained once for the run through the local backend (the
+    session's ``smollm2_job``, which tests/test_serving.py serves on vLLM too)."""
     from playground.backends.local import LocalBackend
     from playground.facade import Playground
 
-    backend = Playground(LocalBackend(home=tmp_path_factory.mktemp("smollm2-home")))  # jobs with their servers
-    job = backend.submit(make_request(DEFAULT_BLUEPRINT, QUICK))
-    events = list(backend.events(job.id, follow=True))
-    job = backend.get(job.id)
-    assert job.phase == JobPhase.SUCCEEDED, f"{job.phase}: {job.message}\n" + "\n".join(job.log_tail)
-    return backend, job, events
+    home, job, events = smollm2_job
+    return Playground(LocalBackend(home=home)), job, events  # jobs with their servers
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +165,8 @@ def test_the_chat_panel_holds_back_a_change_the_request_did_not_ask_for(served) 
     """Requests that ask about a change, or for one the task does not support, answered by the real fine-tuned
     model: where its raw answer is a cluster-changing command, the chat panel shows the refusal and why (the
     blueprint's ``serving.guard: kubectl``); a change that was asked for is shown as the model gave it."""
-    from playground.kubectl_guard import REFUSAL, guard
-    from playground.train.kubectl_reward import extract
+    from playground.kubectl.guard import REFUSAL, guard
+    from playground.kubectl.reward import extract
     from widgets.chat import ChatPanel
 
     blueprint = get_blueprint(DEFAULT_BLUEPRINT)
@@ -197,7 +195,7 @@ def test_the_chat_panel_holds_back_a_change_the_request_did_not_ask_for(served) 
 def test_the_chat_panel_asks_the_models_the_request_with_its_typos_read(served) -> None:
     """A mistyped kubectl word and a typed ``-n`` (the blueprint's ``serving.normalize: kubectl``): the real server
     is asked the reading, which the panel shows under the question; the guard judges the words as typed."""
-    from playground.kubectl_guard import guard
+    from playground.kubectl.guard import guard
     from widgets.chat import ChatPanel
 
     blueprint = get_blueprint(DEFAULT_BLUEPRINT)
@@ -221,8 +219,8 @@ def test_the_chat_panel_adds_the_namespace_the_request_says(served) -> None:
     """Requests that say a namespace, answered by the real fine-tuned model through the panel (the blueprint's
     ``serving.complete: kubectl``): a bare command without a namespace gets the one the request says, and the panel
     says so under the answer; a command that has one, or a request that says none, is shown as the model gave it."""
-    from playground.kubectl_answer import added_namespace, complete
-    from playground.kubectl_guard import guard
+    from playground.kubectl.answer import added_namespace, complete
+    from playground.kubectl.guard import guard
     from widgets.chat import ChatPanel
 
     blueprint = get_blueprint(DEFAULT_BLUEPRINT)
@@ -290,10 +288,12 @@ def test_plan_predicts_the_measured_smollm2_run(trained, tmp_path: Path) -> None
 
 
 def test_same_answers_on_transformers_4_and_5(trained, smollm2_dir: Path, tf4_env, tmp_path: Path) -> None:
-    """The fine-tuned ``model/`` and the converted package model answer the examples of every blueprint SmolLM2
-    stands in for and held-out requests token for token alike on transformers 5.x (in-process) and 4.57.x (KServe's
-    images; loaded as KServe loads it). The converted model as transformers 5 alone writes it (RoPE base 100000
-    only in ``rope_parameters``) does not: the check catches what issue 26 found."""
+    """The fine-tuned model (the job's LoRA adapter merged, as ``playground export --merged`` writes it) and the
+    converted package model answer the examples of every blueprint SmolLM2 stands in for and held-out requests token
+    for token alike on transformers 5.x (in-process) and 4.57.x (KServe's images; loaded as KServe loads it). The
+    converted model as transformers 5 alone writes it (RoPE base 100000 only in ``rope_parameters``) does not: the
+    check catches what issue 26 found."""
+    from playground.models.adapters import merge_adapter
     from playground.models.fidelity import first_difference, greedy_answers, identical_count
     from playground.models.kserve_load import answer_all
     from playground.models.portable import portability_problems
@@ -304,7 +304,8 @@ def test_same_answers_on_transformers_4_and_5(trained, smollm2_dir: Path, tf4_en
     examples = list(dict.fromkeys(ex.prompt for bar in bars for ex in get_blueprint(bar).examples))
     _, held_out = synthetic_splits("kubectl", {}, num_train=0, num_eval=3, seed=0)
     prompts = examples + [sample.prompt for sample in held_out]
-    models = [{"dir": str(d), "prompts": prompts} for d in (Path(job.model_dir).resolve(), smollm2_dir)]
+    merged = merge_adapter(job.model_dir, job.base_model, tmp_path / "merged")
+    models = [{"dir": str(d), "prompts": prompts} for d in (merged, smollm2_dir)]
     for model in models:
         assert portability_problems(model["dir"]) == [], model["dir"]
         config = json.loads((Path(model["dir"]) / "config.json").read_text())

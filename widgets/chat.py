@@ -57,10 +57,10 @@ class Turn:
     seconds: float | None = None
     tokens: int | None = None  # completion tokens the server reported
     truncated: bool = False  # the server stopped at max_tokens (finish_reason "length")
-    held_back: str = ""  # why the guard replaced the model's answer (playground/kubectl_guard.py)
+    held_back: str = ""  # why the guard replaced the model's answer (playground/kubectl/guard.py)
     guarded: bool = False  # a command is shown only once the guard has seen all of it
-    reading: str = ""  # what the models are asked where it differs from the prompt (playground/kubectl_request.py)
-    added_namespace: str = ""  # the namespace added to the answer from the request (playground/kubectl_answer.py)
+    reading: str = ""  # what the models are asked where it differs from the prompt (playground/kubectl/request.py)
+    added_namespace: str = ""  # the namespace added to the answer from the request (playground/kubectl/answer.py)
 
     @property
     def correct(self) -> bool | None:
@@ -162,6 +162,8 @@ class ChatPanel(ipw.VBox):
         self.transcripts = {side: Transcript() for side in SIDES}
         self.expected = {ex.prompt: ex.expected for ex in blueprint.examples}
         self.on_change = on_change
+        # serves a side again (its adapter was unloaded to make room for others'): set by the ServePanel
+        self.reserve: Callable[[str], Endpoint] | None = None
         self._threads: list[threading.Thread] = []
         self._asking = ""  # the question being answered
         self._echo = False
@@ -255,7 +257,7 @@ class ChatPanel(ipw.VBox):
             self._echo = False
         reading = ""
         if self.blueprint.serving.normalize == "kubectl":
-            from playground.kubectl_request import normalize
+            from playground.kubectl.request import normalize
 
             reading = normalize(prompt)
             reading = "" if reading == prompt else reading
@@ -308,20 +310,35 @@ class ChatPanel(ipw.VBox):
         with self._render_lock:
             self.dialogue.value = dialogue_html(self.transcripts)
 
-    def _stream(self, side: str, endpoint: Endpoint, turn: Turn) -> None:
+    def _open_stream(self, side: str, endpoint: Endpoint, turn: Turn) -> Any:
+        """The answer's token stream; an adapter unloaded meanwhile (least recently used, at the cap) is served again
+        once (well under a second) and asked again."""
+        from playground.errors import UserError
         from playground.serving.client import chat
 
-        start = time.monotonic()
-        last = 0.0
-        self._refresh(side)
-        try:
-            stream = chat(
-                endpoint,
+        def ask(target: Endpoint) -> Any:
+            return chat(
+                target,
                 [{"role": "user", "content": turn.reading or turn.prompt}],
                 stream=True,
                 max_tokens=self.blueprint.serving.max_new_tokens,
                 temperature=self.blueprint.serving.temperature,
             )
+
+        try:
+            return ask(endpoint)
+        except UserError as exc:
+            if self.reserve is None or "does not exist" not in str(exc):
+                raise
+        self.endpoints[side] = endpoint = self.reserve(side)
+        return ask(endpoint)
+
+    def _stream(self, side: str, endpoint: Endpoint, turn: Turn) -> None:
+        start = time.monotonic()
+        last = 0.0
+        self._refresh(side)
+        try:
+            stream = self._open_stream(side, endpoint, turn)
             for chunk in stream:
                 turn.answer += chunk
                 now = time.monotonic()
@@ -331,12 +348,12 @@ class ChatPanel(ipw.VBox):
             turn.tokens = getattr(stream, "completion_tokens", None)
             turn.truncated = getattr(stream, "finish_reason", None) == "length"
             if self.blueprint.serving.complete == "kubectl" and not turn.truncated:  # a cut answer: not completed
-                from playground.kubectl_answer import added_namespace, with_namespace
+                from playground.kubectl.answer import added_namespace, with_namespace
 
                 namespace = added_namespace(turn.prompt, turn.answer)
                 turn.answer, turn.added_namespace = with_namespace(turn.answer, namespace), namespace or ""
             if self.blueprint.serving.guard == "kubectl":
-                from playground.kubectl_guard import REFUSAL, check
+                from playground.kubectl.guard import REFUSAL, check
 
                 verdict = check(turn.prompt, turn.answer)
                 if not verdict.allowed:
@@ -383,6 +400,8 @@ class ServePanel(ipw.VBox):
         self.operator = operator
         self.chat = chat
         self.on_ready = on_ready
+        if chat is not None:
+            chat.reserve = lambda side: self.backend.serve(self.job.id, base=side == "base", owner=self.owner)
         self.endpoints: dict[str, Endpoint] = {}
         self.error = ""
         self._thread: threading.Thread | None = None

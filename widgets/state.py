@@ -469,7 +469,7 @@ def metric_rows(metrics: Mapping[str, float], *, operator: bool = False) -> list
 
 def local_gpu_count() -> int:
     """GPUs on this machine, found by the local backend without importing torch."""
-    from playground.backends.local.gpus import detect_gpus
+    from playground.backends.gpus import detect_gpus
 
     return detect_gpus()
 

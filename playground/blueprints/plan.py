@@ -45,6 +45,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -686,90 +687,84 @@ def on_machine(backend: str) -> str:
     return "local" if backend == "ray" and not os.environ.get("RAY_ADDRESS") else backend
 
 
-def make_plan(
+def _devices(blueprint: Blueprint, backend: str, gpus: int | None) -> tuple[str, int, str | None]:
+    """(device, trainer processes, a note) for ``blueprint`` on ``backend``: on the local backend, as many processes
+    as this machine has GPUs for it (``gpus``: that count, else detected)."""
+    device = "gpu" if blueprint.needs_gpu else "cpu"
+    gpu_count = blueprint.resources.gpus_per_node * blueprint.resources.nodes
+    if backend != "local":
+        return device, max(1, gpu_count), None
+    from playground.backends.gpus import detect_gpus
+
+    have = detect_gpus() if gpus is None else gpus
+    processes = max(1, min(have, gpu_count) if have else gpu_count) if device == "gpu" else 1
+    note = None
+    if blueprint.needs_gpu and not have:
+        note = f"this machine has no GPU: planned for the blueprint's {gpu_count} GPU(s)"
+    return device, processes, note
+
+
+def _tokens(
     blueprint: Blueprint,
     params: dict[str, Any],
+    setting: Any,
+    source: str,
     *,
-    model_source: str | None = None,
-    dataset_source: str | None = None,
-    backend: str = "local",
-    gpus: int | None = None,
-    home: Path | None = None,
-    load: MachineLoad | None = None,
-) -> Plan:
-    """Predict memory per device, fit and time for training ``blueprint`` with ``params`` (validated); a CPU run's
-    time under ``load`` (default: this machine's now, :func:`machine_load`)."""
-    from playground.train.flops import FlopCounter
-    from playground.train.settings import resolve_setting
-
-    def setting(name: str) -> Any:
-        return resolve_setting(blueprint, params, name)
-
-    source = model_source or blueprint.model.source
-    arch = resolve_architecture(blueprint, model_source)
-    backend = on_machine(backend)
-    backend_note = None
-    gpu_count = blueprint.resources.gpus_per_node * blueprint.resources.nodes
-    if backend == "local":
-        from playground.backends.local.gpus import detect_gpus
-
-        have = detect_gpus() if gpus is None else gpus
-        device = "gpu" if blueprint.needs_gpu else "cpu"
-        processes = max(1, min(have, gpu_count) if have else gpu_count) if device == "gpu" else 1
-        if blueprint.needs_gpu and not have:
-            backend_note = f"this machine has no GPU: planned for the blueprint's {gpu_count} GPU(s)"
-    else:
-        device = "gpu" if blueprint.needs_gpu else "cpu"
-        processes = max(1, gpu_count)
-    dtype, wbytes = _dtype(device, source)
-    n_params = arch.parameters
-    trainable = trainable_parameters(arch, blueprint, params)
-    lora = blueprint.method.kind == "lora"
-    tbytes = 4 if lora else wbytes  # peft keeps adapters in fp32
-
-    batch_size, accum = int(setting("batch_size")), int(setting("gradient_accumulation_steps") or 1)
-    global_batch = batch_size * accum
-    micro_batch = max(1, global_batch // (processes * accum)) if processes > 1 else batch_size
+    dataset_source: str | None,
+    micro_batch: int,
+    cpu_bf16: bool,
+    widths: list[MeasuredRun],
+) -> tuple[float, str, int]:
+    """(tokens per example, where that number comes from, the bf16 row shapes a CPU run meets): the examples'
+    widths through the chat template, else an earlier run's padded width, else max_seq_length."""
     max_steps, max_seq = int(setting("max_steps")), int(setting("max_seq_length"))
-    runs = measured_runs(home)
-    same = [r for r in runs if r.blueprint_id == blueprint.id and r.device == device]
-    same_model = [r for r in same if not model_source or r.model_source == str(model_source)] or same
-    widths = [r for r in same_model if r.mean_padded_width]
+    accum = int(setting("gradient_accumulation_steps") or 1)
     lengths = example_lengths(blueprint, params, source, dataset_source=dataset_source)
-    cpu_bf16 = device == "cpu" and bool(setting("cpu_bf16")) and cpu_has_bf16_flags()
-    bf16_shapes = 0
     if lengths:
         from playground.train.perf import CPU_BF16_WIDTH_MULTIPLE  # torch-free at import
 
         multiple = CPU_BF16_WIDTH_MULTIPLE if cpu_bf16 else 1
         packing = bool(setting("packing"))
         positions, rows = micro_batch_positions(lengths, micro_batch, max_seq, multiple=multiple, packing=packing)
-        tokens_per_example = sum(positions) / len(positions) / rows
-        if cpu_bf16:  # oneDNN's bf16 matmuls: one set per row shape the run meets
-            bf16_shapes = len(set(positions[: max_steps * accum]))
-        tokenizer_known = _tokenizer_known(blueprint, source)
-        how = "the tokenizer" if tokenizer_known else f"~{CHARS_PER_TOKEN:g} characters per token"
-        tokens_basis = (
-            f"{'packed' if packing else 'padded'} width of {len(lengths)} examples through the chat template and {how}"
-        )
-    elif widths and widths[0].micro_batch_size == micro_batch:
-        tokens_per_example = min(float(widths[0].mean_padded_width or max_seq), max_seq)
-        tokens_basis = "padded width measured by an earlier run"
-    else:
-        tokens_per_example, tokens_basis = float(max_seq), "max_seq_length: an upper bound until a run is measured"
+        bf16_shapes = len(set(positions[: max_steps * accum])) if cpu_bf16 else 0  # oneDNN: a matmul set per shape
+        how = "the tokenizer" if _tokenizer_known(blueprint, source) else f"~{CHARS_PER_TOKEN:g} characters per token"
+        width = "packed" if packing else "padded"
+        basis = f"{width} width of {len(lengths)} examples through the chat template and {how}"
+        return sum(positions) / len(positions) / rows, basis, bf16_shapes
+    if widths and widths[0].micro_batch_size == micro_batch:
+        return min(float(widths[0].mean_padded_width or max_seq), max_seq), "padded width measured by an earlier run", 0
+    return float(max_seq), "max_seq_length: an upper bound until a run is measured", 0
 
-    capacity, capacity_basis = _device_capacity(device, blueprint, backend)
+
+def _memory(
+    arch: Architecture,
+    blueprint: Blueprint,
+    setting: Any,
+    *,
+    device: str,
+    processes: int,
+    weight_bytes: int,
+    trainable: int,
+    sequences: float,
+    bf16_shapes: int,
+    capacity: int,
+    micro_batch: int,
+    tokens_per_example: float,
+    runs: list[MeasuredRun],
+) -> tuple[Memory, str, str]:
+    """(memory per device, where its framework share comes from, the distributed strategy): the model's terms,
+    with the framework share (and the activations' scale) fitted to this blueprint's measured runs."""
     from playground.runs.settings import tracking_enabled
 
+    lora = blueprint.method.kind == "lora"
+    tbytes = 4 if lora else weight_bytes  # peft keeps adapters in fp32
     framework = CUDA_CONTEXT_BYTES if device == "gpu" else FRAMEWORK_BYTES
     framework += TRACKING_BYTES if tracking_enabled() else 0
-    pretrained = not source.startswith("scratch://")
-    weights = n_params * wbytes + bf16_shapes * CPU_BF16_BYTES_PER_SHAPE
+    weights = arch.parameters * weight_bytes + bf16_shapes * CPU_BF16_BYTES_PER_SHAPE
     replicated = weights + trainable * tbytes * 3
     strategy = _strategy(str(setting("distributed") or "auto"), processes, replicated, capacity)
     shard = processes if strategy == "fsdp" else 1
     targets = tuple(blueprint.method.target_modules) if lora else ()
-    work, sequences, objective_note = objective_work(blueprint, setting)
     activations = sequences * activation_bytes(
         arch, micro_batch, tokens_per_example, 2 if device == "gpu" else 4, targets
     )
@@ -786,7 +781,7 @@ def make_plan(
     value_bytes = 2 if device == "gpu" else 4
     measured = [
         (activation_bytes(arch, r.micro_batch_size, r.mean_padded_width, value_bytes, targets), r)
-        for r in same_model
+        for r in runs
         if r.peak_memory_bytes and r.micro_batch_size and r.mean_padded_width and r.world_size == processes
     ]
     line = _fit_line([(a, float(r.peak_memory_bytes or 0)) for a, r in measured])
@@ -794,58 +789,125 @@ def make_plan(
         fixed, slope = line
         memory.activations = int(slope * memory.activations)
         memory.framework = max(int(0.2 * GiB), int(fixed - (memory.total - memory.framework - memory.activations)))
-        memory_basis = "fitted to runs " + ", ".join(r.job_id for _, r in measured)
-    elif measured:
+        return memory, "fitted to runs " + ", ".join(r.job_id for _, r in measured), strategy
+    if measured:
         # What this machine's trainer process holds besides the model terms, as that run measured it.
         run_activations, run = min(measured, key=lambda pair: abs(pair[0] - memory.activations))
         modelled = memory.total - memory.framework - memory.activations + run_activations
         memory.framework = max(int(0.2 * GiB), int((run.peak_memory_bytes or 0) - modelled))
-        memory_basis = f"framework share measured by run {run.job_id}"
+        return memory, f"framework share measured by run {run.job_id}", strategy
+    return memory, "framework share stated (measured on the 0.8M-parameter model)", strategy
+
+
+def _idle_step_seconds(
+    flops: Any,
+    step_flops: float,
+    timed: list[MeasuredRun],
+    runs: list[MeasuredRun],
+    *,
+    device: str,
+    processes: int,
+    compute: str,
+    global_batch: int,
+) -> tuple[float, str, bool]:
+    """(seconds per step on an idle machine, where that comes from, whether it is an estimate without a measured
+    run of this blueprint): fitted to this blueprint's runs, else scaled from one, else FLOPs at a measured or
+    stated rate."""
+    fit = _fit_step_time(timed, flops)
+    if fit is not None:  # seconds per step on an idle machine: each run's less the load it ran under
+        fixed, per_flop, used = fit
+        names = ", ".join(r.job_id for r in used)
+        basis = f"measured: {fixed:.3f} s + FLOPs / {1 / per_flop:.2e} per s per step, fitted to runs {names}"
+        return fixed + per_flop * step_flops, basis, False
+    if timed:
+        run = timed[0]
+        basis_flops = _run_step_flops(run, flops)
+        scale = step_flops / basis_flops if basis_flops else global_batch / run.global_batch
+        basis = f"measured: run {run.job_id} of this blueprint ({run.seconds_per_step:.2f} s/step), "
+        basis += "scaled by FLOPs per step"
+        return run.idle_seconds_per_step * scale, basis, False
+    measured = next((r for r in runs if r.device == device and r.compute_dtype == compute and r.flops_per_second), None)
+    if measured is not None:
+        rate = (measured.flops_per_second or 0.0) * measured.load_factor * (processes / measured.world_size)
+        basis = f"FLOPs at the FLOP/s run {measured.job_id} reached here ({measured.flops_per_second:.2e}/s)"
     else:
-        memory_basis = "framework share stated (measured on the 0.8M-parameter model)"
-    fits = memory.total <= capacity
-    advice = None if fits else _advice(memory, capacity, blueprint, params, micro_batch, processes, strategy)
+        rate, basis = _stated_throughput(device, processes)
+        if device == "cpu" and compute == "bfloat16":
+            rate *= CPU_BF16_SPEEDUP
+            basis += f", × {CPU_BF16_SPEEDUP:g} for bf16 (cpu_bf16, measured on SmolLM2 LoRA)"
+    return step_flops / rate, basis, True
+
+
+def _flop_counter(arch: Architecture, trainable: int, lora: bool) -> tuple[Any, int]:
+    """The step's FLOP counter (LoRA: the base's matmuls frozen, the adapters trained) and the base's matmul
+    parameters (the lm_head's included)."""
+    from playground.train.flops import FlopCounter
 
     base_matmul = arch.layer_matmul_params() * arch.layers + arch.vocab_size * arch.hidden_size  # + the lm_head
-    flops = FlopCounter(
+    counter = FlopCounter(
         trainable_matmul_params=trainable if lora else base_matmul,
         frozen_matmul_params=base_matmul if lora else 0,
         layers=arch.layers,
         attention_width=arch.q_width,
     )
+    return counter, base_matmul
+
+
+def make_plan(
+    blueprint: Blueprint,
+    params: dict[str, Any],
+    *,
+    model_source: str | None = None,
+    dataset_source: str | None = None,
+    backend: str = "local",
+    gpus: int | None = None,
+    home: Path | None = None,
+    load: MachineLoad | None = None,
+) -> Plan:
+    """Predict memory per device, fit and time for training ``blueprint`` with ``params`` (validated); a CPU run's
+    time under ``load`` (default: this machine's now, :func:`machine_load`)."""
+    from playground.train.settings import resolve_setting
+
+    setting = partial(resolve_setting, blueprint, params)
+    source = model_source or blueprint.model.source
+    arch = resolve_architecture(blueprint, model_source)
+    backend = on_machine(backend)
+    device, processes, backend_note = _devices(blueprint, backend, gpus)
+    dtype, wbytes = _dtype(device, source)
+    n_params = arch.parameters
+    trainable = trainable_parameters(arch, blueprint, params)
+    lora = blueprint.method.kind == "lora"
+    batch_size, accum = int(setting("batch_size")), int(setting("gradient_accumulation_steps") or 1)
+    global_batch = batch_size * accum
+    micro_batch = max(1, global_batch // (processes * accum)) if processes > 1 else batch_size
+    runs = measured_runs(home)
+    same = [r for r in runs if r.blueprint_id == blueprint.id and r.device == device]
+    same_model = [r for r in same if not model_source or r.model_source == str(model_source)] or same
+    cpu_bf16 = device == "cpu" and bool(setting("cpu_bf16")) and cpu_has_bf16_flags()
+    tokens_per_example, tokens_basis, bf16_shapes = _tokens(
+        blueprint, params, setting, source, dataset_source=dataset_source, micro_batch=micro_batch,
+        cpu_bf16=cpu_bf16, widths=[r for r in same_model if r.mean_padded_width],
+    )  # fmt: skip
+    capacity, capacity_basis = _device_capacity(device, blueprint, backend)
+    work, sequences, objective_note = objective_work(blueprint, setting)
+    memory, memory_basis, strategy = _memory(
+        arch, blueprint, setting, device=device, processes=processes, weight_bytes=wbytes, trainable=trainable,
+        sequences=sequences, bf16_shapes=bf16_shapes, capacity=capacity, micro_batch=micro_batch,
+        tokens_per_example=tokens_per_example, runs=same_model,
+    )  # fmt: skip
+    fits = memory.total <= capacity
+    advice = None if fits else _advice(memory, capacity, blueprint, params, micro_batch, processes, strategy)
+
+    flops, base_matmul = _flop_counter(arch, trainable, lora)
     step_flops = flops.batch(int(global_batch * tokens_per_example), int(global_batch * tokens_per_example**2))
     step_flops *= work
     notes: list[str] = [note for note in (backend_note, objective_note) if note]
     timed = [r for r in same_model if r.world_size == processes]
-    fit = _fit_step_time(timed, flops)
-    if fit is not None:  # seconds per step on an idle machine: each run's less the load it ran under
-        fixed, per_flop, used = fit
-        seconds_per_step = fixed + per_flop * step_flops
-        names = ", ".join(r.job_id for r in used)
-        time_basis = f"measured: {fixed:.3f} s + FLOPs / {1 / per_flop:.2e} per s per step, fitted to runs {names}"
-    elif timed:
-        basis_run = timed[0]
-        basis_flops = _run_step_flops(basis_run, flops)
-        scale = step_flops / basis_flops if basis_flops else global_batch / basis_run.global_batch
-        seconds_per_step = basis_run.idle_seconds_per_step * scale
-        time_basis = (
-            f"measured: run {basis_run.job_id} of this blueprint ({basis_run.seconds_per_step:.2f} s/step), "
-            "scaled by FLOPs per step"
-        )
-    else:
-        compute = "bfloat16" if device == "gpu" or cpu_bf16 else "float32"
-        measured = next(
-            (r for r in runs if r.device == device and r.compute_dtype == compute and r.flops_per_second), None
-        )
-        if measured is not None:
-            rate = (measured.flops_per_second or 0.0) * measured.load_factor * (processes / measured.world_size)
-            time_basis = f"FLOPs at the FLOP/s run {measured.job_id} reached here ({measured.flops_per_second:.2e}/s)"
-        else:
-            rate, time_basis = _stated_throughput(device, processes)
-            if device == "cpu" and compute == "bfloat16":
-                rate *= CPU_BF16_SPEEDUP
-                time_basis += f", × {CPU_BF16_SPEEDUP:g} for bf16 (cpu_bf16, measured on SmolLM2 LoRA)"
-        seconds_per_step = step_flops / rate
+    seconds_per_step, time_basis, estimated = _idle_step_seconds(
+        flops, step_flops, timed, runs, device=device, processes=processes, global_batch=global_batch,
+        compute="bfloat16" if device == "gpu" or cpu_bf16 else "float32",
+    )  # fmt: skip
+    if estimated:
         notes.append("setup, evaluation and saving time are estimated; a measured run of this blueprint refines them")
     if tokens_basis.startswith("max_seq_length"):
         notes.append("activations and time assume every example fills max_seq_length (an upper bound)")
@@ -858,7 +920,8 @@ def make_plan(
         blueprint, setting, device=device, basis=timed[0] if timed else None, idle_step_seconds=seconds_per_step,
         eval_flops_per_second=eval_rate,
         matmul_params=base_matmul, tokens_per_example=tokens_per_example, saved_bytes=(trainable * 4 if lora else
-        n_params * wbytes), pretrained=pretrained, load=load, threads=_usable_cores() if device == "cpu" else 1,
+        n_params * wbytes), pretrained=not source.startswith("scratch://"), load=load,
+        threads=_usable_cores() if device == "cpu" else 1,
     )  # fmt: skip
     seconds_per_step *= phases.slowdown
     return Plan(
@@ -876,7 +939,7 @@ def make_plan(
         global_batch=global_batch,
         tokens_per_example=round(tokens_per_example, 1),
         tokens_basis=tokens_basis,
-        max_steps=max_steps,
+        max_steps=int(setting("max_steps")),
         memory=memory,
         capacity_bytes=capacity,
         capacity_basis=capacity_basis,

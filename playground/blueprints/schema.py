@@ -292,13 +292,13 @@ class ServingSpec(_Strict):
     max_new_tokens: int = Field(default=128, ge=1, le=4096)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     # kubectl: an answer that would change the cluster is shown only when the request asked for that change
-    # (playground/kubectl_guard.py); none: answers are shown as the model gives them.
+    # (playground/kubectl/guard.py); none: answers are shown as the model gives them.
     guard: Literal["none", "kubectl"] = "none"
     # kubectl: the models are asked the request with its mistyped kubectl words spelt right and a typed ``-n NAME``
-    # said in words (playground/kubectl_request.py; the panel shows that reading); none: the request as typed.
+    # said in words (playground/kubectl/request.py; the panel shows that reading); none: the request as typed.
     normalize: Literal["none", "kubectl"] = "none"
     # kubectl: a bare command without a namespace gets the one the request says ("the pods in payments" answered
-    # ``kubectl get pods`` → ``… -n payments``; playground/kubectl_answer.py; the panel says so); none: as given.
+    # ``kubectl get pods`` → ``… -n payments``; playground/kubectl/answer.py; the panel says so); none: as given.
     complete: Literal["none", "kubectl"] = "none"
 
 

@@ -135,6 +135,7 @@ def cmd_app(args: argparse.Namespace) -> int:
     check_in_background()  # the stack's fast check; its problems print when known, the app starts meanwhile
     if prepare_model(env["PLAYGROUND_BLUEPRINT"]) is not None and env.get("PLAYGROUND_BACKEND", "local") == "local":
         warm_base_model(env["PLAYGROUND_BLUEPRINT"])  # in the background: the page does not wait for it
+        start_base_server(env["PLAYGROUND_BLUEPRINT"], env)  # likewise: visitors' Serve only loads adapters
     port = first_free_port(args.ip, args.port)
     if port != args.port:
         print(f"port {args.port} is in use; using {port}", flush=True)
@@ -186,16 +187,35 @@ def prepare_model(blueprint_id: str, say: Callable[[str], None] | None = None) -
 def warm_base_model(blueprint_id: str) -> Path:
     """Ask the preselected blueprint's base model its held-out questions now, in a detached background process
     (``python -m playground.train.warm``), so that no visitor's first Launch waits for them (SmolLM2: 50 questions,
-    ~20-56 s on 2 cores, once per model and question set; known already: ~6 s of imports). Returns its log file.
-    The process is a grandchild in its own session: Voila, which replaces this process, never has to reap it."""
+    ~20-56 s on 2 cores, once per model and question set; known already: ~6 s of imports). Returns its log file."""
+    command = [sys.executable, "-m", "playground.train.warm", "--blueprint", blueprint_id]
+    log_path = _detached(command, "warm-base-model.log", {"HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"})
+    print(f"asking {blueprint_id}'s base model its held-out questions in the background (log: {log_path})",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return log_path
+
+
+def start_base_server(blueprint_id: str, environ: dict[str, str]) -> Path:
+    """Start the preselected blueprint's base model server (vLLM, LoRA on) in a detached background process
+    (``python -m playground.serving.warm``) with the app's environment (home, booth policy), before the first visitor
+    asks: a visitor's Serve then only loads an adapter. Returns its log file."""
+    command = [sys.executable, "-m", "playground.serving.warm", blueprint_id]
+    log_path = _detached(command, "base-server.log", {"HF_HUB_OFFLINE": "1"}, environ=environ)
+    print(f"starting {blueprint_id}'s base model server in the background (log: {log_path})", file=sys.stderr,
+          flush=True)  # fmt: skip
+    return log_path
+
+
+def _detached(command: list[str], log_name: str, extra: dict[str, str], environ: dict[str, str] | None = None) -> Path:
+    """Run ``command`` as a grandchild in its own session (Voila, which replaces this process, never has to reap
+    it), its output in ``$PLAYGROUND_HOME/<log_name>``; never with the booth secret."""
     from playground.paths import playground_home
     from playground.processes import child_env
 
     home = playground_home()
     home.mkdir(parents=True, exist_ok=True)
-    log_path = home / "warm-base-model.log"
-    command = [sys.executable, "-m", "playground.train.warm", "--blueprint", blueprint_id]
-    env = child_env({"HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"})  # never the booth secret
+    log_path = home / log_name
+    env = child_env(extra, environ=environ)
     with open(log_path, "w") as log:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child only forks again and exits
@@ -208,8 +228,6 @@ def warm_base_model(blueprint_id: str) -> Path:
             finally:
                 os._exit(0)
         os.waitpid(pid, 0)
-    print(f"asking {blueprint_id}'s base model its held-out questions in the background (log: {log_path})",
-          file=sys.stderr, flush=True)  # fmt: skip
     return log_path
 
 

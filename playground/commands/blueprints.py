@@ -33,7 +33,7 @@ def _table(rows: list[list[str]], out=None) -> None:
 
 
 def _fit(blueprint):
-    from playground.backends.local.gpus import detect_gpus
+    from playground.backends.gpus import detect_gpus
     from playground.blueprints.fit import local_fit
 
     return local_fit(blueprint, detect_gpus())

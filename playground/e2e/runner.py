@@ -327,8 +327,6 @@ def run_notebook(
     :class:`LogPump` (scrubbed lines to ``papermill.log``, the console and a tail) and :func:`verdict`
     (papermill's outcome, then the notebook's ``result.json``).
     """
-    from playground.e2e import diagnostics
-
     spec = notebook if isinstance(notebook, NotebookSpec) else NotebookSpec(path=notebook, name=notebook.stem)
     run = _new_run(spec, options, plan)
     if run.dropped_parameters:
@@ -344,24 +342,13 @@ def run_notebook(
     t0 = time.monotonic()
     sampler = Sampler(gpu=None)
     sampler.start()
-    throwaway = workdir / "throwaway-env" if options.isolated_env and not run.own else None
-    python = kernel_python(run.kernel, run.notebook)
-    if throwaway is not None:  # its pip installs land in a venv that goes with the workdir
-        try:
-            python, isolated = make_throwaway(throwaway, python)
-        except (OSError, subprocess.CalledProcessError) as exc:  # never run it in the main environment instead
-            sampler.stop()
-            cluster.close()
-            shutil.rmtree(workdir, ignore_errors=True)
-            raise UserError(f"--isolated-env: cannot create a throwaway environment for {run.name}: {exc}") from exc
-        run.kernel, run.isolated_env = THROWAWAY_KERNEL, True
-    process = PapermillProcess(run, options, workdir)
-    if throwaway is not None:
-        process.env |= {
-            **isolated,
-            "JUPYTER_PATH": os.pathsep.join(filter(None, [isolated["JUPYTER_PATH"], process.env.get("JUPYTER_PATH")])),
-            "PATH": os.pathsep.join(filter(None, [str(Path(python).parent), process.env.get("PATH")])),
-        }
+
+    def abandon() -> None:
+        sampler.stop()
+        cluster.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    process, python = _papermill_process(run, options, workdir, abandon)
     env_watch = None if run.own else EnvWatch(python, process.env)  # what a foreign notebook installs
     if env_watch is not None:
         env_watch.start()
@@ -396,6 +383,72 @@ def run_notebook(
             where = "its throwaway environment" if run.isolated_env else "the environment"
             said = "; ".join(run.env_changes.lines()) or run.env_changes.note
             emit(f"[{run.name}] {where}: {said}")
+    _judge(
+        run,
+        process,
+        options,
+        timed_out=timed_out,
+        ended=ended,
+        home=home,
+        cluster=cluster,
+        scrubber=scrubber,
+        emit=emit,
+    )
+    if not timed_out and run.own:  # the notebook should clean up after itself; no trainer or server outlives it
+        _cleanup_jobs(home, backend, emit, run.name, quiet=True)
+    cluster.cleanup(ended)
+    cluster.close()
+    scrubber.tree(run.out_dir)
+    if options.keep_home:
+        emit(f"[{run.name}] PLAYGROUND_HOME kept at {home}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    emit(f"[{run.name}] {run.status.upper()} in {run.wall_seconds:.1f}s{': ' + run.message if run.message else ''}")
+    return run
+
+
+def _papermill_process(
+    run: NotebookRun, options: RunOptions, workdir: Path, abandon: Callable[[], None]
+) -> tuple[PapermillProcess, str | Path]:
+    """The run's papermill process and its kernel's python: with ``--isolated-env``, a foreign notebook's runs in a
+    throwaway venv under ``workdir`` (its pip installs go with it); ``abandon`` is called before the error when that
+    venv cannot be made (the notebook never runs in the main environment instead)."""
+    throwaway = workdir / "throwaway-env" if options.isolated_env and not run.own else None
+    python = kernel_python(run.kernel, run.notebook)
+    isolated: dict[str, str] = {}
+    if throwaway is not None:  # its pip installs land in a venv that goes with the workdir
+        try:
+            python, isolated = make_throwaway(throwaway, python)
+        except (OSError, subprocess.CalledProcessError) as exc:  # never run it in the main environment instead
+            abandon()
+            raise UserError(f"--isolated-env: cannot create a throwaway environment for {run.name}: {exc}") from exc
+        run.kernel, run.isolated_env = THROWAWAY_KERNEL, True
+    process = PapermillProcess(run, options, workdir)
+    if throwaway is not None:
+        process.env |= {
+            **isolated,
+            "JUPYTER_PATH": os.pathsep.join(filter(None, [isolated["JUPYTER_PATH"], process.env.get("JUPYTER_PATH")])),
+            "PATH": os.pathsep.join(filter(None, [str(Path(python).parent), process.env.get("PATH")])),
+        }
+    return process, python
+
+
+def _judge(
+    run: NotebookRun,
+    process: PapermillProcess,
+    options: RunOptions,
+    *,
+    timed_out: bool,
+    ended: float,
+    home: Path,
+    cluster: ClusterWatch,
+    scrubber: Scrubber,
+    emit: Callable[[str], None],
+) -> None:
+    """The finished run's verdict (papermill's outcome, then ``result.json``), its failure's cause, the cluster's
+    jobs, its own job and timings, and the diagnostics of a run that did not pass."""
+    from playground.e2e import diagnostics
+
     run.result = _read_json(run.result_path)
     run.status, run.message = verdict(run, process.outcome(), timed_out=timed_out, options=options)
     run.first_error = run.message.splitlines()[0] if run.message else ""
@@ -413,17 +466,6 @@ def run_notebook(
             )
         except Exception as exc:  # diagnostics must never hide the failure itself
             emit(f"[{run.name}] diagnostics failed: {exc}")
-    if not timed_out and run.own:  # the notebook should clean up after itself; no trainer or server outlives it
-        _cleanup_jobs(home, backend, emit, run.name, quiet=True)
-    cluster.cleanup(ended)
-    cluster.close()
-    scrubber.tree(run.out_dir)
-    if options.keep_home:
-        emit(f"[{run.name}] PLAYGROUND_HOME kept at {home}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    emit(f"[{run.name}] {run.status.upper()} in {run.wall_seconds:.1f}s{': ' + run.message if run.message else ''}")
-    return run
 
 
 def _new_run(spec: NotebookSpec, options: RunOptions, plan: Plan) -> NotebookRun:

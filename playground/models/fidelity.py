@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dirs:
         parser.error("give at least one model directory (or --prepare)")
     for directory in args.dirs:
+        if (Path(directory) / "adapter_config.json").is_file():  # a LoRA job's model: checked merged
+            parser.error(f"{directory!r} is a LoRA adapter; check its merged export (playground export JOB --merged)")
         if not (Path(directory) / "config.json").is_file():
             parser.error(f"{directory!r} is not a model directory (no config.json)")
     prompts = args.prompt or example_prompts()

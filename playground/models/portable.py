@@ -11,7 +11,8 @@ the JSON files of a freshly written directory so both major versions read every 
 * ``generation_config.json``: the BOS/EOS/pad ids, from ``config.json`` where it lacks them.
 * ``tokenizer_config.json``: load-time settings dropped (``is_local``, ``local_files_only``, ``backend``...).
 
-then makes it readable by a server running under another uid: directories 0755, files 0644.
+then makes it readable by a server running under another uid: directories 0755, files 0644. A PEFT adapter
+directory (``adapter_config.json``, no ``config.json``: a LoRA job's ``model/``) gets the tokenizer and mode steps.
 :func:`publish` does all of it to a temporary directory and renames it into place (atomic).
 Light to import (stdlib only).
 """
@@ -103,11 +104,12 @@ def make_portable(directory: str | Path) -> Path:
     """Rewrite a model directory's JSON files for every transformers version, then make it readable."""
     directory = Path(directory)
     config_path = directory / "config.json"
-    config = portable_config(_read(config_path))
-    _write(config_path, config)
-    generation_path = directory / "generation_config.json"
-    generation = _read(generation_path) if generation_path.is_file() else {}
-    _write(generation_path, portable_generation_config(generation, config))
+    if config_path.is_file():  # absent in a PEFT adapter directory: its base model carries the config
+        config = portable_config(_read(config_path))
+        _write(config_path, config)
+        generation_path = directory / "generation_config.json"
+        generation = _read(generation_path) if generation_path.is_file() else {}
+        _write(generation_path, portable_generation_config(generation, config))
     tokenizer_path = directory / "tokenizer_config.json"
     if tokenizer_path.is_file():
         _write(tokenizer_path, portable_tokenizer_config(_read(tokenizer_path)))
@@ -128,7 +130,7 @@ def portability_problems(directory: str | Path) -> list[str]:
     """What would make ``directory`` load differently on transformers 4.x and 5.x (empty: nothing)."""
     directory = Path(directory)
     problems: list[str] = []
-    config = _read(directory / "config.json")
+    config = _read(directory / "config.json") if (directory / "config.json").is_file() else {}  # {}: an adapter
     for part in _text_configs(config):
         rope = part.get("rope_parameters")
         if isinstance(rope, dict) and "rope_theta" in rope and part.get("rope_theta") != rope["rope_theta"]:

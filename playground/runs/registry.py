@@ -4,7 +4,8 @@ MLflow: a version of registered model NAME whose ``source`` is the job's storage
 directory locally, ``pvc://…`` on Kubernetes), linked to the job's run, with the job's metrics as tags.
 Kubeflow Hub: the ``model-registry`` client's ``register_model`` (name, version, storage URI, metrics
 as custom properties). A registered model is served by reference: ``models:/NAME/VERSION`` or
-``NAME@VERSION`` resolves to the job that made it (:func:`resolve_job`).
+``NAME@VERSION`` resolves to the job that made it (:func:`resolve_job`). A LoRA job's model is its PEFT
+adapter: registered as such, with its base model and rank as tags (:func:`model_tags`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ REGISTRIES = ("mlflow", "kubeflow-hub")
 TOKEN_ENV = "PLAYGROUND_REGISTRY_TOKEN"  # Kubeflow Hub bearer token (else the client's service-account token)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# A LoRA job's registered model is its PEFT adapter: these tags say so and name the base it is served on.
+TAG_MODEL_FORMAT = "playground.model_format"  # "peft-lora" (adapter) or "huggingface" (a full model directory)
+TAG_BASE_MODEL = "playground.base_model"  # the job's base reference: a directory, hf:// or pkg://
+TAG_LORA_RANK = "playground.lora_rank"
 _REF = re.compile(r"^(?:models:/(?P<a>[^/@]+)/(?P<av>[^/@]+)|(?P<b>[^/@:]+)@(?P<bv>[^/@]+))$")
 
 
@@ -81,6 +86,24 @@ def storage_uri(job: Any) -> str:
     return str(job.model_dir)
 
 
+def model_tags(job: Any) -> dict[str, str]:
+    """What the registry records about the model's layout: an adapter's format, base and rank (read from a
+    local model directory; a remote one's layout is not known here: no tags)."""
+    from pathlib import Path
+
+    from playground.models.adapters import adapter_rank, is_adapter_dir
+
+    model = Path(str(job.model_dir or ""))
+    if not job.model_dir or not model.is_dir():
+        return {}
+    if not is_adapter_dir(model):
+        return {TAG_MODEL_FORMAT: "huggingface"}
+    tags = {TAG_MODEL_FORMAT: "peft-lora", TAG_LORA_RANK: str(adapter_rank(model))}
+    if job.base_model:
+        tags[TAG_BASE_MODEL] = str(job.base_model)
+    return tags
+
+
 def register(
     job: Any,
     *,
@@ -117,6 +140,7 @@ def _register_mlflow(job: Any, name: str, source: str, metrics: dict[str, float]
             raise
     tags = {rs.TAG_JOB: job.id, rs.TAG_BACKEND: job.backend, rs.TAG_BLUEPRINT: job.blueprint_id}
     tags.update({f"metric.{k}": repr(v) for k, v in metrics.items()})
+    tags.update(model_tags(job))
     model_version = client.create_model_version(
         name,
         source=source,
@@ -156,6 +180,7 @@ def _register_hub(
     token = os.environ.get(TOKEN_ENV) or None
     metadata: dict[str, Any] = {f"metric.{k}": v for k, v in metrics.items()}
     metadata.update({rs.TAG_JOB: job.id, rs.TAG_BACKEND: job.backend, rs.TAG_BLUEPRINT: job.blueprint_id})
+    metadata.update(model_tags(job))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "User access token is missing" on a plain-http registry

@@ -1,4 +1,5 @@
-"""Check a model directory before serving it: a plain Hugging Face layout, complete.
+"""Check a model directory before serving it: a plain Hugging Face layout, or a PEFT LoRA adapter (what a LoRA
+job saves), complete.
 
 Light on purpose (JSON and safetensors headers only, no torch) so a bad directory is
 reported in one line before any server process starts.
@@ -54,6 +55,8 @@ def check_model_dir(model_dir: str | Path, *, require_chat_template: bool = True
         raise _fail(root, "does not exist")
     if not root.is_dir():
         raise _fail(root, "is not a directory")
+    if (root / "adapter_config.json").is_file():
+        return check_adapter_dir(root)
     if not (root / "config.json").is_file():
         raise _fail(root, "is missing config.json")
     config = _read_json(root / "config.json", root)
@@ -81,4 +84,17 @@ def check_model_dir(model_dir: str | Path, *, require_chat_template: bool = True
         has_template = any((root / name).is_file() for name in CHAT_TEMPLATE_FILES)
         if not has_template and not _read_json(tok_config, root).get("chat_template"):
             raise _fail(root, "is missing chat template chat_template.jinja (or tokenizer_config.json 'chat_template')")
+    return root
+
+
+def check_adapter_dir(adapter_dir: str | Path) -> Path:
+    """A LoRA adapter directory: ``adapter_config.json`` (a LoRA with its rank) and complete adapter weights."""
+    root = Path(adapter_dir).expanduser()
+    config = _read_json(root / "adapter_config.json", root)
+    if str(config.get("peft_type", "LORA")).upper() != "LORA" or not isinstance(config.get("r"), int):
+        raise _fail(root, "has an adapter_config.json that is not a LoRA adapter with a rank 'r'")
+    weights = root / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise _fail(root, "is missing weights file adapter_model.safetensors")
+    _check_safetensors(weights, root)
     return root

@@ -1,8 +1,8 @@
 """The training entrypoint (``python -m playground.train``), run locally or in a TrainJob pod.
 
-Modules: ``recipe`` (the loop), ``settings`` (torch-free: the run's settings), ``data``, ``tokenizer``,
-``model``, ``evaluate``, ``checkpoint``, ``save``, ``reporting``, ``standins``, ``cpu_share`` (OpenMP waits,
-threads). Only trainer processes import this package's heavy parts.
+Modules: ``recipe`` (the loop), ``settings`` (torch-free: the run's settings), ``data`` (its rows: ``sample``),
+``tokenizer``, ``model``, ``evaluate``, ``checkpoint``, ``save``, ``reporting``, ``standins``, ``cpu_share`` (OpenMP
+waits, threads). Only trainer processes import this package's heavy parts.
 """
 
 from playground.train import cpu_share

@@ -132,7 +132,7 @@ def recipe_for(objective: str):
     return run
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     """Keep the log readable: library progress bars and advisory warnings off."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
         shutil.rmtree(stale, ignore_errors=True)
     try:
-        _quiet_libraries()
+        quiet_libraries()
         reporter.summary(recipe_for(spec.blueprint.method.objective)(spec, reporter))
     except BaseException as exc:  # every failure ends as Phase Failed + an exit code
         if isinstance(exc, SystemExit) and not exc.code:

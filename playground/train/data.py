@@ -1,15 +1,13 @@
 """Training data: synthetic tasks the project generates itself, and Alpaca-format datasets.
 
-Every dataset becomes a list of :class:`Sample` (a chat ``prompt`` and the ``answer``), split into
-train and held-out eval rows that never overlap, then tokenized through the tokenizer's chat
+Every dataset becomes a list of :class:`~playground.train.sample.Sample` (a chat ``prompt`` and the ``answer``),
+split into train and held-out eval rows that never overlap, then tokenized through the tokenizer's chat
 template into one padded tensor. Batches are drawn from a per-epoch permutation that depends only
 on the seed, so a batch is a pure function of the step: resuming needs nothing but the step.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import os
 import random
 import string
@@ -19,30 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from playground.errors import UserError
+from playground.kubectl.generator import kubectl_sample
 from playground.train.perf import computed_positions, padded_width
+from playground.train.sample import Sample
 
 EVAL_SEED_OFFSET = 1_000_003  # the held-out set is the same whatever the training seed
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The user ``prompt`` and the expected assistant ``answer``, after the conversation's earlier turns
-    (``context``: (role, content) pairs, an optional system message first). Every assistant turn is trained."""
-
-    prompt: str
-    answer: str
-    context: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def key(self) -> tuple:
-        """What makes two prompts the same (the held-out split never shares one with training)."""
-        return (self.context, self.prompt) if self.context else self.prompt
-
-    def prompt_messages(self) -> list[dict[str, str]]:
-        return [*({"role": r, "content": c} for r, c in self.context), {"role": "user", "content": self.prompt}]
-
-    def messages(self) -> list[dict[str, str]]:
-        return [*self.prompt_messages(), {"role": "assistant", "content": self.answer}]
 
 
 # --- synthetic tasks ---------------------------------------------------------------------
@@ -70,164 +49,11 @@ def _add(rng: random.Random, options: dict[str, Any], held_out: bool = False) ->
     return Sample(f"add: {a}+{b}", str(a + b))
 
 
-# --- kubectl: a plain-English request -> the exact kubectl command --------------------------
-# Each operation: the command (a format string) and two sets of phrasings. Training uses the first
-# set with the training names. The held-out split always uses names never seen in training (apps,
-# namespaces, node pools) and, for ``held_out_phrasing`` of its rows (default 0.5), a phrasing and
-# a politeness wrapper never seen in training either. A ``general_fraction`` of the training rows
-# (default 0.2) are general questions with the base model's own answers (general_answers.json,
-# made by scripts/general_answers.py), so LoRA teaches the commands without wrecking the chat.
-
-_APPS = {
-    False: ["web", "api", "frontend", "backend", "cache", "worker", "auth", "billing", "search", "payments",
-            "gateway", "checkout", "catalog", "inventory", "orders", "users", "metrics", "scheduler", "mailer",
-            "uploader", "proxy", "redis", "postgres", "nginx", "kafka", "grafana", "shop", "blog", "cart", "media"],
-    True: ["ledger", "reports", "chat", "images", "ratings", "analytics", "profile", "invoices", "video", "notes"],
-}  # fmt: skip
-_NAMESPACES = {
-    False: ["prod", "staging", "dev", "team-a", "monitoring", "kube-system", "data", "ci"],
-    True: ["qa", "sandbox", "team-b", "ml"],
-}
-_NODE_POOLS = {False: ["worker", "cpu", "infra", "pool-a", "spot", "mem"], True: ["edge", "metal"]}
-_IN_NAMESPACE = {
-    False: [" in the {ns} namespace", " in namespace {ns}", " in {ns}", " (namespace {ns})"],
-    True: [" within the {ns} namespace", " for namespace {ns}"],
-}
-_WRAPPERS = {
-    False: ["{r}", "{r}", "please {r}", "{r} please", "can you {r}?"],
-    True: ["could you {r}?", "I want you to {r}", "{r}, thanks", "hey, {r}"],
-}
-_KINDS = ["pods", "deployments", "services", "configmaps", "secrets", "jobs", "ingresses", "statefulsets"]
-_KIND = ["pod", "deployment", "service", "configmap", "job"]
-_PORTS = [80, 443, 3000, 5000, 8000, 8080, 8443, 9090]
-_TAGS = ["v1", "v2", "v1.2", "v2.0.1", "1.4.0", "2.1", "3.0.0", "latest"]
-
-# (command, training phrasings, held-out phrasings, takes a namespace)
-_KUBECTL_OPS: list[tuple[str, list[str], list[str], bool]] = [
-    ("kubectl scale deployment {app} --replicas={n}",
-     ["scale the {app} deployment to {n} replicas", "set deployment {app} to {n} replicas",
-      "I need {n} replicas of {app}", "change the number of {app} replicas to {n}", "scale {app} to {n}"],
-     ["run {n} replicas of the {app} deployment", "scale deployment {app} so it has {n} replicas"], True),
-    ("kubectl get {kinds}",
-     ["list all {kinds}", "show me the {kinds}", "display the {kinds}", "list {kinds}", "get the {kinds}"],
-     ["show all the {kinds}", "list every one of the {kinds}"], True),
-    ("kubectl logs {pod}",
-     ["show the logs of pod {pod}", "print the logs for {pod}", "fetch the logs of {pod}", "get logs from {pod}"],
-     ["display the logs from pod {pod}", "show me what pod {pod} wrote to its logs"], True),
-    ("kubectl describe {kind} {app}",
-     ["describe the {kind} {app}", "give me details about {kind} {app}", "show details of the {app} {kind}"],
-     ["describe {kind} {app} in detail", "show me the details for the {kind} named {app}"], True),
-    ("kubectl delete {kind} {app}",
-     ["delete the {kind} {app}", "remove {kind} {app}", "destroy the {app} {kind}"],
-     ["delete {kind} {app} now", "remove the {kind} named {app}"], True),
-    ("kubectl rollout restart deployment {app}",
-     ["restart the {app} deployment", "do a rolling restart of {app}", "restart all {app} pods"],
-     ["restart deployment {app} gracefully", "perform a rolling restart of the {app} deployment"], True),
-    ("kubectl create namespace {new_ns}",
-     ["create a namespace called {new_ns}", "make a new namespace {new_ns}", "add namespace {new_ns}"],
-     ["create the namespace {new_ns}", "make a namespace named {new_ns}"], False),
-    ("kubectl expose deployment {app} --port={port}",
-     ["expose the {app} deployment on port {port}", "create a service for {app} on port {port}",
-      "open port {port} for deployment {app}"],
-     ["expose {app} to port {port}", "create a service exposing deployment {app} on port {port}"], True),
-    ("kubectl set image deployment/{app} {app}={app}:{tag}",
-     ["update the {app} image to {tag}", "set the image of {app} to {app}:{tag}", "upgrade {app} to version {tag}"],
-     ["upgrade the {app} deployment to {tag}", "update {app} so it runs image {app}:{tag}"], True),
-    ("kubectl cordon {node}",
-     ["cordon node {node}", "mark {node} as unschedulable", "cordon the node {node}"],
-     ["mark the node {node} as unschedulable", "cordon off {node}"], False),
-    ("kubectl drain {node} --ignore-daemonsets",
-     ["drain node {node}", "evict all pods from {node}", "drain the node {node} for maintenance"],
-     ["drain {node} before maintenance", "evict every pod from node {node}"], False),
-]  # fmt: skip
-
-
-@functools.cache
-def general_answers() -> tuple[Sample, ...]:
-    """General questions with SmolLM2-135M-Instruct's own (greedy, first-sentence) answers."""
-    rows = json.loads(Path(__file__).with_name("general_answers.json").read_text())
-    return tuple(Sample(row["prompt"], row["answer"]) for row in rows)
-
-
-def _kubectl(rng: random.Random, options: dict[str, Any], held_out: bool = False) -> Sample:
-    """A plain-English request and the one exact kubectl command that does it (training rows: or,
-    for ``general_fraction`` of them, a general question with the base model's own answer).
-
-    ``operations: wide`` (playground/train/kubectl_wide.py): more operations and phrasings, the namespace said
-    first, a ``reason_fraction`` of training requests (default 0) with why they are asked after them ("…, it's
-    stuck"), a ``typo_fraction`` of requests mistyped, and an ``unsupported_fraction`` of requests no supported
-    operation answers, with the refusal as their answer (and, where they name a namespaced object, a namespace as
-    often as a supported request says one)."""
-    if not held_out and rng.random() < float(options.get("general_fraction", 0.2)):
-        return rng.choice(general_answers())
-    wide = options.get("operations", "core") == "wide"
-    if wide:
-        from playground.train import kubectl_wide
-    ops = kubectl_wide.wide_ops(_KUBECTL_OPS) if wide else _KUBECTL_OPS
-    command, train_phrasings, held_phrasings, namespaced = rng.choice(ops)
-    unseen = held_out and rng.random() < float(options.get("held_out_phrasing", 0.5))
-    app = rng.choice(_APPS[held_out])
-    values = {
-        "app": app,
-        "n": rng.randint(0, 12),
-        "kinds": rng.choice(_KINDS),
-        "kind": rng.choice(_KIND),
-        "pod": f"{app}-{rng.randint(0, 9)}",
-        "new_ns": rng.choice(_NAMESPACES[held_out]),
-        "port": rng.choice(_PORTS),
-        "tag": rng.choice(_TAGS),
-        "node": f"{rng.choice(_NODE_POOLS[held_out])}-{rng.randint(1, 20)}",
-    }
-    if wide:
-        values.update(kubectl_wide.names(rng, held_out, _APPS[held_out], _NAMESPACES[held_out], _NODE_POOLS[held_out]))
-        values.update(kubectl_wide.extra_values(rng, held_out, values))
-    spoken = values
-    refused = wide and rng.random() < float(options.get("unsupported_fraction", 0.15))
-    if refused:
-        request, namespaced = kubectl_wide.unsupported_request(rng, unseen, values)
-        answer = kubectl_wide.REFUSAL
-    else:
-        if wide:
-            spoken, values = kubectl_wide.fit_values(rng, command, values)
-        request = rng.choice(held_phrasings if unseen else train_phrasings).format(**spoken)
-        answer = command.format(**values)
-    namespace, first = "", False
-    if namespaced and rng.random() < float(options.get("namespace_fraction", 0.5)):
-        if wide:
-            namespace = kubectl_wide.namespace(rng, _APPS[held_out], _NAMESPACES[held_out])
-        else:
-            namespace = rng.choice(_NAMESPACES[held_out])
-        first = wide and rng.random() < 0.3
-        if first:
-            request = kubectl_wide.namespace_first(rng, request, namespace, unseen)
-        else:
-            suffixes = _IN_NAMESPACE[unseen] + (kubectl_wide.IN_NAMESPACE[unseen] if wide else [])
-            request += rng.choice(suffixes).format(ns=namespace)
-        if not refused:
-            answer += f" -n {namespace}"
-    reason_fraction = float(options.get("reason_fraction", 0.0)) if wide and not held_out else 0.0
-    if reason_fraction and rng.random() < reason_fraction:
-        request = kubectl_wide.with_reason(rng, request, None if refused else command, spoken)
-    if not wide:
-        wrappers = _WRAPPERS
-    elif first:
-        wrappers = kubectl_wide.WIDE_WRAPPERS  # "yo in prod: …", never "can you in prod: …"
-    else:
-        wrappers = rng.choice((_WRAPPERS, kubectl_wide.WIDE_WRAPPERS))
-    request = rng.choice(wrappers[unseen and rng.random() < 0.5]).format(r=request)
-    if wide and rng.random() < float(options.get("typo_fraction", 0.25)):
-        names = {str(v).lower() for v in (*values.values(), namespace)}
-        request = kubectl_wide.typo(rng, request, names)
-    if rng.random() < (0.4 if wide else 0.5):
-        request = request[0].upper() + request[1:]
-    return Sample(request, answer)
-
-
 SYNTHETIC_TASKS: dict[str, Callable[..., Sample]] = {
     "reverse": _reverse,
     "sort": _sort,
     "add": _add,
-    "kubectl": _kubectl,
+    "kubectl": kubectl_sample,  # playground/kubectl: a plain-English request → the exact kubectl command
 }
 
 
@@ -279,7 +105,7 @@ def load_rows(source: str, split: str) -> list[dict[str, Any]]:
     """Rows of ``hf://org/name`` (``datasets.load_dataset``; token from ``HF_TOKEN``), a local
     ``.jsonl``/``.json``/``.csv``/``.parquet`` file, a ``save_to_disk`` directory, a directory of json files,
     or a downloaded hub dataset repo (e.g. parquet under ``data/``, as Kubeflow's dataset initializer leaves it)."""
-    from playground.userdata.check import is_local_file
+    from playground.userdata.rows import is_local_file
 
     if is_local_file(source):
         from playground.userdata.rows import read_rows

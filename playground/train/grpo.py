@@ -1,7 +1,7 @@
 """The GRPO recipe: a verifiable reward, TRL's ``GRPOTrainer``.
 
 For each request the model samples ``num_generations`` answers; the project's checker
-(playground/train/kubectl_reward.py) scores each; answers better than their group's mean are made likelier.
+(playground/kubectl/reward.py) scores each; answers better than their group's mean are made likelier.
 ``beta`` keeps the policy near the reference (with LoRA: the same weights, adapter off); the KL is reported.
 
 A model that never produces a command gets reward 0 on every sample, every group has zero spread and GRPO
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from playground.events import Progress
-from playground.train import kubectl_reward
+from playground.kubectl import reward as kubectl_reward
 from playground.train.checkpoint import latest_trl_checkpoint
 from playground.train.data import Sample, load_rows
 from playground.train.preferences import METHOD_SYNTHETIC, check_rows, kubectl_requests
@@ -85,7 +85,7 @@ class GrpoRecipe(TrlRecipe):
             recipe = Recipe(warm_spec, _WarmStartReporter(self.reporter))
             recipe.setup()
             train_loop(recipe)
-            save(recipe, {})  # its held-out figures: this recipe's own evaluation, next (warm_start_…)
+            save(recipe, {}, merge=True)  # merged: GRPO starts from it; held-out figures: next (warm_start_…)
             recipe.cleanup()
         return str(warm / "model")
 

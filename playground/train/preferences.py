@@ -4,8 +4,8 @@ A DPO row is a request with its ``chosen`` answer (the exact command) and a ``re
 of four kinds (:data:`NEAR_MISSES`): the wrong namespace, the wrong number (replicas, port, tag, node),
 the wrong verb (often one that changes the cluster: ``drain`` for ``cordon``, ``delete`` for a restart)
 or a prose answer that names no command, the way the base model answers. A GRPO row is a request and
-the exact command its reward (playground/train/kubectl_reward.py) is checked against. Both come from the
-same generator as the SFT rows (playground/train/data.py ``_kubectl``), with the same held-out split:
+the exact command its reward (playground/kubectl/reward.py) is checked against. Both come from the
+same generator as the SFT rows (playground/kubectl/generator.py), with the same held-out split:
 names and phrasings training never sees.
 """
 

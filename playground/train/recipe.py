@@ -308,6 +308,7 @@ class Recipe:
         self.stopped: StopRequest | None = None  # set when one ended training before max_steps
         self.eval_finish_by: float | None = None  # the final evaluation answers only what fits before this
         self.eval_answered: int | None = None  # held-out requests it answered, when fewer than all
+        self.eval_answers: list[str] | None = None  # the last held-out evaluation's answers
 
     def setup(self) -> None:
         """Ranks and device, data, model, optimizer, and the state (``--resume``: the checkpoint's)."""
@@ -529,6 +530,7 @@ def held_out_exact_match(recipe: Recipe, model: Any, on_answered: Callable[[int,
     if len(answers) < len(prompts):  # stopped early with little time left: fewer requests, still a score
         recipe.eval_answered = len(answers)
         recipe.reporter.log(f"evaluation: {len(answers)} of {len(prompts)} held-out requests answered in the time left")
+    recipe.eval_answers = answers  # the final evaluation's are written as output/eval_answers.jsonl
     return evaluate.exact_match(answers, [s.answer for s in data.eval_set.samples][: len(answers)])
 
 
@@ -831,11 +833,37 @@ def final_eval(recipe: Recipe) -> dict[str, float]:
             recipe.reporter, recipe.stopped.describe(recipe.state.step, recipe.settings.max_steps)
         )
     recipe.finish.evaluating(len(recipe.data.eval_set))
-    return evaluate_model(recipe, on_answered=recipe.finish.answered)
+    recipe.eval_answers = None
+    results = evaluate_model(recipe, on_answered=recipe.finish.answered)
+    if recipe.runtime.dist.main and recipe.eval_answers is not None:
+        write_eval_answers(recipe.spec.output / EVAL_ANSWERS, recipe.data.eval_set.samples, recipe.eval_answers)
+    return results
 
 
-def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
-    """The servable ``model/`` directory and ``metrics.json``, written atomically by rank 0.
+EVAL_ANSWERS = "eval_answers.jsonl"  # the final evaluation's answers, one JSON object per held-out request
+
+
+def write_eval_answers(path: Path, samples: list[Any], answers: list[str]) -> None:
+    """One line per answered held-out request: its prompt ``messages`` (as the chat template got them), the
+    ``answer``, the ``expected`` one and whether it is ``correct`` (:func:`evaluate.exact_match`'s rule)."""
+    records = [
+        {
+            "messages": sample.prompt_messages(),
+            "answer": answer,
+            "expected": sample.answer,
+            "correct": evaluate.exact_match([answer], [sample.answer]) == 1.0,
+        }
+        for sample, answer in zip(samples, answers, strict=False)
+    ]
+    lines = [json.dumps(record) for record in records]
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    os.replace(tmp, path)
+
+
+def save(recipe: Recipe, final: dict[str, float], *, merge: bool = False) -> dict[str, Any]:
+    """The servable ``model/`` directory (a LoRA job's: its PEFT adapter, unless ``merge``: a GRPO warm start's
+    is the policy's starting weights) and ``metrics.json``, written atomically by rank 0.
     FSDP2-sharded weights are gathered into a plain copy of the model on rank 0's CPU first."""
     import torch
 
@@ -853,7 +881,8 @@ def save(recipe: Recipe, final: dict[str, float]) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     if runtime.dist.main:
         save_dtype = torch.bfloat16 if model.weights_dtype == torch.bfloat16 else None
-        save_model_dir(to_save, data.tokenizer, spec.output / "model", dtype=save_dtype)
+        base = str(spec.output / "base-model") if spec.model_source.startswith("scratch://") else None
+        save_model_dir(to_save, data.tokenizer, spec.output / "model", dtype=save_dtype, merge=merge, base_model=base)
         metrics = {
             **final,
             **{  # the base model's figures (history keeps them across a resume)

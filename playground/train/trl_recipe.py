@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from playground.events import JobPhase, Progress
+from playground.kubectl import reward as kubectl_reward
 from playground.stopping import NotedReporter, StopRequest, StopWatch, answer_in_time
-from playground.train import checkpoint, evaluate, kubectl_reward
+from playground.train import checkpoint, evaluate
 from playground.train import model as models
 from playground.train.data import Sample
 from playground.train.eta import EtaSmoother, LoadRecorder
@@ -262,7 +263,8 @@ class TrlRecipe:
         return {}
 
     def save(self, final: dict[str, float]) -> dict[str, Any]:
-        """The servable ``model/`` (LoRA merged) and ``metrics.json``, both written atomically."""
+        """The servable ``model/`` (LoRA on the job's base model: the PEFT adapter) and ``metrics.json``, both
+        written atomically."""
         import torch
 
         self.finish.saving()
@@ -271,7 +273,10 @@ class TrlRecipe:
         if not runtime.dist.main:
             return metrics
         save_dtype = torch.bfloat16 if self.weights_dtype == torch.bfloat16 else None
-        save_model_dir(self.trainer.model, self.tokenizer, self.spec.output / "model", dtype=save_dtype)
+        # LoRA on weights that are not the job's base model (a GRPO warm start's, a scratch model's random ones,
+        # saved nowhere here) is merged: an adapter alone would be served on the wrong base
+        merge = self.source != self.spec.model_source or self.source.startswith("scratch://")
+        save_model_dir(self.trainer.model, self.tokenizer, self.spec.output / "model", dtype=save_dtype, merge=merge)
 
         metrics = {
             **final,

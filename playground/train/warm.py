@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blueprint", required=True, help="catalog id or path to a blueprint YAML file")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="parameter")
     args = parser.parse_args(argv)
-    from playground.train.__main__ import _quiet_libraries, prepare
+    from playground.train.__main__ import prepare, quiet_libraries
 
     with tempfile.TemporaryDirectory(prefix="playground-warm-") as output:
         try:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         except UserError as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
             return exc.exit_code
-        _quiet_libraries()
+        quiet_libraries()
         return warm(spec)
 
 

@@ -11,18 +11,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from playground.userdata.rows import DatasetError, read_rows, where
+from playground.userdata.rows import DatasetError, Row, is_local_file, read_rows, where
 from playground.userdata.shapes import Conversation, to_conversations
 from playground.userdata.template import ChatRenderer, TemplateError, renderer_for
 
 PREVIEW_ROWS = 3
 MAX_COUNTED = 5000  # rows whose tokens are counted (evenly spread); every row is rendered
 EVAL_SEED = 1_000_003  # the trainer's held-out draw (playground.train.data.EVAL_SEED_OFFSET)
-
-
-def is_local_file(source: str) -> bool:
-    """A path that is not a URL (hf://, synthetic://…) nor a directory: read as a data file here."""
-    return "://" not in source and not Path(source).expanduser().is_dir()
 
 
 @dataclass
@@ -180,6 +175,36 @@ def check_dataset(
     if len(rows) > MAX_COUNTED:
         counted = set(random.Random(0).sample(range(len(rows)), MAX_COUNTED))
         report.notes.append(f"token lengths from {MAX_COUNTED} of {len(rows)} rows")
+    lengths, prompt_lengths = _rendered_lengths(renderer, rows, conversations, shape, source, counted, report)
+    if min(prompt_lengths) >= max_seq_length:
+        raise DatasetError(
+            f"{where(source)}: every example is longer than max_seq_length={max_seq_length} before its first answer "
+            f"(shortest prompt: {min(prompt_lengths)} tokens); allowed: max_seq_length above {min(prompt_lengths)}",
+            field="max_seq_length",
+        )
+    scale = len(rows) / len(lengths)
+    report.tokens = {
+        "p50": _percentile(lengths, 0.5),
+        "p90": _percentile(lengths, 0.9),
+        "p99": _percentile(lengths, 0.99),
+        "max": max(lengths),
+    }
+    report.truncated = round(sum(n > max_seq_length for n in lengths) * scale)
+    report.dropped = round(sum(n >= max_seq_length for n in prompt_lengths) * scale)
+    return report
+
+
+def _rendered_lengths(
+    renderer: ChatRenderer,
+    rows: list[Row],
+    conversations: list[Conversation],
+    shape: str,
+    source: str,
+    counted: set[int],
+    report: DatasetReport,
+) -> tuple[list[int], list[int]]:
+    """Render every row (a row the template cannot render, or whose answer it cannot tell apart, is an error);
+    the (whole, prompt) token lengths of the ``counted`` rows. Adds the preview rows and the multi-turn note."""
     lengths: list[int] = []
     prompt_lengths: list[int] = []
     partial = 0
@@ -213,22 +238,7 @@ def check_dataset(
             f"{partial} multi-turn rows: the template renders earlier turns differently in the whole conversation, "
             "so only their last answer is trained"
         )
-    if min(prompt_lengths) >= max_seq_length:
-        raise DatasetError(
-            f"{where(source)}: every example is longer than max_seq_length={max_seq_length} before its first answer "
-            f"(shortest prompt: {min(prompt_lengths)} tokens); allowed: max_seq_length above {min(prompt_lengths)}",
-            field="max_seq_length",
-        )
-    scale = len(rows) / len(lengths)
-    report.tokens = {
-        "p50": _percentile(lengths, 0.5),
-        "p90": _percentile(lengths, 0.9),
-        "p99": _percentile(lengths, 0.99),
-        "max": max(lengths),
-    }
-    report.truncated = round(sum(n > max_seq_length for n in lengths) * scale)
-    report.dropped = round(sum(n >= max_seq_length for n in prompt_lengths) * scale)
-    return report
+    return lengths, prompt_lengths
 
 
 def _segments(full: str, spans: list[tuple[int, int]]) -> list[dict[str, Any]]:

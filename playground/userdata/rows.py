@@ -29,6 +29,11 @@ class Row:
     data: dict[str, Any]
 
 
+def is_local_file(source: str) -> bool:
+    """A path that is not a URL (hf://, synthetic://…) nor a directory: read as a data file here."""
+    return "://" not in source and not Path(source).expanduser().is_dir()
+
+
 def where(path: str | Path, row: int | None = None, field: str | None = None) -> str:
     """``FILE row N field 'x'``: the head of every message about a row."""
     head = shown_path(Path(path).name if row is not None else path, quoted=False)

@@ -25,6 +25,7 @@ from playground.backends.base import Backend
 from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes import mapping
 from playground.backends.kubernetes import queue as kueue
+from playground.backends.kubernetes import trainjob as tj
 from playground.backends.kubernetes.connection import Connection
 from playground.backends.kubernetes.datafiles import in_pod, own_pod_claims
 from playground.backends.kubernetes.follow import JobFollow, LogSource, history
@@ -112,17 +113,22 @@ class KubernetesBackend(Backend):
         return self.connection.error(exc, verb, resource, name)
 
     # -- manifests (no cluster) ------------------------------------------------------------------
-    def _plan(self, request: TrainRequest, name: str | None = None) -> m.TrainJobPlan:
+    def _plan(self, request: TrainRequest, name: str | None = None) -> Any:
+        """The job's plan (:meth:`plan_job`) under this backend's options; with your data file on this notebook
+        pod's volume and no claim configured, the pod's own claims (the same claim is mounted in the job's pods)."""
         blueprint = get_blueprint(request.blueprint_id)
         name = name or m.new_job_name(blueprint.id)
         opts = self.opts
         if not opts.data_claims and m.local_data_files(blueprint, request) and in_pod():
-            # Your file on this notebook pod's volume: the same claim is mounted in the trainer's pods.
             opts = dataclasses.replace(opts, data_claims=tuple(own_pod_claims(lambda: self.core)))
-        return m.plan_trainjob(blueprint, request, opts, name)
+        return self.plan_job(blueprint, request, opts, name)
+
+    def plan_job(self, blueprint: Blueprint, request: TrainRequest, opts: m.ClusterOptions, name: str) -> Any:
+        """The job object's plan: a TrainJob's here (the kuberay backend: a RayJob's)."""
+        return tj.plan_trainjob(blueprint, request, opts, name)
 
     def render_train(self, request: TrainRequest) -> str:
-        return m.to_yaml(m.build_trainjob(self._plan(request)))
+        return m.to_yaml(tj.build_trainjob(self._plan(request)))
 
     # -- runtimes ---------------------------------------------------------------------------------
     def installed_runtimes(self) -> list[str]:
@@ -137,12 +143,12 @@ class KubernetesBackend(Backend):
         from kubeflow.trainer.types import types
         from kubernetes.client.exceptions import ApiException
 
-        from playground.backends.kubernetes.errors import _root
+        from playground.backends.kubernetes.errors import root_cause
 
         try:
             runtime = self.connection.sdk("get_runtime", name)
         except Exception as exc:
-            root = _root(exc)
+            root = root_cause(exc)
             if not (isinstance(root, ApiException) and root.status == 404):
                 raise self._error(exc, "get", RUNTIMES, name) from None
             installed = self.installed_runtimes()
@@ -163,13 +169,13 @@ class KubernetesBackend(Backend):
             )
 
     # -- jobs -----------------------------------------------------------------------------------
-    def prepare(self, request: TrainRequest) -> m.TrainJobPlan:
+    def prepare(self, request: TrainRequest) -> tj.TrainJobPlan:
         return self._plan(request)  # bad input fails here, before the cluster is contacted
 
-    def create(self, request: TrainRequest, prepared: m.TrainJobPlan) -> Job:
+    def create(self, request: TrainRequest, prepared: tj.TrainJobPlan) -> Job:
         plan = prepared
         self._check_runtime(get_blueprint(request.blueprint_id), plan.runtime)
-        body = m.build_trainjob(plan)
+        body = tj.build_trainjob(plan)
         try:
             self.custom.create_namespaced_custom_object(m.GROUP, m.VERSION, self.namespace, m.TRAINJOB_PLURAL, body)
         except Exception as exc:

@@ -22,7 +22,7 @@ def _body(exc: Any) -> dict[str, Any]:
     return {}
 
 
-def _root(exc: BaseException) -> BaseException:
+def root_cause(exc: BaseException) -> BaseException:
     """The ApiException / connection error under the SDK's RuntimeError wrappers."""
     from kubernetes.client.exceptions import ApiException
 
@@ -54,7 +54,7 @@ def api_error(
     host: str | None = None,
 ) -> BackendError:
     """Translate a failed API call (``verb`` on ``resource``) into a BackendError naming what to fix."""
-    root = _root(exc)
+    root = root_cause(exc)
     status = getattr(root, "status", None)
     where = f" in namespace {namespace!r}" if namespace else ""
     what = f"{resource} {name!r}" if name else resource

@@ -181,7 +181,83 @@ def event_matches(event: dict[str, Any], job_name: str) -> bool:
 
 
 @dataclass
-class StreamState:
+class JobState:
+    """What a follow of one job on a cluster keeps (a TrainJob's: :class:`StreamState`; a RayJob's: the kuberay
+    backend's), and the rules they share: a cluster change or a pod's problem is said once, progress only moves
+    forward, a metric is said when its value changes, and a failed job's reason carries the trainer's own."""
+
+    job_name: str
+    job: dict[str, Any] | None = None
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rank: int = -1
+    phase: JobPhase | None = None
+    seen: set[tuple[Any, ...]] = field(default_factory=set)
+    metrics: dict[str, float] = field(default_factory=dict)
+    latest: Progress | None = None  # the last point emitted
+    logs_lost: bool = False  # the trainer's log could not be read to its end: the cluster's status takes over
+    trainer_failure: str = ""
+
+    def job_phase(self, *, refine: bool = False) -> tuple[JobPhase, str]:
+        """The phase the job object and its pods show (``refine``: the trainer's log drives the finer phases)."""
+        raise NotImplementedError
+
+    def _phase(self, phase: JobPhase, reason: str) -> list[Event]:
+        raise NotImplementedError
+
+    def _progress(self, point: Progress, reason: str = "training") -> list[Event]:
+        """Emit ``point`` if it is further along than the last point emitted (the dedupe rule)."""
+        if self.latest is not None and point.fraction <= self.latest.fraction:
+            return []
+        self.latest = point
+        return [*self._phase(JobPhase.TRAINING, reason), point]
+
+    def _once(self, key: tuple[Any, ...], event: Event) -> list[Event]:
+        if key in self.seen:
+            return []
+        self.seen.add(key)
+        return [event]
+
+    def _metric(self, event: Metric) -> list[Event]:
+        if self.metrics.get(event.name) == event.value:
+            return []
+        self.metrics[event.name] = event.value
+        return [event]
+
+    def _pod_changed(self, etype: str, pod: dict[str, Any]) -> list[Event]:
+        """Keep the pod (forget a deleted one) and say its problem (ImagePullBackOff, Unschedulable...) once."""
+        name = (pod.get("metadata") or {}).get("name", "")
+        if etype == "DELETED":
+            self.pods.pop(name, None)
+            return []
+        self.pods[name] = pod
+        problem = pod_problem(pod)
+        if not problem:
+            return []
+        return self._once(("pod", name, *problem), ClusterEvent("Pod", problem[0], f"{name}: {problem[1]}"))
+
+    def on_event(self, ev: dict[str, Any]) -> list[Event]:
+        if not event_matches(ev, self.job_name):
+            return []
+        meta = ev.get("metadata") or {}
+        inv = ev.get("involvedObject") or ev.get("regarding") or {}
+        key = ("event", meta.get("uid") or meta.get("name"))
+        kind = "Queue" if inv.get("kind") == "Workload" else inv.get("kind") or "Event"
+        message = ev.get("message") or ev.get("note") or ""
+        return self._once(key, ClusterEvent(kind, ev.get("reason") or "", f"{inv.get('name', '')}: {message}"))
+
+    def terminal(self) -> tuple[JobPhase, str] | None:
+        if self.job is None:
+            return None
+        phase, reason = self.job_phase()
+        if not phase.terminal:
+            return None
+        if phase == JobPhase.FAILED and self.trainer_failure and self.trainer_failure not in reason:
+            reason = f"{reason}; trainer: {self.trainer_failure}"
+        return phase, reason
+
+
+@dataclass
+class StreamState(JobState):
     """Turns raw cluster changes into typed events, each once, in a sensible order.
 
     Progress has two sources: node-0's ``@@playground`` log lines (every logged step, with learning
@@ -197,17 +273,7 @@ class StreamState:
       is the only source.
     """
 
-    job_name: str
-    job: dict[str, Any] | None = None
-    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rank: int = -1
-    phase: JobPhase | None = None
-    seen: set[tuple[Any, ...]] = field(default_factory=set)
-    metrics: dict[str, float] = field(default_factory=dict)
-    logs_lost: bool = False  # node-0's log could not be read to its end: trainerStatus takes over
-    trainer_failure: str = ""
     tails: dict[str, list[str]] = field(default_factory=dict)
-    latest: Progress | None = None  # the last point emitted
 
     @property
     def refine(self) -> bool:
@@ -215,18 +281,14 @@ class StreamState:
         ann = ((self.job or {}).get("metadata") or {}).get("annotations") or {}
         return ann.get(m.ANN_TRAINER, "playground") == "playground"
 
+    def job_phase(self, *, refine: bool = False) -> tuple[JobPhase, str]:
+        return cluster_phase(self.job or {}, list(self.pods.values()), refine=refine)
+
     def _phase(self, phase: JobPhase, reason: str) -> list[Event]:
         if phase.terminal or RANK[phase] <= self.rank:
             return []
         self.rank, self.phase = RANK[phase], phase
         return [Phase(phase, reason)]
-
-    def _progress(self, point: Progress, reason: str) -> list[Event]:
-        """Emit ``point`` if it is further along than the last point emitted (the dedupe rule)."""
-        if self.latest is not None and point.fraction <= self.latest.fraction:
-            return []
-        self.latest = point
-        return [*self._phase(JobPhase.TRAINING, reason), point]
 
     def _progressed(self) -> list[Event]:
         """Phases the pods show the job went through (a step that already ran), oldest first."""
@@ -243,22 +305,6 @@ class StreamState:
                 out += self._phase(JobPhase.TRAINING, "node-0 running")
         return out
 
-    def _once(self, key: tuple[Any, ...], event: Event) -> list[Event]:
-        if key in self.seen:
-            return []
-        self.seen.add(key)
-        return [event]
-
-    def terminal(self) -> tuple[JobPhase, str] | None:
-        if self.job is None:
-            return None
-        phase, reason = cluster_phase(self.job, list(self.pods.values()))
-        if not phase.terminal:
-            return None
-        if phase == JobPhase.FAILED and self.trainer_failure and self.trainer_failure not in reason:
-            reason = f"{reason}; trainer: {self.trainer_failure}"
-        return phase, reason
-
     def on_job(self, etype: str, obj: dict[str, Any]) -> list[Event]:
         out: list[Event] = []
         if etype == "DELETED":
@@ -270,7 +316,7 @@ class StreamState:
             if ctype in ("Suspended", "Created") or cond.get("status") == "True":
                 text = cond.get("message") or ""
                 out += self._once(key, ClusterEvent("TrainJob", cond.get("reason") or ctype, text))
-        phase, reason = cluster_phase(obj, list(self.pods.values()), refine=self.refine)
+        phase, reason = self.job_phase(refine=self.refine)
         if not phase.terminal and RANK[phase] > 0:
             out += self._progressed()
         out += self._phase(phase, reason)
@@ -278,36 +324,16 @@ class StreamState:
         if progress is not None and (self.logs_lost or not self.refine):
             out += self._progress(progress, "training (trainerStatus)")
         for name, value in metrics.items():
-            if name.startswith("eval") and self.metrics.get(name) != value:
-                self.metrics[name] = value
-                out.append(Metric(name, value))
+            if name.startswith("eval"):
+                out += self._metric(Metric(name, value))
         return out
 
     def on_pod(self, etype: str, pod: dict[str, Any]) -> list[Event]:
-        name = (pod.get("metadata") or {}).get("name", "")
-        if etype == "DELETED":
-            self.pods.pop(name, None)
-            return []
-        self.pods[name] = pod
-        out: list[Event] = []
-        problem = pod_problem(pod)
-        if problem:
-            out += self._once(("pod", name, *problem), ClusterEvent("Pod", problem[0], f"{name}: {problem[1]}"))
-        if self.job is not None:
+        out = self._pod_changed(etype, pod)
+        if etype != "DELETED" and self.job is not None:
             out += self._progressed()
-            phase, reason = cluster_phase(self.job, list(self.pods.values()), refine=self.refine)
-            out += self._phase(phase, reason)
+            out += self._phase(*self.job_phase(refine=self.refine))
         return out
-
-    def on_event(self, ev: dict[str, Any]) -> list[Event]:
-        if not event_matches(ev, self.job_name):
-            return []
-        meta = ev.get("metadata") or {}
-        inv = ev.get("involvedObject") or ev.get("regarding") or {}
-        key = ("event", meta.get("uid") or meta.get("name"))
-        kind = "Queue" if inv.get("kind") == "Workload" else inv.get("kind") or "Event"
-        message = ev.get("message") or ev.get("note") or ""
-        return self._once(key, ClusterEvent(kind, ev.get("reason") or "", f"{inv.get('name', '')}: {message}"))
 
     def on_log(self, source: str, line: str) -> list[Event]:
         tail = self.tails.setdefault(source, [])
@@ -325,9 +351,7 @@ class StreamState:
         if isinstance(event, Progress):
             return self._progress(event, "training")
         if isinstance(event, Metric):
-            if self.metrics.get(event.name) == event.value:
-                return []
-            self.metrics[event.name] = event.value
+            return self._metric(event)
         return [event]
 
     def on_log_lost(self, source: str) -> list[Event]:

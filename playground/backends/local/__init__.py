@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from playground.backends.gpus import detect_gpus
     from playground.backends.local.backend import LocalBackend
-    from playground.backends.local.gpus import detect_gpus
 
 __all__ = ["LocalBackend", "detect_gpus"]
 
@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
 
         return LocalBackend
     if name == "detect_gpus":
-        from playground.backends.local.gpus import detect_gpus
+        from playground.backends.gpus import detect_gpus
 
         return detect_gpus
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

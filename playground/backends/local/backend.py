@@ -16,11 +16,8 @@ from __future__ import annotations
 import math
 import os
 import re
-import secrets
 import shutil
 import signal
-import string
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -29,78 +26,28 @@ from typing import Any
 
 import playground
 from playground.backends.base import Backend
-from playground.backends.local import state
-from playground.backends.local.gpus import detect_gpus
+from playground.backends.common import absolute_source, check_trainer_installed, new_job_id, run_env
+from playground.backends.gpus import detect_gpus
+from playground.backends.local import launch, records, state
 from playground.backends.local.queue import WaitEstimator, jobs_queue
 from playground.blueprints import Blueprint, get_blueprint
 from playground.blueprints.fit import local_fit
 from playground.booth import BoothPolicy, QuotaExceeded, deadline_grace, job_deadline, owns
 from playground.errors import JobNotFound, UserError
-from playground.events import Event, JobPhase, Phase, Progress, event_from_dict, parse_line
-from playground.formatting import describe_event
+from playground.events import Event, JobPhase, Phase
 from playground.paths import ensure_writable_dir, playground_home
-from playground.processes import child_env, process_alive
 from playground.requests import check_request
 from playground.stopping import STOP_FILE, STOP_FILE_ENV
 from playground.types import Job, TrainRequest
 
 _JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
-_FOLLOW_INTERVAL = 0.2  # seconds between looks at a followed log
 CLEANUP_INTERVAL = 30.0  # booth mode: seconds between the TTL cleanups the facade runs on the side of list/submit
-_LAUNCHED: list[subprocess.Popen] = []  # supervisors this process started, reaped so they leave no zombies
-
-
-def _reap() -> None:
-    _LAUNCHED[:] = [p for p in _LAUNCHED if p.poll() is None]
-
-
-def new_job_id(blueprint_id: str) -> str:
-    """``<blueprint-id>-<5 random chars>``, a valid Kubernetes name (DNS-1035 label, ≤ 63 chars)."""
-    prefix = re.sub(r"[^a-z0-9-]+", "-", blueprint_id.lower()).strip("-")
-    if not prefix or not prefix[0].isalpha():
-        prefix = f"job-{prefix}".rstrip("-")
-    prefix = prefix[:57].rstrip("-")
-    suffix = "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(5))
-    return f"{prefix}-{suffix}"
 
 
 def _format_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value) if isinstance(value, float) else str(value)
-
-
-TRAINER_PACKAGES = ("torch", "transformers", "peft")
-
-
-def _check_trainer_installed() -> None:
-    """The local trainer runs in this interpreter: refuse, before anything starts, where it cannot
-    (the slim ``playground e2e`` install of requirements/e2e.txt has no torch)."""
-    import importlib.util
-
-    for name in TRAINER_PACKAGES:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise UserError(
-                f"the local backend trains in this Python environment, which lacks {name} (the slim e2e install?); "
-                "allowed: the full install (pip install blueprint-playground) or --backend kubernetes",
-                field="backend",
-            )
-
-
-def _is_remote(source: str) -> bool:
-    return "://" in source
-
-
-def _absolute(source: str | None) -> str | None:
-    """Local paths made absolute (the trainer runs in the job dir); URIs unchanged."""
-    if not source or _is_remote(source):
-        return source
-    return str(Path(source).expanduser().resolve())
 
 
 class LocalBackend(Backend):
@@ -154,7 +101,7 @@ class LocalBackend(Backend):
         """Validate a request: (blueprint, params, trainer processes, stand-in mode). Starts nothing."""
         blueprint = get_blueprint(request.blueprint_id)
         params = blueprint.resolve_params(dict(request.params))
-        _check_trainer_installed()
+        check_trainer_installed()
         model = request.overrides.model
         source = model or blueprint.model.source
         if source.startswith("pkg://"):  # installed, intact, convertible, cache writable: before anything starts
@@ -179,7 +126,7 @@ class LocalBackend(Backend):
         command = [*head, "--blueprint", str(blueprint_file), "--output", str(output)]
         for key, value in params.items():
             command += ["--set", f"{key}={_format_value(value)}"]
-        model, dataset = _absolute(request.overrides.model), _absolute(request.overrides.dataset)
+        model, dataset = absolute_source(request.overrides.model), absolute_source(request.overrides.dataset)
         if model:
             command += ["--model-source", model]
         if dataset:
@@ -249,14 +196,7 @@ class LocalBackend(Backend):
     def _run_env(self, job_id: str, owner: str | None) -> dict[str, str]:
         """What the trainer's MLflow run records (playground/runs): the job, this backend, the owner, and
         this home's SQLite store unless MLFLOW_TRACKING_URI names one (inherited, never written here)."""
-        from playground.runs import settings as rs
-
-        env = {rs.JOB_ID_ENV: job_id, rs.JOB_BACKEND_ENV: self.name}
-        if owner is not None:
-            env[rs.JOB_OWNER_ENV] = owner
-        if not os.environ.get(rs.TRACKING_ENV):
-            env[rs.TRACKING_ENV] = rs.default_tracking_uri(self.home)
-        return env
+        return run_env(job_id, self.name, owner, self.home)
 
     @property
     def quota_home(self) -> Path:
@@ -292,63 +232,14 @@ class LocalBackend(Backend):
 
     def create(self, request: TrainRequest, prepared: Any) -> Job:
         blueprint, params, nproc = prepared
-        jobs_dir = self.jobs_dir
-        for _ in range(20):
-            job_id = new_job_id(blueprint.id)
-            jobdir = jobs_dir / job_id
-            try:
-                jobdir.mkdir()
-                break
-            except FileExistsError:
-                continue
-        else:  # pragma: no cover - 36**5 ids
-            raise UserError(f"could not allocate a job id under {str(jobs_dir)!r}", field="state dir")
+        jobdir = launch.new_job_dir(self.jobs_dir, blueprint.id)
+        job_id = jobdir.name
         try:
-            proc = self._start(jobdir, self._spec(job_id, jobdir, request, blueprint, params, nproc), blueprint)
+            launch.start(jobdir, self._spec(job_id, jobdir, request, blueprint, params, nproc), blueprint, self.home)
         except OSError as exc:  # disk full, fork failure: leave no half-made job behind
             shutil.rmtree(jobdir, ignore_errors=True)
             raise UserError(f"could not start job {job_id} in {str(jobdir)!r}: {exc}", field="state dir") from None
-        _LAUNCHED.append(proc)
         return self.get(job_id)
-
-    def _start(self, jobdir: Path, spec: dict[str, Any], blueprint: Blueprint) -> subprocess.Popen:
-        """Write the job's state (spec.json last: until then it is no job) and start its supervisor."""
-        import yaml
-
-        (jobdir / "blueprint").mkdir()
-        (jobdir / "blueprint" / f"{blueprint.id}.yaml").write_text(
-            yaml.safe_dump(blueprint.model_dump(mode="json"), sort_keys=False)
-        )
-        (jobdir / state.OUTPUT).mkdir()
-        (jobdir / state.LOG).touch()
-        status = {"phase": str(JobPhase.PENDING), "message": "", "created_at": spec["created_at"], "metrics": {}}
-        state.write_json_atomic(jobdir / state.STATUS, status)
-        _reap()
-        # Held from before spec.json exists; the supervisor inherits it and holds it until it exits.
-        lock_fd = state.take_supervisor_lock(jobdir)
-        try:
-            state.write_json_atomic(jobdir / state.SPEC, spec)
-            if spec.get("queue_slots"):  # in line by submit time, before its supervisor starts
-                jobs_queue(self.home, spec["queue_slots"]).join(spec["id"], spec["created_at"])
-            with open(jobdir / state.SUPERVISOR_LOG, "ab") as sup_log:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", state.SUPERVISOR_MODULE, str(jobdir)],
-                    cwd=jobdir,
-                    env=child_env({"PYTHONPATH": spec["env"]["PYTHONPATH"]}),
-                    stdin=subprocess.DEVNULL,
-                    stdout=sup_log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # outlives the caller; not hit by the caller's Ctrl-C
-                    close_fds=True,
-                    pass_fds=(lock_fd,),
-                )
-        finally:
-            os.close(lock_fd)  # the supervisor's copy keeps the lock
-        pid_file = jobdir / state.SUPERVISOR_PID
-        pid_tmp = pid_file.with_name(f".{pid_file.name}.tmp")
-        pid_tmp.write_text(str(proc.pid))
-        pid_tmp.replace(pid_file)
-        return proc
 
     def render_train(self, request: TrainRequest) -> str:
         """What ``submit`` would run for ``request``, as YAML (the local backend has no manifest)."""
@@ -363,98 +254,13 @@ class LocalBackend(Backend):
 
     # -- state --------------------------------------------------------------------------------
     def _status(self, jobdir: Path) -> dict[str, Any]:
-        """``status.json``, reconciled: a non-terminal job whose supervisor is gone becomes Failed.
-
-        The supervisor is the only writer of a live job's status; this writes only while holding the
-        supervisor lock, which proves the supervisor has exited (it cannot come back).
-        """
-        _reap()
-        status = state.read_json(jobdir / state.STATUS)
-        if JobPhase(status["phase"]).terminal:
-            return status
-        with state.supervisor_gone(jobdir) as gone:
-            if gone is False:
-                return status
-            if gone is None and state.supervisor_alive(jobdir):  # a job made before the lock
-                return status
-            status = state.read_json(jobdir / state.STATUS)  # it may have finished just now
-            if JobPhase(status["phase"]).terminal:
-                return status
-            trainer = status.get("trainer_pid")
-            if trainer and process_alive(trainer, *state.trainer_markers(jobdir)):
-                state.kill_group(status.get("trainer_pgid") or trainer, signal.SIGKILL)
-            tail = self._log_tail(jobdir)
-            supervisor_tail = self._supervisor_log_tail(jobdir)
-            tail = tail + [f"[supervisor] {line}" for line in supervisor_tail]
-            if (jobdir / state.CANCEL_REQUESTED).exists():  # signalled before it could answer
-                phase, message = JobPhase.CANCELLED, "cancelled by user"
-            else:
-                phase = JobPhase.FAILED
-                message = "supervisor exited unexpectedly" + (f": {supervisor_tail[-1]}" if supervisor_tail else "")
-            status.update(
-                phase=str(phase), message=message, finished_at=time.time(), log_tail=tail or status.get("log_tail", [])
-            )
-            state.write_json_atomic(jobdir / state.STATUS, status)
-        return status
-
-    def _supervisor_log_tail(self, jobdir: Path, lines: int = 20) -> list[str]:
-        """The supervisor's own output (a crash of the supervisor itself shows only here)."""
-        try:
-            text = (jobdir / state.SUPERVISOR_LOG).read_text(errors="replace")
-        except OSError:
-            return []
-        return [line for line in text.splitlines() if line.strip()][-lines:]
-
-    def _log_tail(self, jobdir: Path, lines: int = state.LOG_TAIL_LINES) -> list[str]:
-        try:
-            with open(jobdir / state.LOG, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - 256 * 1024))
-                text = fh.read().decode("utf-8", errors="replace")
-        except OSError:
-            return []
-        return [describe_event(parse_line(line)) for line in text.splitlines()[-lines:]]
+        """``status.json``, reconciled with the job's supervisor (:func:`.records.reconciled_status`)."""
+        launch.reap()
+        return records.reconciled_status(jobdir)
 
     def _job(self, jobdir: Path) -> Job:
-        spec = state.read_json(jobdir / state.SPEC)
-        status = self._status(jobdir)
-        phase = JobPhase(status["phase"])
-        progress = None
-        if status.get("progress"):
-            progress = event_from_dict({"type": "progress", **status["progress"]})
-            assert isinstance(progress, Progress)
-        model = jobdir / state.OUTPUT / "model"
-        model_dir = str(model) if phase == JobPhase.SUCCEEDED and model.is_dir() else None
-        base_model = spec.get("base_model")
-        if base_model and base_model.startswith(str(jobdir)) and not Path(base_model).is_dir():
-            base_model = None  # scratch:// base weights are not written yet (or the job failed first)
-        return Job(
-            id=spec["id"],
-            blueprint_id=spec["blueprint_id"],
-            backend=self.name,
-            phase=phase,
-            params=spec["params"],
-            created_at=spec["created_at"],
-            started_at=status.get("started_at"),
-            finished_at=status.get("finished_at"),
-            message=status.get("message", ""),
-            progress=progress,
-            metrics=dict(status.get("metrics") or {}),
-            model_dir=model_dir,
-            base_model=base_model,
-            log_tail=list(status.get("log_tail") or []),
-            labels=dict(spec.get("labels") or {}),
-            owner=spec.get("owner"),
-            queue_position=status.get("queue_position") if phase == JobPhase.PENDING else None,
-            estimated_wait_seconds=status.get("estimated_wait_seconds") if phase == JobPhase.PENDING else None,
-            expires_at=self._expires_at(phase, status.get("finished_at")),
-        )
-
-    def _expires_at(self, phase: JobPhase, finished_at: float | None) -> float | None:
-        """Booth mode: a finished job's end, the policy's ``finished_ttl_seconds`` after it ended."""
-        if self.policy is None or not phase.terminal or finished_at is None:
-            return None
-        return float(finished_at) + self.policy.finished_ttl_seconds
+        ttl = self.policy.finished_ttl_seconds if self.policy is not None else None
+        return records.to_job(jobdir, self._status(jobdir), backend=self.name, ttl_seconds=ttl)
 
     def get(self, job_id: str, *, owner: str | None = None) -> Job:
         return self._job(self._jobdir(job_id, owner))
@@ -504,42 +310,7 @@ class LocalBackend(Backend):
         jobdir = self._jobdir(job_id, owner)
         spec = state.read_json(jobdir / state.SPEC)
         yield Phase(JobPhase.PENDING, time=spec["created_at"])
-        try:
-            fh = open(jobdir / state.LOG, "rb")  # noqa: SIM115 - closed in finally; a generator
-        except FileNotFoundError:
-            return
-        try:
-            pending = b""
-            while True:
-                chunk = fh.read(1 << 16)
-                if chunk:
-                    lines = (pending + chunk).split(b"\n")
-                    pending = lines.pop()
-                    for raw in lines:
-                        event = parse_line(raw.decode("utf-8", errors="replace"))
-                        if isinstance(event, Phase) and event.phase.terminal:
-                            continue  # the supervisor's verdict (status.json) is the terminal phase
-                        yield event
-                    continue
-                try:
-                    status = self._status(jobdir)
-                except FileNotFoundError:
-                    return  # deleted meanwhile
-                phase = JobPhase(status["phase"])
-                if phase.terminal:
-                    rest = pending + fh.read()  # the log is complete before the terminal status is written
-                    for raw in rest.split(b"\n"):
-                        if raw.strip():
-                            event = parse_line(raw.decode("utf-8", errors="replace"))
-                            if not (isinstance(event, Phase) and event.phase.terminal):
-                                yield event
-                    yield Phase(phase, status.get("message", ""), time=status.get("finished_at") or time.time())
-                    return
-                if not follow:
-                    return
-                time.sleep(_FOLLOW_INTERVAL)
-        finally:
-            fh.close()
+        yield from records.log_events(jobdir, lambda: self._status(jobdir), follow)
 
     # -- control ------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, owner: str | None = None) -> Job:

@@ -5,10 +5,10 @@ through Ray's Job API (:mod:`.cluster`: ``RAY_ADDRESS``, or a local Ray started 
 job's ``submission_id`` is the playground job id and its metadata carries the rest (blueprint, parameters,
 owner, output), so Ray is the one record: any process that reaches the cluster lists, follows, cancels and
 deletes the same jobs (a reloaded notebook reattaches). Events come from the job's log (the driver's output,
-which Ray Train fills with the workers'): :mod:`.logs` turns its lines into the trainer's events. Phases:
-Ray's PENDING (with Ray's message) and a driver waiting for the workers' resources are Pending; RUNNING is the
-trainer's own phase (Initializing → Training → Saving); SUCCEEDED, FAILED (with the reason and the last log
-lines) and STOPPED (Cancelled) end it.
+which Ray Train fills with the workers'): :mod:`.logs` turns its lines into the trainer's events and
+:mod:`.jobinfo` into the job's phase: Ray's PENDING (with Ray's message) and a driver waiting for the workers'
+resources are Pending; RUNNING is the trainer's own phase (Initializing → Training → Saving); SUCCEEDED, FAILED
+(with the reason and the last log lines) and STOPPED (Cancelled) end it. Submitting: :mod:`.submission`.
 
 Output: ``<storage>/<job id>/output`` (``model/``, ``checkpoints/``, ``metrics.json``), where ``storage`` is
 ``PLAYGROUND_RAY_STORAGE`` (a path every Ray node sees) or, for the local Ray, ``<home>/ray/jobs``.
@@ -24,16 +24,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import playground
 from playground.backends.base import Backend
-from playground.backends.local.backend import new_job_id
+from playground.backends.common import absolute_source, check_trainer_installed, cpu_cores, new_job_id
 from playground.backends.ray import cluster as rc
-from playground.backends.ray.logs import clean_line, ray_event, split_lines, tail_lines
+from playground.backends.ray.jobinfo import LogSummary, ended, log_events, phase_of, status_of
+from playground.backends.ray.logs import split_lines
+from playground.backends.ray.submission import AGENT_NOT_READY, AGENT_WAIT, job_env, submit_when_agent_ready
 from playground.blueprints import Blueprint, get_blueprint
 from playground.booth import BoothPolicy, owns
 from playground.errors import BackendError, JobNotFound, UserError, shown
-from playground.events import Event, JobPhase, Metric, Phase, Progress, parse_line
-from playground.formatting import describe_event
+from playground.events import Event, JobPhase, Phase
 from playground.paths import ensure_writable_dir, playground_home
 from playground.types import Job, TrainRequest
 
@@ -43,44 +43,7 @@ WORKERS_ENV = "PLAYGROUND_RAY_WORKERS"
 CPUS_PER_WORKER_ENV = "PLAYGROUND_RAY_CPUS_PER_WORKER"
 MAX_FAILURES_ENV = "PLAYGROUND_RAY_MAX_FAILURES"
 MARK = "playground"  # metadata key marking the playground's Ray jobs
-LOG_TAIL_LINES = 40
 FOLLOW_INTERVAL = 0.5  # seconds between looks at a followed job
-# Ray's head refuses a submission ("No available agent to submit job, please try again later.") while its node's
-# job agent has not registered yet: it waits only 10 s for it, and a freshly started Ray on a loaded machine
-# needs longer. Nothing was submitted then, so the same submission is tried again, up to AGENT_WAIT seconds.
-AGENT_NOT_READY = "No available agent to submit job"
-AGENT_WAIT = rc.START_TIMEOUT
-AGENT_RETRY_INTERVAL = 1.0
-# What a Ray job's trainer gets from the submitter's environment: offline switches, caches, tracking. Never a
-# token: the runtime env is stored by Ray and shown by its dashboard (a remote cluster's nodes carry their own).
-JOB_ENV_PREFIXES = ("HF_HUB_", "HF_DATASETS_", "TRANSFORMERS_", "TOKENIZERS_", "PLAYGROUND_TRAIN_", "OMP_")
-JOB_ENV_NAMES = frozenset(
-    {"HF_HOME", "PLAYGROUND_GPU_COUNT", "PLAYGROUND_MLFLOW", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"}
-)
-_RAY_PHASES = {"SUCCEEDED": JobPhase.SUCCEEDED, "FAILED": JobPhase.FAILED, "STOPPED": JobPhase.CANCELLED}
-
-
-def submit_when_agent_ready(client: Any, job: dict[str, Any], *, wait: float = AGENT_WAIT) -> str:
-    """``client.submit_job(**job)``, tried again while the head has no job agent yet, for up to ``wait`` seconds
-    (Ray's refusal then is "please try again later" and nothing was submitted); Ray's submission id."""
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            return client.submit_job(**job)
-        except Exception as exc:
-            if AGENT_NOT_READY not in str(exc) or time.monotonic() >= deadline:
-                raise
-        time.sleep(AGENT_RETRY_INTERVAL)
-
-
-def _cpu_quantity(text: str | None) -> float | None:
-    """A Kubernetes CPU quantity ("2", "500m") as cores; None when unset or unreadable."""
-    if not text:
-        return None
-    try:
-        return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-    except ValueError:
-        return None
 
 
 def _env_number(name: str, kind: type, low: float, high: float) -> Any:
@@ -182,7 +145,7 @@ class RayBackend(Backend):
         if self.cpus_per_worker is not None:
             cpus = self.cpus_per_worker
         else:
-            total = _cpu_quantity(res.cpu) or float(workers)
+            total = cpu_cores(res.cpu) or float(workers)
             cpus = max(1.0, total / workers) if res.needs_gpu else max(1.0, float(int(total / workers)) or 1.0)
             available = self.cluster_resources()
             if available and not res.needs_gpu:  # a small laptop: what the local Ray has, split over the workers
@@ -193,9 +156,7 @@ class RayBackend(Backend):
         blueprint = get_blueprint(request.blueprint_id)
         params = blueprint.resolve_params(dict(request.params))
         if self.is_local:
-            from playground.backends.local.backend import _check_trainer_installed
-
-            _check_trainer_installed()
+            check_trainer_installed()
         source = request.overrides.model or blueprint.model.source
         if source.startswith("pkg://") and self.is_local:  # converted before anything starts, as locally
             from playground.models.packaged import check
@@ -240,33 +201,11 @@ class RayBackend(Backend):
         overrides = request.overrides
         for flag, source in (("--model-source", overrides.model), ("--dataset-source", overrides.dataset)):
             if source:
-                command += [flag, source if "://" in source else str(Path(source).expanduser().resolve())]
+                command += [flag, str(absolute_source(source))]
         return command
 
     def _runtime_env(self, job_id: str, owner: str | None) -> dict[str, Any]:
-        from playground.runs import settings as run_settings
-
-        env = {
-            k: v for k, v in os.environ.items() if k in JOB_ENV_NAMES or k.startswith(JOB_ENV_PREFIXES)
-        }  # fmt: skip
-        env.update(
-            PYTHONUNBUFFERED="1",
-            RAY_DEDUP_LOGS="0",
-            RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
-            RAY_TRAIN_ENABLE_WORKER_STRUCTURED_LOGGING="0",
-        )
-        # Ray Train's workers load torch (libgomp) before the trainer's own setdefault can act: sleeping, not
-        # spinning, OpenMP waits must be in their environment (playground/train/__init__.py says why)
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        env[run_settings.JOB_ID_ENV], env[run_settings.JOB_BACKEND_ENV] = job_id, self.name
-        if owner is not None:
-            env[run_settings.JOB_OWNER_ENV] = owner
-        if self.is_local:
-            package_root = str(Path(playground.__file__).resolve().parents[1])
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
-            if not os.environ.get(run_settings.TRACKING_ENV):
-                env[run_settings.TRACKING_ENV] = run_settings.default_tracking_uri(self.home)
-        return {"env_vars": env}
+        return {"env_vars": job_env(job_id, self.name, owner, self.home if self.is_local else None)}
 
     def _metadata(self, job_id: str, request: TrainRequest, blueprint: Blueprint, params: dict, scaling: tuple) -> dict:
         output = self.storage / job_id / "output"
@@ -274,9 +213,7 @@ class RayBackend(Backend):
         if blueprint.model.source.startswith("scratch://") and not model:
             base_model = str(output / "base-model")
         else:
-            base_model = (model if not model or "://" in model else str(Path(model).expanduser().resolve())) or (
-                blueprint.model.source
-            )
+            base_model = absolute_source(model) or blueprint.model.source
         labels = dict(request.labels)
         run = os.environ.get("PLAYGROUND_E2E_RUN")  # set by `playground e2e` per notebook: its cleanup finds the jobs
         if run:
@@ -372,25 +309,8 @@ class RayBackend(Backend):
         if job_id in self._finished:
             return self._finished[job_id]
         metadata = info.metadata or {}
-        status = str(getattr(info.status, "value", info.status))
-        text = self._log(job_id) if log is None else log
-        summary = LogSummary.read(text)
-        verdict = _RAY_PHASES.get(status)
-        if verdict is not None:
-            phase = verdict
-            if verdict == JobPhase.CANCELLED:
-                message = "cancelled by user"
-            elif verdict == JobPhase.FAILED:
-                message = summary.failure or info.message or "the Ray job failed"
-            else:
-                message = ""
-        elif status == "PENDING":
-            phase, message = JobPhase.PENDING, info.message or "Ray has not started the job yet"
-        else:
-            phase = summary.phase or JobPhase.INITIALIZING
-            message = summary.reason if summary.phase == JobPhase.PENDING else ""
-            if summary.phase is None:
-                message = "Ray Train is starting the workers"
+        summary = LogSummary.read(self._log(job_id) if log is None else log)
+        phase, message = phase_of(info, summary)
         output = Path(metadata.get("output", ""))
         model = output / "model"
         model_dir = str(model) if phase == JobPhase.SUCCEEDED and (not self.is_local or model.is_dir()) else None
@@ -455,25 +375,16 @@ class RayBackend(Backend):
         while True:
             text = self._log(job_id)
             lines, _ = split_lines(text[sent:])
-            for line in lines:
-                sent += len(line) + 1
-                event = ray_event(line)
-                if isinstance(event, Phase) and event.phase.terminal:
-                    continue  # Ray's status is the verdict
-                yield event
+            sent += sum(len(line) + 1 for line in lines)
+            yield from log_events(lines)
             info = self._info(job_id, owner)
-            status = str(getattr(info.status, "value", info.status))
-            if status in _RAY_PHASES:
+            if ended(info):
                 rest = self._log(job_id)[sent:]
-                for line in rest.split("\n"):
-                    if line.strip():
-                        event = ray_event(line)
-                        if not (isinstance(event, Phase) and event.phase.terminal):
-                            yield event
+                yield from log_events(line for line in rest.split("\n") if line.strip())
                 job = self._job(info)
                 yield Phase(job.phase, job.message, time=job.finished_at or time.time())
                 return
-            if status == "PENDING" and info.message and not said_pending:
+            if status_of(info) == "PENDING" and info.message and not said_pending:
                 yield Phase(JobPhase.PENDING, info.message)
                 said_pending = True
             if not follow:
@@ -483,7 +394,7 @@ class RayBackend(Backend):
     # -- control --------------------------------------------------------------------------------------
     def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
         info = self._info(job_id, owner)
-        if str(getattr(info.status, "value", info.status)) in _RAY_PHASES:
+        if ended(info):
             return self._job(info)
         try:
             self.client().stop_job(job_id)
@@ -492,14 +403,14 @@ class RayBackend(Backend):
         deadline = time.monotonic() + self.cancel_grace
         while time.monotonic() < deadline:
             info = self._info(job_id, owner)
-            if str(getattr(info.status, "value", info.status)) in _RAY_PHASES:
+            if ended(info):
                 break
             time.sleep(0.3)
         return self._job(info)
 
     def delete(self, job_id: str, *, owner: str | None = None) -> None:
         info = self._info(job_id, owner)
-        if str(getattr(info.status, "value", info.status)) not in _RAY_PHASES:
+        if not ended(info):
             info = self._info(self.cancel(job_id, owner=owner).id, owner)
         output = Path((info.metadata or {}).get("output", ""))
         try:
@@ -509,36 +420,3 @@ class RayBackend(Backend):
         self._finished.pop(job_id, None)
         if self.is_local and output.name == "output" and output.parent.parent == self.storage:
             shutil.rmtree(output.parent, ignore_errors=True)
-
-
-class LogSummary:
-    """What a Ray job's log says so far: the trainer's phase, last progress point, metrics, failure, tail."""
-
-    def __init__(self) -> None:
-        self.phase: JobPhase | None = None
-        self.reason = ""
-        self.failure = ""
-        self.progress: Progress | None = None
-        self.metrics: dict[str, float] = {}
-        self.tail: list[str] = []
-
-    @classmethod
-    def read(cls, text: str) -> LogSummary:
-        summary = cls()
-        lines = [line for line in text.splitlines() if line.strip()]
-        for line in lines:
-            event = ray_event(line)
-            if isinstance(event, Phase):
-                if event.phase == JobPhase.FAILED:
-                    summary.failure = event.reason or summary.failure  # the last: the driver's verdict
-                elif not event.phase.terminal:
-                    summary.phase, summary.reason = event.phase, event.reason
-            elif isinstance(event, Progress):
-                summary.progress = event
-            elif isinstance(event, Metric):
-                summary.metrics[event.name] = event.value
-        if not summary.failure:
-            errors = [clean_line(line) for line in lines if ": error: " in line]
-            summary.failure = errors[-1].split(": error: ", 1)[1] if errors else ""
-        summary.tail = [describe_event(parse_line(line)) for line in tail_lines(text, LOG_TAIL_LINES)]
-        return summary

@@ -28,6 +28,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from playground.backends.common import is_uri
 from playground.errors import BackendError, UserError, shown
 from playground.paths import ensure_writable_dir
 from playground.processes import child_env, process_alive
@@ -74,7 +75,7 @@ def remote_address() -> str | None:
             "allowed: the cluster's dashboard address, e.g. http://head:8265",
             field=ADDRESS_ENV,
         )
-    return address if "://" in address else f"http://{address}"
+    return address if is_uri(address) else f"http://{address}"
 
 
 def _free_ports(count: int) -> list[int]:
@@ -106,7 +107,7 @@ def local_cpus() -> float:
 
 
 def local_gpus() -> float:
-    from playground.backends.local.gpus import detect_gpus
+    from playground.backends.gpus import detect_gpus
 
     return float(detect_gpus())
 

@@ -5,15 +5,17 @@ context, kubeconfig, Kueue queue, HF token Secret, image, TTL, booth policy), la
 watches (one per resource kind, resumed from the last resourceVersion) and log followers, and the same workspace
 PVC that KServe serves from. What differs, by concern:
 
-- manifests (:mod:`.rayjob`): ``spec.entrypoint`` runs ``python -m playground.train.on_ray`` (Ray Train's
-  ``TorchTrainer`` around the project's trainer) with the TrainJob's trainer arguments; ``spec.rayClusterSpec`` is a
-  head and one worker group sized from the blueprint; the workspace PVC is created beside the RayJob (and owned by it).
+- manifests (:mod:`.rayjob`; read back: :mod:`.rayjob_status`): ``spec.entrypoint`` runs
+  ``python -m playground.train.on_ray`` (Ray Train's ``TorchTrainer`` around the project's trainer) with the TrainJob's
+  trainer arguments; ``spec.rayClusterSpec`` is a head and one worker group sized from the blueprint; the workspace
+  PVC is created beside the RayJob (and owned by it).
 - phases: ``status.jobDeploymentStatus`` (New, Initializing, Running, Complete, Failed, Suspended…) and
   ``status.jobStatus`` (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), the pods' problems while the cluster comes up,
   then the trainer's own events for Initializing/Training/Saving.
-- logs: the submitter pod's (KubeRay's K8sJobMode runs ``ray job submit`` then ``ray job logs --follow`` in a batch
-  Job named like the RayJob): the driver's log, with Ray's ``(RayTrainWorker pid=N, ip=A)`` prefixes and colours
-  removed (:mod:`.logs`). A retried submitter replays the log from the start: each line is emitted once.
+- following (:mod:`.kuberay_follow`) and logs: the submitter pod's (KubeRay's K8sJobMode runs ``ray job submit``
+  then ``ray job logs --follow`` in a batch Job named like the RayJob): the driver's log, with Ray's
+  ``(RayTrainWorker pid=N, ip=A)`` prefixes and colours removed (:mod:`.logs`). A retried submitter replays the log
+  from the start: each line is emitted once.
 - cancel: ``spec.suspend: true`` (KubeRay deletes the RayCluster and the submitter, the RayJob stays, marked
   cancelled); a Kueue-managed RayJob's Workload is deactivated first (``spec.active: false``), or Kueue would
   unsuspend it again.
@@ -22,38 +24,28 @@ PVC that KServe serves from. What differs, by concern:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any
 
 from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes import queue as kueue
 from playground.backends.kubernetes.backend import KubernetesBackend
-from playground.backends.kubernetes.datafiles import in_pod, own_pod_claims
-from playground.backends.kubernetes.follow import Follow
-from playground.backends.kubernetes.status import RANK, event_matches, pod_problem, started
-from playground.backends.kubernetes.watch import (
-    LogEnded,
-    LogFollower,
-    LogLine,
-    ResourceWatcher,
-    WatchItem,
-)
+from playground.backends.kubernetes.status import started
+from playground.backends.kubernetes.watch import LogEnded, LogFollower, LogLine, ResourceWatcher, WatchItem
 from playground.backends.ray import rayjob as rj
-from playground.backends.ray.logs import clean_line, ray_event
-from playground.blueprints import get_blueprint
+from playground.backends.ray import rayjob_status as rs
+from playground.backends.ray.kuberay_follow import RayJobFollow, RayJobState
+from playground.blueprints import Blueprint
 from playground.booth import owner_key
 from playground.errors import BackendError, JobNotFound, UserError, shown
-from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress
+from playground.events import Event, JobPhase, Phase
 from playground.types import Job, TrainRequest
 
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -87,13 +79,7 @@ class KubeRayBackend(KubernetesBackend):
         super().__init__(*args, trainer=m.PLAYGROUND, **kwargs)
 
     # -- manifests (no cluster) ------------------------------------------------------------------
-    def _plan(self, request: TrainRequest, name: str | None = None) -> rj.RayJobPlan:  # type: ignore[override]
-        blueprint = get_blueprint(request.blueprint_id)
-        name = name or m.new_job_name(blueprint.id)
-        opts = self.opts
-        if not opts.data_claims and m.local_data_files(blueprint, request) and in_pod():
-            # Your file on this notebook pod's volume: the same claim is mounted in the Ray pods.
-            opts = dataclasses.replace(opts, data_claims=tuple(own_pod_claims(lambda: self.core)))
+    def plan_job(self, blueprint: Blueprint, request: TrainRequest, opts: m.ClusterOptions, name: str) -> rj.RayJobPlan:
         return rj.plan_rayjob(blueprint, request, opts, name)
 
     def render_train(self, request: TrainRequest) -> str:
@@ -148,7 +134,7 @@ class KubeRayBackend(KubernetesBackend):
             raise self._error(exc, "get", rj.RAYJOBS, job_id) from None
         except Exception as exc:
             raise self._error(exc, "get", rj.RAYJOBS, job_id) from None
-        labels = rj.RayJobView.from_dict(obj).metadata.labels
+        labels = rs.RayJobView.from_dict(obj).metadata.labels
         if labels.get(m.LABEL_MANAGED) != m.MANAGED_BY:
             raise not_found  # a RayJob the playground did not make
         if owner is not None and labels.get(m.LABEL_OWNER) != owner_key(owner):
@@ -169,12 +155,12 @@ class KubeRayBackend(KubernetesBackend):
 
     def _driver_tail(self, pods: list[dict[str, Any]]) -> list[str] | None:
         """The last lines of the driver's log (the newest submitter pod that ran); None when there is none."""
-        ran = [p for p in rj.submitters(pods) if started(p)]
+        ran = [p for p in rs.submitters(pods) if started(p)]
         if not ran:
             return None
         try:
             text = self.core.read_namespaced_pod_log(
-                rj.pod_name(ran[-1]), self.namespace, container=rj.SUBMITTER_CONTAINER, tail_lines=TAIL_LINES
+                rs.pod_name(ran[-1]), self.namespace, container=rj.SUBMITTER_CONTAINER, tail_lines=TAIL_LINES
             )
         except Exception:  # the log is a courtesy; the phase is what matters
             return None
@@ -184,8 +170,8 @@ class KubeRayBackend(KubernetesBackend):
         obj = self._get_rayjob(job_id, owner)
         pods = self._pods(job_id)
         lines = self._driver_tail(pods)
-        job = rj.to_job(obj, pods, rj.LogSummary.read(lines) if lines is not None else None)
-        view = rj.RayJobView.from_dict(obj)
+        job = rs.to_job(obj, pods, rs.LogSummary.read(lines) if lines is not None else None)
+        view = rs.RayJobView.from_dict(obj)
         queue_name = view.metadata.labels.get(m.QUEUE_LABEL)
         if queue_name and job.phase == JobPhase.PENDING and view.spec.suspend:
             job.queue_position = kueue.pending_position(
@@ -205,15 +191,15 @@ class KubeRayBackend(KubernetesBackend):
             )
         except Exception as exc:
             raise self._error(exc, "list", rj.RAYJOBS) from None
-        jobs = [rj.to_job(obj, None) for obj in data.get("items") or []]
+        jobs = [rs.to_job(obj, None) for obj in data.get("items") or []]
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
     # -- events ---------------------------------------------------------------------------------
     def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
         obj = self._get_rayjob(job_id, owner)  # JobNotFound before anything starts
-        view = rj.RayJobView.from_dict(obj)
+        view = rs.RayJobView.from_dict(obj)
         yield Phase(
-            JobPhase.PENDING, "RayJob created", time=rj.seconds(view.metadata.creation_timestamp) or time.time()
+            JobPhase.PENDING, "RayJob created", time=rs.seconds(view.metadata.creation_timestamp) or time.time()
         )
         state = RayJobState(job_id, rank=0, phase=JobPhase.PENDING, reason="RayJob created")
         if not follow:
@@ -250,7 +236,7 @@ class KubeRayBackend(KubernetesBackend):
         yield from session.events()
 
     def _log_follower(self, pod: dict[str, Any], sink: Callable[[WatchItem], None], stop: threading.Event, **kw: Any):
-        name = rj.pod_name(pod)
+        name = rs.pod_name(pod)
         return LogFollower(self.core, self.namespace, name, rj.SUBMITTER_CONTAINER, name, sink, stop, **kw)
 
     def _history(self, state: RayJobState, job_id: str) -> Iterator[Event]:
@@ -261,7 +247,7 @@ class KubeRayBackend(KubernetesBackend):
             yield from state.on_pod("ADDED", pod)
         for ev in self._namespace_events():
             yield from state.on_event(ev)
-        for pod in rj.submitters(pods):
+        for pod in rs.submitters(pods):
             if not started(pod):
                 continue
             items: list[WatchItem] = []
@@ -303,7 +289,7 @@ class KubeRayBackend(KubernetesBackend):
             return job
         obj = self._get_rayjob(job_id)
         problem: BackendError | None = None
-        if m.QUEUE_LABEL in rj.RayJobView.from_dict(obj).metadata.labels:
+        if m.QUEUE_LABEL in rs.RayJobView.from_dict(obj).metadata.labels:
             try:
                 self._deactivate_workloads(obj)
             except BackendError as exc:
@@ -330,7 +316,7 @@ class KubeRayBackend(KubernetesBackend):
         for good); nothing when the cluster has no Kueue."""
         from kubernetes.client.exceptions import ApiException
 
-        meta = rj.RayJobView.from_dict(rayjob).metadata
+        meta = rs.RayJobView.from_dict(rayjob).metadata
         for version in KUEUE_VERSIONS:
             try:
                 data = self.custom.list_namespaced_custom_object(KUEUE_GROUP, version, self.namespace, "workloads")
@@ -385,179 +371,3 @@ class KubeRayBackend(KubernetesBackend):
         except Exception as exc:
             raise self._error(exc, "delete", rj.RAYJOBS, job_id) from None
         self._delete_claim(job_id)
-
-
-# -- following one RayJob -------------------------------------------------------------------------------------
-@dataclass
-class RayJobState:
-    """Turns raw cluster changes (the RayJob, its pods, Events, the driver's log) into typed events, each once.
-
-    Phases only move forward, except that a still Pending job says so again when the reason changes (queued in
-    Kueue → creating the Ray cluster → a pod Unschedulable…). The trainer's ``@@playground`` lines drive
-    Initializing/Training/Saving and progress while the driver's log can be read; KubeRay's status says when it
-    ends. A retried submitter pod prints the log again from the start: a line is emitted only the first time.
-    """
-
-    job_name: str
-    job: dict[str, Any] | None = None
-    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rank: int = -1
-    phase: JobPhase | None = None
-    reason: str = ""
-    seen: set[tuple[Any, ...]] = field(default_factory=set)
-    metrics: dict[str, float] = field(default_factory=dict)
-    latest: Progress | None = None
-    logs_lost: bool = False  # the driver's log could not be read to its end: KubeRay's status drives the phases
-    trainer_failure: str = ""
-    lines: list[str] = field(default_factory=list)  # the driver's lines so far (a failure's tail)
-    counts: dict[str, Counter] = field(default_factory=dict)  # per submitter pod: how often each line came
-    most: Counter = field(default_factory=Counter)  # the most times a line came from one pod
-    closed: set[str] = field(default_factory=set)  # submitter pods past their log's end (its repeated tail)
-
-    def _phase(self, phase: JobPhase, reason: str) -> list[Event]:
-        rank = RANK[phase]
-        if phase.terminal or rank < self.rank:
-            return []
-        if rank == self.rank and (phase != JobPhase.PENDING or reason == self.reason):
-            return []
-        self.rank, self.phase, self.reason = rank, phase, reason
-        return [Phase(phase, reason)]
-
-    def _progress(self, point: Progress) -> list[Event]:
-        if self.latest is not None and point.fraction <= self.latest.fraction:
-            return []
-        self.latest = point
-        return [*self._phase(JobPhase.TRAINING, "training"), point]
-
-    def _once(self, key: tuple[Any, ...], event: Event) -> list[Event]:
-        if key in self.seen:
-            return []
-        self.seen.add(key)
-        return [event]
-
-    def _cluster(self) -> list[Event]:
-        if self.job is None:
-            return []
-        phase, reason = rj.cluster_phase(self.job, list(self.pods.values()), refine=not self.logs_lost)
-        return self._phase(phase, reason)
-
-    def on_job(self, etype: str, obj: dict[str, Any]) -> list[Event]:
-        if etype == "DELETED":
-            self.job = None
-            return []
-        self.job = obj
-        status = rj.RayJobView.from_dict(obj).status
-        out: list[Event] = []
-        if status.job_deployment_status:  # KubeRay's state machine, one line per step
-            ray = status.job_status or "not submitted"
-            cluster = f", cluster {status.ray_cluster_name}" if status.ray_cluster_name else ""
-            key = ("rayjob", status.job_deployment_status, status.job_status)
-            out += self._once(key, ClusterEvent("RayJob", status.job_deployment_status, f"Ray job {ray}{cluster}"))
-        return out + self._cluster()
-
-    def on_pod(self, etype: str, pod: dict[str, Any]) -> list[Event]:
-        name = rj.pod_name(pod)
-        if rj.pod_role(pod) is None:
-            return []
-        if etype == "DELETED":
-            self.pods.pop(name, None)
-            return []
-        self.pods[name] = pod
-        out: list[Event] = []
-        problem = pod_problem(pod)
-        if problem:
-            out += self._once(("pod", name, *problem), ClusterEvent("Pod", problem[0], f"{name}: {problem[1]}"))
-        return out + self._cluster()
-
-    def on_event(self, ev: dict[str, Any]) -> list[Event]:
-        if not event_matches(ev, self.job_name):
-            return []
-        meta = ev.get("metadata") or {}
-        inv = ev.get("involvedObject") or ev.get("regarding") or {}
-        kind = "Queue" if inv.get("kind") == "Workload" else inv.get("kind") or "Event"
-        message = ev.get("message") or ev.get("note") or ""
-        key = ("event", meta.get("uid") or meta.get("name"))
-        return self._once(key, ClusterEvent(kind, ev.get("reason") or "", f"{inv.get('name', '')}: {message}"))
-
-    def on_log(self, pod: str, line: str) -> list[Event]:
-        text = clean_line(line)
-        if pod in self.closed:
-            return []
-        if text.startswith(rj.EPILOGUE):  # `ray job logs` repeats the log's tail after a failure: the end
-            self.closed.add(pod)
-            return []
-        if not text.strip():
-            return []
-        counts = self.counts.setdefault(pod, Counter())
-        counts[text] += 1
-        if counts[text] <= self.most[text]:
-            return []  # a retried submitter replaying what an earlier one printed
-        self.most[text] = counts[text]
-        if rj.is_submitter_line(text):  # the submitter's own chatter: only the news, once
-            return self._once(("submitter", text), Log("submitter", text)) if rj.is_submitter_news(text) else []
-        self.lines.append(line)
-        del self.lines[:-200]
-        event = ray_event(line)
-        if isinstance(event, Phase):
-            if event.phase == JobPhase.FAILED:  # the first one is the cause; the driver's wraps it
-                self.trainer_failure = self.trainer_failure or event.reason
-            if event.phase.terminal:
-                return []  # KubeRay's status is the verdict
-            if event.phase == JobPhase.PENDING and self.rank > 0:  # the driver waits for the workers' resources
-                return self._once(("waiting", event.reason), ClusterEvent("Ray", "WaitingForResources", event.reason))
-            return self._phase(event.phase, event.reason)
-        if isinstance(event, Progress):
-            return self._progress(event)
-        if isinstance(event, Metric):
-            if self.metrics.get(event.name) == event.value:
-                return []
-            self.metrics[event.name] = event.value
-        return [event]
-
-    def on_log_lost(self, pod: str) -> list[Event]:
-        """The driver's log cannot be read (any more): KubeRay's status alone moves the phase on."""
-        if self.logs_lost:
-            return []
-        self.logs_lost = True
-        return self._cluster()
-
-    def terminal(self) -> tuple[JobPhase, str] | None:
-        if self.job is None:
-            return None
-        phase, reason = rj.cluster_phase(self.job, list(self.pods.values()))
-        if not phase.terminal:
-            return None
-        if phase == JobPhase.FAILED and self.trainer_failure and self.trainer_failure not in reason:
-            reason = f"{reason}; trainer: {self.trainer_failure}"
-        return phase, reason
-
-    def final_phase(self) -> Phase | None:
-        """The terminal Phase event, with the driver's last plain log lines when it failed."""
-        end = self.terminal()
-        if end is None:
-            return None
-        phase, reason = end
-        if phase == JobPhase.FAILED:
-            tail = rj.LogSummary.read(self.lines).plain[-3:]
-            if tail:
-                reason = f"{reason}; last log lines: {' | '.join(tail)}"
-        return Phase(phase, reason)
-
-
-@dataclass(kw_only=True)
-class RayJobFollow(Follow):
-    """A live follow of one RayJob: the log of each submitter pod that ran (the driver's), through ``follower``."""
-
-    kind: ClassVar[str] = "rayjob"
-    noun: ClassVar[str] = "RayJob"
-
-    follower: Callable[..., LogFollower]  # (pod, sink, stop, **kw) -> a LogFollower of its submitter container
-
-    def follows(self, pod: dict[str, Any]) -> bool:
-        return rj.pod_role(pod) == "submitter"
-
-    def log_follower(self, pod: dict[str, Any], sink: Callable[[WatchItem], None], stop: threading.Event, **kw: Any):
-        return self.follower(pod, sink, stop, **kw)
-
-    def final(self) -> Phase | None:
-        return self.state.final_phase()

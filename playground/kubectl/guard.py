@@ -40,8 +40,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from playground.train.kubectl_reward import _KIND_OF, _KINDS, extract
-from playground.train.kubectl_wide import NUMBER_WORDS, REFUSAL  # REFUSAL: what the model answers itself
+from playground.kubectl.reward import KIND_ALIASES, KIND_OF, extract
+from playground.kubectl.wide import NUMBER_WORDS, REFUSAL  # REFUSAL: what the model answers itself
 
 # The cue words a request must say for each supported cluster-changing verb (prefixes: "replica" for "replicas").
 CUES: dict[str, tuple[str, ...]] = {
@@ -81,7 +81,7 @@ _NOT_CLUSTER_NAMES = {"the", "this", "that", "my", "our", "your", "a", "whole", 
 _BULK_WORDS = ("all", "every", "everything", "each", "whole", "entire")
 # Where a request names a namespace: "in prod", "inside the staging namespace", "team-ml ns", "-n prod", and "on
 # prod" (which names a node as often: not evidence that a name is a namespace, only that a namespace was said).
-# A namespace typed as kubectl's flag ("-n web", "--namespace=web"): the guard reads it, playground/kubectl_request.py
+# A namespace typed as kubectl's flag ("-n web", "--namespace=web"): the guard reads it, playground/kubectl/request.py
 # says it in words.
 NAMESPACE_FLAG = r"(?<!\S)(?:-n|--namespace)(?:\s+|=)([a-z0-9][a-z0-9-]*)"
 _NAMESPACE_SAID = (
@@ -128,14 +128,14 @@ _TAUGHT_KINDS = {"delete": {"pod", "deployment", "service", "configmap", "job", 
 _KIND_CHECKED = {"scale": {"pod"}, "rollout restart": {"pod"}, "rollout undo": {"pod"}, "set image": {"pod", "image"},
                  "expose": {"service"}, "delete": set()}  # fmt: skip
 _BULK_VERBS = {"delete", "drain", "cordon", "scale", "rollout restart"}
-# Kinds the task never taught, with the words a request may say them by (as kubectl_reward's _KINDS): "delete the
+# Kinds the task never taught, with the words a request may say them by (as the reward's KIND_ALIASES): "delete the
 # pvc data-0" is not about a pod.
 _UNTAUGHT_KINDS = {"pvc": ("pvcs", "persistentvolumeclaim", "persistentvolumeclaims"), "pv": ("pvs",),
                    "volume": ("volumes",), "networkpolicy": ("netpol",), "hpa": (), "crd": (), "endpoints": (),
                    "serviceaccount": (), "role": (), "rolebinding": ()}  # fmt: skip
 _SAID_KINDS = {  # a word of the request → the kind it names
     **{alias: kind for kind, aliases in _UNTAUGHT_KINDS.items() for alias in (kind, *aliases)},
-    **_KIND_OF,
+    **KIND_OF,
 }
 # The only flags the task teaches each change (and --namespace for all; --all is the bulk rule's): another one is the
 # model guessing ("kubectl expose deployment ci-bot --permision=ci-bot").
@@ -204,7 +204,7 @@ def one_edit(a: str, b: str, substitute: bool = True) -> bool:
 
 def _names(command) -> list[str]:
     """The names, numbers and files a command carries (what the request must have said)."""
-    names = [arg for arg in command.args if arg not in _KINDS and arg != "all"]
+    names = [arg for arg in command.args if arg not in KIND_ALIASES and arg != "all"]
     names += [value for _, value in command.flags if value]
     parts: list[str] = []
     for name in names:
@@ -220,7 +220,7 @@ def namespaces_said(request: str, pattern: re.Pattern[str] = _NAMESPACE_IS) -> s
 
 def _object(command) -> str | None:
     """The name of the object a command changes (its first positional argument that is not a kind)."""
-    return next((arg for arg in command.args if arg not in _KINDS), None)
+    return next((arg for arg in command.args if arg not in KIND_ALIASES), None)
 
 
 def _unsupported_operation(words: list[str], command, request: str) -> str | None:
@@ -229,7 +229,7 @@ def _unsupported_operation(words: list[str], command, request: str) -> str | Non
     edited app.yaml, apply it": done, not asked for). A name counts only as typed in the request and as more than the
     word: the model copies the request's words into names of its own ("exec into redis-0 and run redis-cli" →
     ``set image deployment/redis-0 redis-cli=redis-0:exec``)."""
-    values = [arg for arg in command.args if arg not in _KINDS] + [value for _, value in command.flags if value]
+    values = [arg for arg in command.args if arg not in KIND_ALIASES] + [value for _, value in command.flags if value]
     lowered = request.lower()
     named = {part for value in values if value.lower() in lowered and len(_words(value)) > 1 for part in _words(value)}
     for i, word in enumerate(words):
@@ -270,7 +270,7 @@ def check(request: str, answer: str) -> Verdict:
     in_clusters = [name for name in _names(command) if name.lower() in clusters]
     if in_clusters:
         return Verdict(False, f"'{in_clusters[0]}' is a cluster in the request, not a name to {command.verb}")
-    kinds = sorted({arg for arg in command.args if arg in _KINDS})
+    kinds = sorted({arg for arg in command.args if arg in KIND_ALIASES})
     if len(kinds) > 1:  # "kubectl expose deployment service grafana"
         return Verdict(
             False, f"the answer names two kinds ({kinds[0]}, {kinds[1]}): not a command this model was taught"

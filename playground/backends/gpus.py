@@ -1,4 +1,4 @@
-"""How many NVIDIA GPUs this machine offers, found without importing torch.
+"""How many NVIDIA GPUs this machine offers (the local backend, the local Ray, plans), found without importing torch.
 
 NVML (``nvidia-ml-py``) first, then ``nvidia-smi -L``, then ``/proc/driver/nvidia/gpus``;
 ``CUDA_VISIBLE_DEVICES`` narrows the count the way CUDA would.

@@ -4,19 +4,19 @@
 A 135M model fine-tuned for three minutes drops the ``-n`` now and then, and some training runs drop it often: one
 seed of three measured on 2026-12-01 gave 45 answers without the namespace the request said, a third of its misses
 on the read visitor splits (benchmarks/README.md, "The namespace from the request"). The request says it in words the
-guard already reads for sure (``kubectl_guard`` "in prod" where a clause ends, "the team-ml namespace", "ns is X",
-"X: …" first, a typed ``-n X``), so the chat panel (``serving.complete: kubectl``) adds it, and says so under the
-answer. Only where all of this holds: the answer is one bare command (no prose), it has no namespace of its own, its
-verb and kind live in a namespace (not a node, a namespace, cordon, uncordon or drain), and the request says exactly
-one namespace that is not the command's own object or kind, nor a state or place word ("stuck in pending", "in the
-cluster").
+guard already reads for sure (:mod:`playground.kubectl.guard`: "in prod" where a clause ends, "the team-ml
+namespace", "ns is X", "X: …" first, a typed ``-n X``), so the chat panel (``serving.complete: kubectl``) adds it,
+and says so under the answer. Only where all of this holds: the answer is one bare command (no prose), it has no
+namespace of its own, its verb and kind live in a namespace (not a node, a namespace, cordon, uncordon or drain), and
+the request says exactly one namespace that is not the command's own object or kind, nor a state or place word
+("stuck in pending", "in the cluster").
 The guard then judges the completed answer. Pure, torch-free.
 """
 
 from __future__ import annotations
 
-from playground.kubectl_guard import namespaces_said
-from playground.train.kubectl_reward import _KIND_OF, extract
+from playground.kubectl.guard import namespaces_said
+from playground.kubectl.reward import KIND_OF, extract
 
 # Verbs and kinds that live outside any namespace: a ``-n`` on them would be a guess.
 _CLUSTER_VERBS = {"cordon", "uncordon", "drain", "create namespace"}
@@ -42,7 +42,7 @@ def added_namespace(request: str, answer: str) -> str | None:
     said = {
         name
         for name in namespaces_said(request) - objects - _NOT_NAMESPACES
-        if _KIND_OF.get(name, name) != command.resource  # "list deployments namespace X": no "deployments" namespace
+        if KIND_OF.get(name, name) != command.resource  # "list deployments namespace X": no "deployments" namespace
     }
     return said.pop() if len(said) == 1 else None
 

@@ -34,13 +34,14 @@ READ_ONLY_VERBS = frozenset(
      "config view", "auth can-i", "rollout status", "rollout history", "events", "diff"}
 )  # fmt: skip
 DESTRUCTIVE_VERBS = frozenset({"delete", "drain", "cordon", "taint", "replace", "rollout undo"})
-_KINDS = {
+KIND_ALIASES = {  # each kind → kubectl's short and plural names for it
     "pod": ("po", "pods"), "deployment": ("deploy", "deployments"), "service": ("svc", "services"),
     "configmap": ("cm", "configmaps"), "secret": ("secrets",), "job": ("jobs",), "ingress": ("ing", "ingresses"),
     "statefulset": ("sts", "statefulsets"), "namespace": ("ns", "namespaces"), "node": ("no", "nodes"),
     "daemonset": ("ds", "daemonsets"), "replicaset": ("rs", "replicasets"), "cronjob": ("cj", "cronjobs"),
 }  # fmt: skip
-_KIND_OF = {alias: kind for kind, aliases in _KINDS.items() for alias in (kind, *aliases)}
+# any name of a kind (short, plural) → the kind
+KIND_OF = {alias: kind for kind, aliases in KIND_ALIASES.items() for alias in (kind, *aliases)}
 _FLAG_ALIASES = {"-n": "--namespace", "-l": "--selector", "-o": "--output", "-f": "--filename", "-c": "--container"}
 _BOOLEAN_FLAGS = {"--ignore-daemonsets", "--all-namespaces", "-A", "--force", "--all", "--delete-emptydir-data",
                   "--follow", "-f", "--previous", "-p", "--watch", "-w", "--overwrite", "--record"}  # fmt: skip
@@ -59,7 +60,7 @@ class Command:
     @property
     def resource(self) -> str | None:
         """The kind of resource the command acts on (its first positional argument that is a kind)."""
-        return next((arg for arg in self.args if arg in _KINDS), None)
+        return next((arg for arg in self.args if arg in KIND_ALIASES), None)
 
     @property
     def changes_cluster(self) -> bool:
@@ -100,12 +101,12 @@ def parse(text: str) -> Command | None:
     args: list[str] = []
     for arg in positional:
         kind, slash, name = arg.partition("/")
-        if slash and kind in _KIND_OF:
-            args += [_KIND_OF[kind], name]
+        if slash and kind in KIND_OF:
+            args += [KIND_OF[kind], name]
         else:
-            args.append(_KIND_OF.get(arg, arg))
+            args.append(KIND_OF.get(arg, arg))
     if verb == "port-forward" and args:
-        if args[0] not in _KINDS:
+        if args[0] not in KIND_ALIASES:
             args.insert(0, "pod")  # kubectl's own default: a bare name is a pod
         args = [_same_port(arg) for arg in args]
     if flags.get("--namespace") == "default":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from playground.kubectl_guard import NAMESPACE_FLAG, one_edit
+from playground.kubectl.guard import NAMESPACE_FLAG, one_edit
 
 # The task's words a visitor types (verbs, kinds, and the words around them); lower case.
 VOCABULARY = frozenset({

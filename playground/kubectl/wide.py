@@ -1,7 +1,7 @@
 """The kubectl task as visitors type it (dataset option ``operations: wide``): more operations, synonyms,
 other word orders, typos, and requests no single kubectl command answers.
 
-The core task (playground/train/data.py ``_KUBECTL_OPS``: 11 operations, tidy phrasings) is what the DPO and
+The core task (:mod:`playground.kubectl.core`: 11 operations, tidy phrasings) is what the DPO and
 GRPO blueprints train and measure on. The embedded default blueprint trains on this wider one, because booth
 visitors ask for ``port-forward``, ``label``, ``apply -f`` and ``top``, say "bounce" and "roll back", put the
 namespace first and mistype words. A request outside the supported operations ("open a shell in pod web-1",
@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from playground.train.data import _KINDS as CORE_KINDS  # stdlib-only module: the guard stays torch-free
+from playground.kubectl.core import KINDS as CORE_KINDS
 
 REFUSAL = "Sorry, I can't turn that into a single command."
 # Visitors spell small counts out ("scale web to three"); the command takes the digit.

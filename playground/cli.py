@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import sys
 from typing import Any
@@ -19,6 +20,7 @@ FULL_INSTALL_PACKAGES = frozenset(
     | {"mlflow", "sqlalchemy", "alembic", "model_registry"}
 )
 
+COMMAND_ENTRY_POINTS = "playground.commands"  # commands of packages above the engine (voila_app's `app`)
 COMMAND_MODULES = (
     "playground.commands.blueprints",  # blueprints, blueprints show
     "playground.commands.jobs",  # train, jobs, logs, cancel, delete
@@ -28,7 +30,6 @@ COMMAND_MODULES = (
     "playground.commands.data",  # data check, custom
     "playground.serving.commands",  # serve, servers, chat, unserve
     "playground.e2e.commands",  # e2e
-    "playground.commands.app",  # app
     "playground.models.commands",  # models prepare
     "playground.runs.commands",  # runs, register
     "playground.commands.doctor",  # doctor
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    for entry in importlib.metadata.entry_points(group=COMMAND_ENTRY_POINTS):  # `app` (voila_app): it imports
+        entry.load().register(subparsers)  # the engine, never the reverse
     return parser
 
 

@@ -298,7 +298,7 @@ def smollm2_base(session_home: Path, smollm2_dir: Path, vllm_python: Path):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PLAYGROUND_SERVING_ENGINE", "vllm")
-        return LocalServers(session_home).base_server(str(smollm2_dir))
+        return LocalServers(session_home).base_server(str(smollm2_dir), pin=True)  # kept between its tests
 
 
 @pytest.fixture
@@ -310,9 +310,10 @@ def shared_base(smollm2_base, session_home: Path, smollm2_dir: Path, vllm_engine
 
     servers = LocalServers(session_home)
     with FileLock(str(run_root(tmp_path_factory) / "smollm2-base-adapters.lock")):
-        yield servers.base_server(str(smollm2_dir))
-        for endpoint in servers.endpoints():
-            if endpoint.shared and endpoint.kind == "fine-tuned" and endpoint.job_id:
+        base = servers.base_server(str(smollm2_dir), pin=True)
+        yield base
+        for endpoint in servers.endpoints():  # the adapters this test left on the base server
+            if endpoint.url == base.url and endpoint.kind == "fine-tuned" and endpoint.job_id:
                 with contextlib.suppress(Exception):
                     servers.unserve(endpoint.job_id)
 

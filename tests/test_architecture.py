@@ -32,7 +32,7 @@ def test_backends_do_not_import_serving():
 
 
 def test_the_engine_imports_no_jupyter_and_never_the_widgets():
-    banned = ("widgets", "ipywidgets", "ipykernel", "IPython", "voila", "plotly", "anywidget")
+    banned = ("widgets", "voila_app", "ipywidgets", "ipykernel", "IPython", "voila", "plotly", "anywidget")
     offenders = [f"{p}: {n}" for p, n in _imports(REPO / "playground") if n.split(".")[0] in banned]
     assert offenders == []
 

@@ -248,7 +248,7 @@ def test_the_app_converts_the_preselected_model_before_it_serves_the_page(tmp_pa
 
 
 def test_an_app_start_with_the_model_converted_says_so_and_converts_nothing(smollm2_dir: Path) -> None:
-    from playground.commands.app import prepare_model
+    from playground.commands.setup import prepare_model
 
     said: list[str] = []
     assert prepare_model(DEFAULT, say=said.append) == smollm2_dir
@@ -311,7 +311,7 @@ def test_the_app_warms_in_a_detached_process_without_the_booth_secret(
     import psutil
     from _waiting import wait_for
 
-    from playground.commands.app import warm_base_model
+    from voila_app.command import warm_base_model
 
     home = tmp_path / "home"
     monkeypatch.setenv("PLAYGROUND_HOME", str(home))

@@ -73,16 +73,19 @@ def trained(smollm2_job):
 
 
 @pytest.fixture(scope="module")
-def served(trained):
-    """The fine-tuned model and the base model (the converted package model), each behind its own server."""
+def served(trained, smollm2_base):
+    """The fine-tuned model and the base model (the converted package model) on vLLM, as the chat panel serves them:
+    the job's adapter loaded onto the session's SmolLM2 base server, the base side on that server."""
     backend, job, _ = trained
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            base = pool.submit(backend.serve, job.id, base=True)
-            fine = backend.serve(job.id)
-            yield {"fine-tuned": fine, "base": base.result()}
-    finally:
-        backend.unserve(job.id)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PLAYGROUND_SERVING_ENGINE", "vllm")
+        try:
+            with ThreadPoolExecutor(2) as pool:
+                base = pool.submit(backend.serve, job.id, base=True)
+                fine = backend.serve(job.id)
+                yield {"fine-tuned": fine, "base": base.result()}
+        finally:
+            backend.unserve(job.id)
 
 
 def test_trains_end_to_end_through_the_local_backend(trained) -> None:
@@ -126,10 +129,12 @@ def test_exact_match_rises_well_above_the_base_model(trained, served) -> None:
 
 
 def test_served_models_answer_the_examples(trained, served, smollm2_dir: Path) -> None:
-    """The server answers exactly what the merged model generates in-process (greedy, the same chat
-    template); after these few steps it answers the kubectl examples with commands, some already exact (all
-    of them at the default steps: benchmarks/README.md), and it still chats. The base model, served from the converted
-    package model, answers in real sentences."""
+    """The adapter on the base server answers exactly what the adapter merged into its base generates in-process
+    (greedy, the job's chat template); after these few steps it answers the kubectl examples with commands, some
+    already exact (all of them at the default steps: benchmarks/README.md), and it still chats. The base model,
+    served from the converted package model, answers in real sentences."""
+    import torch
+    from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from playground.train.evaluate import generate_answers
@@ -137,12 +142,13 @@ def test_served_models_answer_the_examples(trained, served, smollm2_dir: Path) -
 
     _, job, _ = trained
     fine, base = served["fine-tuned"], served["base"]
-    assert fine.model == str(Path(job.model_dir).resolve()) and base.model == str(smollm2_dir)
+    assert (fine.model, fine.url) == (job.id, base.url) and base.model == Path(smollm2_dir).name  # one server
     examples = get_blueprint(DEFAULT_BLUEPRINT).examples
     tuned = [_ask(fine, ex.prompt) for ex in examples]
     original = [_ask(base, ex.prompt) for ex in examples]
 
-    model = AutoModelForCausalLM.from_pretrained(job.model_dir)
+    base_model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base_model, job.model_dir).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     prompts = [
         render(tokenizer, [{"role": "user", "content": ex.prompt}], add_generation_prompt=True) for ex in examples
@@ -246,8 +252,8 @@ def test_default_blueprint_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """First card in the gallery, what `playground app` preselects, binder, the smoke e2e profile."""
     import argparse
 
-    from playground.commands.app import app_environment
     from playground.e2e.profiles import get_profile
+    from voila_app.command import app_environment
 
     assert blueprints()[0].id == DEFAULT_BLUEPRINT
     assert not get_blueprint(DEFAULT_BLUEPRINT).needs_gpu

@@ -925,7 +925,7 @@ def test_ui_never_imports_torch_or_transformers() -> None:
     script = """
 import json, sys
 import widgets, widgets.app, widgets.chat, widgets.form, widgets.gallery, widgets.jobs, widgets.monitor, widgets.state
-import playground.e2e.headless, playground.headless, playground.commands.app, playground.cli
+import playground.e2e.headless, playground.headless, voila_app.command, playground.cli
 from widgets import App
 App(backend_name="local")
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "peft"))))
@@ -1054,7 +1054,7 @@ def test_app_command_bad_input_is_one_line_exit_2(argv: list[str], needle: str) 
 
 def test_app_command_uses_safe_voila_settings() -> None:
     from playground.cli import build_parser
-    from playground.commands.app import APP_NOTEBOOK, notebooks_dir, voila_command
+    from voila_app.command import APP_NOTEBOOK, notebooks_dir, voila_command
 
     args = build_parser().parse_args(["app"])
     assert (args.ip, args.port, args.no_browser) == ("127.0.0.1", 8866, False)  # localhost by default
@@ -1076,8 +1076,8 @@ def test_app_command_uses_safe_voila_settings() -> None:
 
 def test_booth_mode_settings(isolated_home: Path) -> None:
     from playground.cli import build_parser
-    from playground.commands.app import BOOTH_CULL_SECONDS, BOOTH_MAX_KERNELS, booth_environment, voila_command
     from voila_app import CONFIG_DIR
+    from voila_app.command import BOOTH_CULL_SECONDS, BOOTH_MAX_KERNELS, booth_environment, voila_command
     from voila_app.identity import SECRET_ENV
     from voila_app.limits import TRUSTED_PROXIES_ENV, limits_from
 
@@ -1144,8 +1144,8 @@ def test_app_on_a_taken_port_serves_and_prints_the_next_free_one(tmp_path: Path)
 
     from _waiting import wait_for
 
-    from playground.commands.app import first_free_port
     from playground.serving.local import port_in_use
+    from voila_app.command import first_free_port
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from playground.errors import UserError
 
@@ -38,10 +40,38 @@ def cmd_setup(args: argparse.Namespace) -> int:
         print(f"vLLM: {python}")
     if not args.skip_model:
         from playground.api import DEFAULT_BLUEPRINT
-        from playground.commands.app import prepare_model
 
         path = prepare_model(DEFAULT_BLUEPRINT, say=say)
         if path is not None:
             print(f"{DEFAULT_BLUEPRINT}: {path}")
     say(f"ready in {time.monotonic() - started:.0f}s")
     return 0
+
+
+def prepare_model(blueprint_id: str, say: Callable[[str], None] | None = None) -> Path | None:
+    """Convert the preselected blueprint's packaged model (``pkg://``) now, before the page is served, so that no
+    visitor's first Launch waits for it (~20 s for SmolLM2); converted already: a hash of the file, about a second.
+
+    Returns the converted directory, or None (not a packaged model, its package missing, or the conversion failed:
+    the app still starts, and the page says what the blueprint needs).
+    """
+    from playground.blueprints import get_blueprint
+    from playground.models.packaged import SCHEME, find_converted, missing_package_note, prepare_in_subprocess
+
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))  # stdout says where the page is
+    source = get_blueprint(blueprint_id).model.source
+    if not source.startswith(SCHEME):
+        return None
+    note = missing_package_note(source)
+    if note is not None:
+        say(f"warning: {blueprint_id}: {note}")
+        return None
+    try:
+        if find_converted(source) is None:
+            say(f"preparing {source} for {blueprint_id} (once, ~20 s) so that no visitor's first Launch waits for it")
+        path = prepare_in_subprocess(source)
+    except UserError as exc:
+        say(f"warning: {blueprint_id}: its model could not be prepared: {exc}")
+        return None
+    say(f"model ready: {source}")
+    return path

@@ -6,11 +6,11 @@ import argparse
 import os
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import playground
+from playground.commands.setup import prepare_model
 from playground.errors import UserError, shown
 
 if TYPE_CHECKING:
@@ -153,35 +153,6 @@ def cmd_app(args: argparse.Namespace) -> int:
     os.chdir(notebooks)
     os.execvpe(command[0], command, env)  # Voila takes over this process (signals, exit code)
     return 0  # pragma: no cover
-
-
-def prepare_model(blueprint_id: str, say: Callable[[str], None] | None = None) -> Path | None:
-    """Convert the preselected blueprint's packaged model (``pkg://``) now, before the page is served, so that no
-    visitor's first Launch waits for it (~20 s for SmolLM2); converted already: a hash of the file, about a second.
-
-    Returns the converted directory, or None (not a packaged model, its package missing, or the conversion failed:
-    the app still starts, and the page says what the blueprint needs).
-    """
-    from playground.blueprints import get_blueprint
-    from playground.models.packaged import SCHEME, find_converted, missing_package_note, prepare_in_subprocess
-
-    say = say or (lambda line: print(line, file=sys.stderr, flush=True))  # stdout says where the page is
-    source = get_blueprint(blueprint_id).model.source
-    if not source.startswith(SCHEME):
-        return None
-    note = missing_package_note(source)
-    if note is not None:
-        say(f"warning: {blueprint_id}: {note}")
-        return None
-    try:
-        if find_converted(source) is None:
-            say(f"preparing {source} for {blueprint_id} (once, ~20 s) so that no visitor's first Launch waits for it")
-        path = prepare_in_subprocess(source)
-    except UserError as exc:
-        say(f"warning: {blueprint_id}: its model could not be prepared: {exc}")
-        return None
-    say(f"model ready: {source}")
-    return path
 
 
 def warm_base_model(blueprint_id: str) -> Path:

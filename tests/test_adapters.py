@@ -207,3 +207,17 @@ def test_registering_a_lora_job_records_its_adapter_and_base(trained_lora_job, t
     full = register(trained_tiny_job, name="full-tiny", tracking_uri=uri)
     tags = MlflowClient(tracking_uri=uri).get_model_version("full-tiny", full.version).tags
     assert tags[TAG_MODEL_FORMAT] == "huggingface" and TAG_BASE_MODEL not in tags
+
+
+def test_a_packaged_base_is_written_beside_the_adapter_only_on_a_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KServe loads nothing from a Python package, so a pkg:// job trained by the Kubernetes (or KubeRay) backend
+    writes its base to output/base-model; locally the converted cache serves it and nothing is copied. A scratch
+    model's untrained weights are written everywhere (they exist nowhere else)."""
+    from playground.runs.settings import JOB_BACKEND_ENV
+    from playground.train.recipe import saves_base_model
+
+    monkeypatch.delenv(JOB_BACKEND_ENV, raising=False)
+    assert saves_base_model("scratch") and not saves_base_model("pkg") and not saves_base_model("hf")
+    for backend, expected in (("kubernetes", True), ("kuberay", True), ("local", False), ("ray", False)):
+        monkeypatch.setenv(JOB_BACKEND_ENV, backend)
+        assert saves_base_model("pkg") is expected and not saves_base_model("hf")

@@ -16,6 +16,7 @@ from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes import trainjob as tj
 from playground.blueprints import get_blueprint, load_catalog
 from playground.errors import UserError
+from playground.runs.settings import JOB_BACKEND_ENV
 from playground.serving import kserve as ks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +32,8 @@ HUB_MODEL_ONLY = [
 DOCUMENTED_NAMESPACE = "blueprint-playground"  # deploy/kustomization.yaml
 
 
-# LoRA blueprints on a model inside a Python package: KServe cannot load their base, so nothing is served there
+# LoRA blueprints on a model inside a Python package: KServe loads nothing from a package, so the trainer writes the
+# base beside the adapter in the job's workspace (output/base-model) and the adapter is served on that copy
 PACKAGED_LORA = [
     b
     for b in BLUEPRINTS
@@ -42,14 +44,12 @@ PACKAGED_LORA = [
 def rendered(blueprint_id: str, namespace: str = "ml", blueprint=None, **opts) -> tuple[dict, dict | None, dict | None]:
     """(TrainJob, fine-tuned InferenceService, base InferenceService) for a blueprint, the InferenceServices as
     ``serve`` creates them (``--dry-run``): a LoRA job's adapter, and its base-side chat, on the shared base
-    server; a full fine-tune's on servers of their own. None where ``serve`` refuses (PACKAGED_LORA)."""
+    server; a full fine-tune's on servers of their own."""
     blueprint = blueprint or get_blueprint(blueprint_id)
     options = m.ClusterOptions(namespace=namespace, queue="team-queue", **opts)
     request = make_request(blueprint_id, labels={"owner": "alice", "session": "s1"})
     name = m.new_job_name(blueprint_id)
     trainjob = tj.build_trainjob(tj.plan_trainjob(blueprint, request, options, name))
-    if blueprint_id in PACKAGED_LORA:
-        return trainjob, None, None
     servers = ks.KServeServers(None, options)  # render needs no cluster
     ft, base = (yaml.safe_load(servers.render(name, base=side)) for side in (False, True))
     return trainjob, ft, base
@@ -330,13 +330,24 @@ def test_full_fine_tunes_get_a_vllm_server_of_their_own(schemas, shared_dir):
 
 
 @pytest.mark.parametrize("blueprint_id", PACKAGED_LORA)
-def test_lora_on_a_packaged_model_is_refused_in_one_line(blueprint_id):
+def test_lora_on_a_packaged_model_is_served_on_the_base_its_trainer_wrote(schemas, blueprint_id):
+    """KServe loads nothing from a Python package: the TrainJob tells the trainer it runs on the cluster (so it writes
+    the converted base to output/base-model) and the adapter is served on that copy, base chat on the same server."""
     servers = ks.KServeServers(None, m.ClusterOptions(namespace="ml"))
-    for side in (False, True):
-        with pytest.raises(UserError) as err:
-            servers.render(m.new_job_name(blueprint_id), base=side)
-        text = str(err.value)
-        assert "pkg://" in text and "KServe cannot load" in text and "--backend local" in text and "\n" not in text
+    name = m.new_job_name(blueprint_id)
+    isvc, base = (yaml.safe_load(servers.render(name, base=side)) for side in (False, True))
+    assert schemas["InferenceService"](isvc) == [] and base["metadata"]["name"] == isvc["metadata"]["name"]
+    assert isvc["spec"]["predictor"]["storageUris"] == [
+        {"uri": f"pvc://workspace-{name}/output/base-model", "mountPath": "/mnt/models"},
+        {"uri": f"pvc://workspace-{name}/output/model", "mountPath": f"/mnt/adapters/{name}"},
+    ]
+    trainjob = tj.build_trainjob(
+        tj.plan_trainjob(
+            get_blueprint(blueprint_id), make_request(blueprint_id), m.ClusterOptions(namespace="ml"), name
+        )
+    )
+    env = {e["name"]: e.get("value") for e in trainjob["spec"]["trainer"]["env"]}
+    assert env[JOB_BACKEND_ENV] == "kubernetes"  # the trainer's cue to write output/base-model (saves_base_model)
 
 
 def test_kueue_queue_setting_is_validated(monkeypatch):

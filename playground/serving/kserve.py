@@ -256,6 +256,13 @@ def serves_adapter(blueprint: Blueprint, model_uri: str, job_id: str) -> bool:
     return blueprint.method.kind == "lora" and model_uri == m.output_uri(job_id, blueprint, m.PLAYGROUND)
 
 
+def _base_source(job_id: str, blueprint: Blueprint) -> str:
+    """Where a LoRA job's base is loaded from: its source (a hub id: one download per base model), or for a model
+    shipped in a Python package the copy its trainer wrote to the job's workspace (``output/base-model``)."""
+    source = blueprint.model.source
+    return m.base_model_uri(job_id, blueprint) if source.startswith("pkg://") else source
+
+
 def refuse_unloadable(uri: str, blueprint: Blueprint, what: str) -> str:
     """``uri``, or a one-line error where it is a model inside a Python package (nothing KServe can load)."""
     if uri.startswith("pkg://"):
@@ -400,8 +407,8 @@ class KServeServers(ModelServers):
     def shared_base_uri(self, job: Job, blueprint: Blueprint) -> str:
         """The base model a LoRA job's adapter needs: its source (the hub id), also where the job trained on a
         copy that Kubeflow's model initializer put in its workspace (read from the TrainJob)."""
-        uri = job.base_model or blueprint.model.source
-        if uri.startswith("pvc://"):
+        uri = job.base_model or _base_source(job.id, blueprint)
+        if uri.startswith("pvc://") and not uri.endswith("/output/base-model"):  # the initializer's copy: its source
             uri = self._initializer_source(job.id) or blueprint.model.source
         return refuse_unloadable(uri, blueprint, f"job {job.id}")
 
@@ -617,7 +624,7 @@ class KServeServers(ModelServers):
         kind = self.opts.trainer
         model_uri = m.output_uri(job_id, blueprint, kind)
         if blueprint.method.kind == "lora" and (base or serves_adapter(blueprint, model_uri, job_id)):
-            base_uri = refuse_unloadable(blueprint.model.source, blueprint, f"job {job_id}")
+            base_uri = refuse_unloadable(_base_source(job_id, blueprint), blueprint, f"job {job_id}")
             adapters = {} if base else {job_id: {"uri": model_uri, "rank": blueprint.method.rank, "owner": None}}
             users: dict[str, str | None] = {job_id: None} if base else {}
             return m.to_yaml(build_shared_base(base_uri, blueprint, self.opts, adapters=adapters, base_users=users))

@@ -404,6 +404,15 @@ def build_model(spec: TrainSpec, tokenizer: Any, weights_dtype: Any) -> Any:
     return model
 
 
+def saves_base_model(kind: str) -> bool:
+    """Whether the job writes its base model beside its model (``output/base-model``): a scratch model (its untrained
+    weights exist nowhere else), and a packaged model (``pkg://``) trained on a cluster, where KServe can load nothing
+    from a Python package: its adapter is served on that copy."""
+    from playground.runs.settings import JOB_BACKEND_ENV
+
+    return kind == "scratch" or (kind == "pkg" and os.environ.get(JOB_BACKEND_ENV) in ("kubernetes", "kuberay"))
+
+
 def setup_model(recipe: Recipe) -> ModelState:
     """Build or load the model (+ LoRA), save the untrained scratch model, then wrap it for data
     parallelism (DDP, or FSDP2 sharding; see playground/train/parallel.py)."""
@@ -414,7 +423,7 @@ def setup_model(recipe: Recipe) -> ModelState:
     kind, _ = models.parse_source(spec.model_source)
     weights_dtype = torch.bfloat16 if (runtime.bf16 and kind != "scratch") else torch.float32
     model = build_model(spec, tokenizer, weights_dtype)
-    if kind == "scratch" and dist.main and not (spec.output / "base-model").exists():
+    if saves_base_model(kind) and dist.main and not (spec.output / "base-model").exists():
         save_model_dir(model, tokenizer, spec.output / "base-model")  # the untrained model, for base-vs-tuned chat
     if blueprint.method.kind == "lora":
         model = models.apply_lora(model, blueprint.method, spec.params)

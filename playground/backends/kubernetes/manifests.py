@@ -196,7 +196,7 @@ def base_model_uri(job_name: str, blueprint: Blueprint, override: str | None = N
     """The base model for side by side: the trainer's ``base-model/`` for scratch://, the copy the model
     initializer downloaded into the job's workspace, else the source itself (a hub id)."""
     source = override or blueprint.model.source
-    if source.startswith("scratch://"):
+    if source.startswith(("scratch://", "pkg://")):  # written by the trainer (KServe loads nothing from a package)
         return f"pvc://{workspace_pvc(job_name, kind)}/output/base-model"
     if uses_initializers(blueprint, kind) and INITIALIZER_URI.match(source):
         return f"pvc://{workspace_pvc(job_name, kind)}/model"

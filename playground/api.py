@@ -8,7 +8,7 @@ from typing import Any
 
 from playground.blueprints import Blueprint, get_blueprint, load_catalog
 from playground.blueprints.loader import looks_like_file
-from playground.booth import validate_owner
+from playground.owner import Owner, as_owner
 from playground.types import SourceOverrides, TrainRequest
 
 # The embedded default: the first card in the app's gallery, what `playground app` preselects, what
@@ -28,14 +28,15 @@ def make_request(
     model_source: str | None = None,
     dataset_source: str | None = None,
     labels: Mapping[str, str] | None = None,
-    owner: str | None = None,
+    owner: Owner | str | None = None,
 ) -> TrainRequest:
     """Validate ``params`` against the blueprint (one-line ParameterError) and build a request.
 
     ``blueprint_id`` is a catalog id or a path to a blueprint YAML file; a file outside the catalog
     stays a file (its absolute path) in the request, so the backend loads that same file.
 
-    ``owner`` is the visitor the job belongs to (booth mode); None for an operator's job.
+    ``owner`` is the visitor the job belongs to (booth mode): an :class:`Owner`, or a visitor id; None (or
+    ``Owner.operator()``) for an operator's job.
     """
     blueprint = get_blueprint(blueprint_id)
     resolved = blueprint.resolve_params(dict(params or {}))
@@ -46,7 +47,7 @@ def make_request(
         params=resolved,
         overrides=SourceOverrides(model=model_source, dataset=dataset_source),
         labels=dict(labels or {}),
-        owner=validate_owner(owner),
+        owner=as_owner(owner).id,
     )
 
 
@@ -167,7 +168,7 @@ def register_model(
     registry_url: str | None = None,
     version: str | None = None,
     backend: str = "local",
-    owner: str | None = None,
+    owner: Owner | str | None = None,
 ) -> Any:  # -> playground.runs.registry.RegisteredVersion
     """Record a finished job's model as a registered model version (``playground register``): MLflow's model
     registry by default, Kubeflow Hub with ``registry="kubeflow-hub"`` and ``registry_url``."""
@@ -175,7 +176,7 @@ def register_model(
     from playground.runs.registry import check_options, register
 
     check_options(registry, registry_url, name, version)
-    job = get_backend(backend).get(job_id, owner=owner)
+    job = get_backend(backend).get(job_id, owner=as_owner(owner).id)
     return register(job, name=name, registry=registry, registry_url=registry_url, version=version)
 
 
@@ -185,7 +186,7 @@ def serve(
     base: bool = False,
     port: int | str | None = None,
     backend: str = "local",
-    owner: str | None = None,
+    owner: Owner | str | None = None,
 ) -> Any:  # -> playground.types.Endpoint
     """Serve a finished job's model (``base=True``: its base model) behind an OpenAI-compatible endpoint and
     wait until it answers (``playground serve JOB [--base] [--port N]``). ``port``: listen there (local
@@ -194,4 +195,4 @@ def serve(
     from playground.serving.local import parse_port
 
     checked = parse_port(port) if port is not None else None
-    return connect(backend).serve(job_id, base=base, owner=owner, port=checked)
+    return connect(backend).serve(job_id, base=base, owner=as_owner(owner), port=checked)

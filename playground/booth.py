@@ -31,12 +31,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from playground.errors import UserError, shown
+from playground.owner import Owner, as_owner
 
 ENABLE_SETTING = "PLAYGROUND_BOOTH"
 HOUR = 3600.0
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
-_OWNER_MAX_LEN = 256
 _LOCK_TIMEOUT = 30.0  # seconds a submit waits for another submit of this machine
 
 
@@ -201,18 +201,11 @@ def booth_enabled(env: Mapping[str, str] | None = None) -> bool:
     raise UserError(f"{ENABLE_SETTING}: {raw!r} is not a boolean; allowed: {allowed}", field=ENABLE_SETTING)
 
 
-# -- owners ----------------------------------------------------------------------------------------
-def validate_owner(owner: str | None) -> str | None:
-    """A visitor id as given (None stays None); one-line error for anything that is not a short text."""
-    if owner is None:
-        return None
-    if not isinstance(owner, str) or not owner.strip() or len(owner) > _OWNER_MAX_LEN or not owner.isprintable():
-        raise UserError(
-            f"owner: {str(owner)[:40]!r} is not a valid visitor id; "
-            f"allowed: 1 to {_OWNER_MAX_LEN} printable characters",
-            field="owner",
-        )
-    return owner
+# -- owners (the type: playground.owner) ------------------------------------------------------------------
+def validate_owner(owner: Owner | str | None) -> str | None:
+    """A visitor id as given (None stays None: the operator); one-line error naming ``owner`` for anything that is
+    not a short printable text (see :class:`~playground.owner.Owner`)."""
+    return as_owner(owner).id
 
 
 def owner_key(owner: str) -> str:
@@ -220,8 +213,12 @@ def owner_key(owner: str) -> str:
     return hashlib.sha256(owner.encode()).hexdigest()[:32]
 
 
-def owns(job_owner: str | None, owner: str | None) -> bool:
-    """Whether a caller acting as ``owner`` may see a job owned by ``job_owner`` (None: the operator sees all)."""
+def owns(job_owner: str | None, owner: Owner | str | None) -> bool:
+    """Whether a caller acting as ``owner`` may see a job owned by ``job_owner`` (None: the operator sees all).
+    The legacy form of :meth:`Owner.sees` for the backends' ``str | None``: an unchecked text (``""``) sees
+    nothing, it never fails open."""
+    if isinstance(owner, Owner):
+        return owner.sees(job_owner)
     return owner is None or job_owner == owner
 
 

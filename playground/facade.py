@@ -5,6 +5,9 @@ The facade pairs them: ``serve`` checks the caller may see the job, then asks th
 job's servers before the backend removes the job; ``cleanup`` deletes the jobs past their TTL the same way, stops the
 model servers the booth no longer wants (idle, visitor gone), and runs on the side of ``list``/``submit`` as often as
 the backend asks (booth mode), never inside the backend.
+
+Every verb takes ``owner``: an :class:`~playground.owner.Owner`, or the legacy ``str | None`` (None: the operator),
+made an Owner once here (a bad id is a one-line error naming ``owner``); the backends and servers get its ``id``.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from typing import Any
 
 from playground.backends import Backend, get_backend
 from playground.backends.base import is_expired
-from playground.booth import Heartbeat, owns, touch_presence
+from playground.booth import Heartbeat, touch_presence
 from playground.chats import ChatStore
 from playground.errors import JobNotFound, UserError
 from playground.events import Event
+from playground.owner import Owner, as_owner
 from playground.serving.base import ModelServers, ServerInfo
 from playground.types import Endpoint, Job, TrainRequest
 
@@ -54,28 +58,30 @@ class Playground:
         self._cleanup_now_and_then()
         return self.backend.submit(request)
 
-    def get(self, job_id: str, *, owner: str | None = None) -> Job:
-        return self.backend.get(job_id, owner=owner)
+    def get(self, job_id: str, *, owner: Owner | str | None = None) -> Job:
+        return self.backend.get(job_id, owner=as_owner(owner).id)
 
-    def list(self, *, owner: str | None = None) -> list[Job]:
+    def list(self, *, owner: Owner | str | None = None) -> list[Job]:
         """The jobs (``owner``'s, or all); when a cleanup is due, one listing of every job serves both."""
+        who = as_owner(owner)
         if not self._cleanup_due():
-            return self.backend.list(owner=owner)
+            return self.backend.list(owner=who.id)
         everyone = self.backend.list()
         removed = set(self._delete_expired(everyone))
-        return [job for job in everyone if job.id not in removed and owns(job.owner, owner)]
+        return [job for job in everyone if job.id not in removed and who.sees(job.owner)]
 
-    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
-        return self.backend.events(job_id, follow, owner=owner)
+    def events(self, job_id: str, follow: bool = False, *, owner: Owner | str | None = None) -> Iterator[Event]:
+        return self.backend.events(job_id, follow, owner=as_owner(owner).id)
 
-    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
-        return self.backend.cancel(job_id, owner=owner)
+    def cancel(self, job_id: str, *, owner: Owner | str | None = None) -> Job:
+        return self.backend.cancel(job_id, owner=as_owner(owner).id)
 
-    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+    def delete(self, job_id: str, *, owner: Owner | str | None = None) -> None:
         """Stop the job's servers, then the job, and remove it (someone else's job: JobNotFound, nothing stops)."""
-        self.backend.get(job_id, owner=owner)
+        who = as_owner(owner)
+        self.backend.get(job_id, owner=who.id)
         self.servers.stop_job(job_id)
-        self.backend.delete(job_id, owner=owner)
+        self.backend.delete(job_id, owner=who.id)
         with contextlib.suppress(OSError, ValueError):
             ChatStore(self.backend.quota_home).forget(job_id)
 
@@ -111,16 +117,19 @@ class Playground:
             self.cleanup()
 
     # -- serving ----------------------------------------------------------------------------------
-    def serve(self, job_id: str, *, base: bool = False, owner: str | None = None, port: int | None = None) -> Endpoint:
+    def serve(
+        self, job_id: str, *, base: bool = False, owner: Owner | str | None = None, port: int | None = None
+    ) -> Endpoint:
         """Serve the job's fine-tuned model (or its base model) and wait until it answers."""
+        who = as_owner(owner)
         self.servers.check_port(port)  # refused before the backend is asked anything
-        return self.servers.serve(self.backend.get(job_id, owner=owner), base=base, port=port)
+        return self.servers.serve(self.backend.get(job_id, owner=who.id), base=base, port=port)
 
-    def unserve(self, target: str, *, owner: str | None = None) -> None:
-        self.servers.unserve(target, owner=owner)
+    def unserve(self, target: str, *, owner: Owner | str | None = None) -> None:
+        self.servers.unserve(target, owner=as_owner(owner).id)
 
-    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
-        return self.servers.endpoints(owner=owner)
+    def endpoints(self, *, owner: Owner | str | None = None) -> list[Endpoint]:
+        return self.servers.endpoints(owner=as_owner(owner).id)
 
     def server_details(self) -> list[ServerInfo]:
         """The operator's view of every server: owner, kind, idle time, memory (``playground servers``)."""
@@ -131,26 +140,29 @@ class Playground:
         return self.servers.stop_all()
 
     # -- chats: a reloaded page shows the visitor's chat with a job again -----------------------------------
-    def chat_history(self, job_id: str, *, owner: str | None = None) -> list[dict[str, Any]]:
+    def chat_history(self, job_id: str, *, owner: Owner | str | None = None) -> list[dict[str, Any]]:
         """``owner``'s kept chat with the job's models (someone else's job: JobNotFound)."""
-        self.backend.get(job_id, owner=owner)
-        return ChatStore(self.backend.quota_home).load(job_id, owner)
+        who = as_owner(owner)
+        self.backend.get(job_id, owner=who.id)
+        return ChatStore(self.backend.quota_home).load(job_id, who.id)
 
-    def save_chat(self, job_id: str, exchanges: list[dict[str, Any]], *, owner: str | None = None) -> None:
+    def save_chat(self, job_id: str, exchanges: list[dict[str, Any]], *, owner: Owner | str | None = None) -> None:
         """Keep ``owner``'s chat with the job's models (bounded: see :mod:`playground.chats`)."""
-        self.backend.get(job_id, owner=owner)
-        ChatStore(self.backend.quota_home).save(job_id, owner, exchanges)
+        who = as_owner(owner)
+        self.backend.get(job_id, owner=who.id)
+        ChatStore(self.backend.quota_home).save(job_id, who.id, exchanges)
 
     # -- presence (booth mode) -------------------------------------------------------------------------
-    def keep_present(self, owner: str | None, *, interval: float | None = None) -> Heartbeat | None:
+    def keep_present(self, owner: Owner | str | None, *, interval: float | None = None) -> Heartbeat | None:
         """Show that ``owner`` is at the booth for as long as this process lives (a started :class:`Heartbeat`
         that touches their presence every ``interval`` seconds: by default a third of the time after which a
-        visitor counts as gone, at most a minute). None outside booth mode or without an owner."""
-        if self.policy is None or owner is None:
+        visitor counts as gone, at most a minute). None outside booth mode or for the operator."""
+        who = as_owner(owner)
+        if self.policy is None or who.id is None:
             return None
-        home = self.backend.quota_home
+        home, visitor = self.backend.quota_home, who.id
         every = interval if interval is not None else min(60.0, self.policy.visitor_gone_seconds / 3)
-        return Heartbeat(lambda: touch_presence(home, owner), every).start()
+        return Heartbeat(lambda: touch_presence(home, visitor), every).start()
 
     # -- manifests (--dry-run) --------------------------------------------------------------------
     def render_train(self, request: TrainRequest) -> str:

@@ -15,20 +15,25 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import secrets
 import sys
 from collections.abc import Mapping, MutableMapping
-from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 
-from tornado.web import create_signed_value, decode_signed_value
+from tornado.web import create_signed_value
 
-COOKIE_NAME = "playground_visitor"
-SECRET_ENV = "PLAYGROUND_BOOTH_SECRET"
-MAX_AGE_DAYS = 7
-MIN_SECRET_CHARS = 32
-_VISITOR_ID = re.compile(r"^v-[0-9a-f]{16}$")  # also a valid Kubernetes label value
+# The cookie's rule, its name, the secret's setting and the kernel's verification are the engine's
+# (playground.owner: the widgets get their visitor from there); re-exported here for the server side.
+from playground.owner import (  # noqa: F401
+    COOKIE_NAME,
+    MAX_AGE_DAYS,
+    MIN_SECRET_CHARS,
+    SECRET_ENV,
+    cookie_value,
+    is_visitor_id,
+    verify,
+    visitor_from_environ,
+)
 
 
 class IdentityError(ValueError):
@@ -40,51 +45,11 @@ def new_visitor_id() -> str:
     return f"v-{secrets.token_hex(8)}"
 
 
-def is_visitor_id(value: str) -> bool:
-    return bool(_VISITOR_ID.match(value))
-
-
 def sign(secret: str, visitor_id: str) -> str:
     """The cookie value for ``visitor_id``."""
     if not is_visitor_id(visitor_id):
         raise ValueError(f"not a visitor id: {visitor_id!r}")
     return create_signed_value(secret, COOKIE_NAME, visitor_id, version=2).decode("ascii")
-
-
-def verify(secret: str, value: str | None, *, max_age_days: float = MAX_AGE_DAYS) -> str | None:
-    """The visitor id in a cookie value, or None when it is missing, forged, altered or expired."""
-    if not value or not secret or len(value) > 512:
-        return None
-    try:
-        decoded = decode_signed_value(secret, COOKIE_NAME, value, max_age_days=max_age_days, min_version=2)
-    except Exception:  # malformed input of any kind is simply not an identity
-        return None
-    if decoded is None:
-        return None
-    visitor = decoded.decode("ascii", errors="replace")
-    return visitor if is_visitor_id(visitor) else None
-
-
-def cookie_value(cookie_header: str | None) -> str | None:
-    """Our cookie's raw value from a ``Cookie`` request header."""
-    if not cookie_header:
-        return None
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(cookie_header)
-    except CookieError:
-        return None
-    morsel = jar.get(COOKIE_NAME)
-    return morsel.value if morsel is not None else None
-
-
-def visitor_from_environ(environ: Mapping[str, str] | None = None) -> str | None:
-    """In a kernel Voila started: the verified visitor id from ``HTTP_COOKIE`` (None if absent/invalid)."""
-    environ = os.environ if environ is None else environ
-    secret = environ.get(SECRET_ENV, "")
-    if len(secret) < MIN_SECRET_CHARS:
-        return None
-    return verify(secret, cookie_value(environ.get("HTTP_COOKIE")))
 
 
 KERNEL_PROOF_HEADER = "X-Playground-Kernel"

@@ -17,6 +17,7 @@ from playground.booth import booth_enabled
 from playground.errors import UserError
 from playground.events import JobPhase
 from playground.facade import Playground, connect
+from playground.owner import Owner
 from playground.types import Job
 from widgets.chat import ChatPanel, ServePanel
 from widgets.form import LaunchForm
@@ -115,10 +116,9 @@ class App(ipw.VBox):
     ) -> None:
         self.booth = booth_enabled() if booth is None else booth
         self.guard = guard_kernel(booth=self.booth)  # hostile widget messages: size, rate, no tracebacks out
-        if self.booth and visitor is None:
-            from voila_app.identity import visitor_from_environ
-
-            visitor = visitor_from_environ()
+        if self.booth and visitor is None:  # the visitor of the kernel's verified cookie (None: nobody, fail closed)
+            found = Owner.from_environment()
+            visitor = found.id if found is not None else None
         self.owner = visitor if self.booth else None
         self.operator = not self.booth
         self.backend_name = backend_name or (backend.name if backend else os.environ.get("PLAYGROUND_BACKEND", "local"))

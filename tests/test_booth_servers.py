@@ -81,16 +81,16 @@ def test_visitors_share_the_base_server_with_one_fine_tuned_model_each(
     bobs = servers.serve(bob1)
     assert {(e.job_id, e.kind) for e in servers.endpoints(owner=BOB)} == {("bob-1", "base"), ("bob-1", "fine-tuned")}
 
-    # Concurrent visitors, one server: each gets their own model's answer (the same as asked one at a time).
+    # Concurrent visitors, one server: each gets their own model's answer.
     alone = [_ask(ep) for ep in (second, bobs, base_a)]
     with ThreadPoolExecutor(3) as pool:
         together = list(pool.map(_ask, (second, bobs, base_a)))
-    # vLLM is not batch-invariant: a batch of three may round a late logit differently from one request alone, so the
-    # answers agree on their start (here 12+ characters), and none is another model's answer.
+    # Each visitor's adapter answers in the batch exactly as alone, and the base side is never an adapter's answer.
+    # (vLLM on CPU is not batch-invariant: in a batch with two adapters the base's greedy answer changed after its
+    # first words in both of two runs, so it is not compared token for token.)
     assert len(set(alone)) == 3, alone
-    for mine, (answer, own) in enumerate(zip(together, alone, strict=True)):
-        assert answer[: min(12, len(own))] == own[:12], (together, alone)
-        assert all(answer != other for j, other in enumerate(alone) if j != mine), (together, alone)
+    assert together[:2] == alone[:2], (together, alone)
+    assert together[2] not in alone[:2], (together, alone)
 
     # A visitor never stops the shared server nor another visitor's model: naming the shared one only takes them
     # off it.

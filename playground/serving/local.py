@@ -311,17 +311,23 @@ class LocalServers(ModelServers):
 
     def _evict_adapters(self, record: dict[str, Any], *, room_for: int) -> list[str]:
         """Unload the least recently used adapters of ``record`` until ``room_for`` more fit under the cap."""
-        from playground.serving.vllm_server import unload_adapter
 
         adapters = record.get("adapters") or {}
         excess = len(adapters) + room_for - self.max_adapters
         evicted = sorted(adapters, key=lambda job_id: self._adapter_last_used(record, job_id))[: max(0, excess)]
         for job_id in evicted:
-            with contextlib.suppress(UserError):  # a server that cannot answer loses it anyway
-                unload_adapter(record["url"], job_id)
-            adapters.pop(job_id)
-            self._keep_template(record["name"], job_id, None)
+            self._unload(record, job_id)
         return evicted
+
+    def _unload(self, record: dict[str, Any], job_id: str) -> None:
+        """Take ``job_id``'s adapter off ``record``'s server, its entry and its chat template (the caller writes the
+        record)."""
+        from playground.serving.vllm_server import unload_adapter
+
+        with contextlib.suppress(UserError):  # a server that cannot answer loses it anyway
+            unload_adapter(record["url"], job_id)
+        (record.get("adapters") or {}).pop(job_id, None)
+        self._keep_template(record["name"], job_id, None)
 
     def _keep_template(self, server: str, job_id: str, adapter_dir: str | None) -> None:
         """Keep the chat template of the adapter at ``adapter_dir`` where the guard of base server ``server`` puts it
@@ -384,7 +390,6 @@ class LocalServers(ModelServers):
     def _drop_uses(self, drop: Callable[[dict[str, Any], str, str | None], bool], *, base_side: bool = True) -> bool:
         """Take the uses for which ``drop(record, job_id, owner)`` holds off the base servers (adapters unloaded;
         with ``base_side``, base-side users too), under the servers lock; whether any went."""
-        from playground.serving.vllm_server import unload_adapter
 
         if not any(record.get("shared") for record in self._records()):
             return False  # no base server: no lock taken, no file written
@@ -398,10 +403,7 @@ class LocalServers(ModelServers):
                 adapters = record.get("adapters") or {}
                 gone = [job_id for job_id, entry in adapters.items() if drop(record, job_id, entry.get("owner"))]
                 for job_id in gone:
-                    with contextlib.suppress(UserError):
-                        unload_adapter(record["url"], job_id)
-                    adapters.pop(job_id)
-                    self._keep_template(record["name"], job_id, None)
+                    self._unload(record, job_id)
                 keep = {j: user for j, user in users.items() if not (base_side and drop(record, j, user))}
                 if gone or keep != users:
                     record["base_jobs"], record["adapters"] = keep, adapters

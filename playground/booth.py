@@ -213,15 +213,6 @@ def owner_key(owner: str) -> str:
     return hashlib.sha256(owner.encode()).hexdigest()[:32]
 
 
-def owns(job_owner: str | None, owner: Owner | str | None) -> bool:
-    """Whether a caller acting as ``owner`` may see a job owned by ``job_owner`` (None: the operator sees all).
-    The legacy form of :meth:`Owner.sees` for the backends' ``str | None``: an unchecked text (``""``) sees
-    nothing, it never fails open."""
-    if isinstance(owner, Owner):
-        return owner.sees(job_owner)
-    return owner is None or job_owner == owner
-
-
 # -- one submit at a time, and who submitted when ------------------------------------------------------
 @contextlib.contextmanager
 def submit_lock(home: Path) -> Iterator[None]:
@@ -297,12 +288,12 @@ def last_seen(home: Path | str, owner: str) -> float | None:
         return None
 
 
-def visitor_gone(home: Path | str, owner: str | None, after_seconds: float, now: float | None = None) -> bool:
-    """Whether ``owner`` was last seen more than ``after_seconds`` ago. The operator (None) and a visitor never
+def visitor_gone(home: Path | str, owner: Owner, after_seconds: float, now: float | None = None) -> bool:
+    """Whether ``owner`` was last seen more than ``after_seconds`` ago. The operator and a visitor never
     seen (no record: nothing says they left) are never gone."""
-    if owner is None:
+    if owner.id is None:
         return False
-    seen = last_seen(home, owner)
+    seen = last_seen(home, owner.id)
     now = time.time() if now is None else now
     return seen is not None and now - seen > after_seconds
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.booth import owner_key
+from playground.owner import OPERATOR, Owner
 
 MAX_EXCHANGES = 20
 MAX_TEXT_CHARS = 4000
@@ -55,12 +56,12 @@ class ChatStore:
     def __init__(self, home: Path | str) -> None:
         self.root = Path(home) / "chats"
 
-    def _path(self, job_id: str, owner: str | None) -> Path:
+    def _path(self, job_id: str, owner: Owner) -> Path:
         if not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id):
             raise ValueError(f"job id {str(job_id)[:40]!r} is not valid")
-        return self.root / (owner_key(owner) if owner is not None else OPERATOR_KEY) / f"{job_id}.json"
+        return self.root / (owner_key(owner.id) if owner.id is not None else OPERATOR_KEY) / f"{job_id}.json"
 
-    def load(self, job_id: str, owner: str | None) -> list[Exchange]:
+    def load(self, job_id: str, owner: Owner) -> list[Exchange]:
         """``owner``'s kept exchanges with ``job_id`` (oldest first); [] when none (or unreadable)."""
         try:
             data = json.loads(self._path(job_id, owner).read_text())
@@ -70,7 +71,7 @@ class ChatStore:
             return []
         return [cleaned for item in data[-MAX_EXCHANGES:] if isinstance(cleaned := _clean(item), dict)]
 
-    def save(self, job_id: str, owner: str | None, exchanges: Sequence[Mapping[str, Any]]) -> None:
+    def save(self, job_id: str, owner: Owner, exchanges: Sequence[Mapping[str, Any]]) -> None:
         """Keep the last :data:`MAX_EXCHANGES` of ``exchanges``; the visitor's oldest job chats beyond
         :data:`MAX_JOBS_PER_VISITOR` are dropped."""
         path = self._path(job_id, owner)
@@ -87,5 +88,5 @@ class ChatStore:
         """Remove every visitor's chat with ``job_id`` (the job was deleted)."""
         if not self.root.is_dir():
             return
-        for path in self.root.glob(f"*/{self._path(job_id, None).name}"):
+        for path in self.root.glob(f"*/{self._path(job_id, OPERATOR).name}"):
             path.unlink(missing_ok=True)

@@ -28,7 +28,7 @@ COMMAND_MODULES = (
     "playground.commands.plan",  # plan
     "playground.commands.ray",  # ray status, ray stop
     "playground.commands.data",  # data check, custom
-    "playground.serving.commands",  # serve, servers, chat, unserve
+    "playground.commands.serving",  # serve, servers, chat, unserve
     "playground.e2e.commands",  # e2e
     "playground.models.commands",  # models prepare
     "playground.runs.commands",  # runs, register

@@ -6,8 +6,9 @@ job's servers before the backend removes the job; ``cleanup`` deletes the jobs p
 model servers the booth no longer wants (idle, visitor gone), and runs on the side of ``list``/``submit`` as often as
 the backend asks (booth mode), never inside the backend.
 
-Every verb takes ``owner``: an :class:`~playground.owner.Owner`, or the legacy ``str | None`` (None: the operator),
-made an Owner once here (a bad id is a one-line error naming ``owner``); the backends and servers get its ``id``.
+Every verb takes ``owner``: an :class:`~playground.owner.Owner`, or the legacy ``str | None`` of the app's widgets
+and notebooks (None: the operator), made an Owner once here (a bad id is a one-line error naming ``owner``); the
+backends, servers and chat store below get that Owner and convert nothing again.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from playground.errors import JobNotFound, UserError
 from playground.events import Event
 from playground.owner import Owner, as_owner
 from playground.serving.base import ModelServers, ServerInfo
-from playground.types import Endpoint, Job, TrainRequest
+from playground.types import Endpoint, Job, RunRequest
 
 
 class Playground:
@@ -54,34 +55,34 @@ class Playground:
         return self._servers
 
     # -- jobs -------------------------------------------------------------------------------------
-    def submit(self, request: TrainRequest) -> Job:
+    def submit(self, request: RunRequest) -> Job:
         self._cleanup_now_and_then()
         return self.backend.submit(request)
 
     def get(self, job_id: str, *, owner: Owner | str | None = None) -> Job:
-        return self.backend.get(job_id, owner=as_owner(owner).id)
+        return self.backend.get(job_id, owner=as_owner(owner))
 
     def list(self, *, owner: Owner | str | None = None) -> list[Job]:
         """The jobs (``owner``'s, or all); when a cleanup is due, one listing of every job serves both."""
         who = as_owner(owner)
         if not self._cleanup_due():
-            return self.backend.list(owner=who.id)
+            return self.backend.list(owner=who)
         everyone = self.backend.list()
         removed = set(self._delete_expired(everyone))
         return [job for job in everyone if job.id not in removed and who.sees(job.owner)]
 
     def events(self, job_id: str, follow: bool = False, *, owner: Owner | str | None = None) -> Iterator[Event]:
-        return self.backend.events(job_id, follow, owner=as_owner(owner).id)
+        return self.backend.events(job_id, follow, owner=as_owner(owner))
 
     def cancel(self, job_id: str, *, owner: Owner | str | None = None) -> Job:
-        return self.backend.cancel(job_id, owner=as_owner(owner).id)
+        return self.backend.cancel(job_id, owner=as_owner(owner))
 
     def delete(self, job_id: str, *, owner: Owner | str | None = None) -> None:
         """Stop the job's servers, then the job, and remove it (someone else's job: JobNotFound, nothing stops)."""
         who = as_owner(owner)
-        self.backend.get(job_id, owner=who.id)
+        self.backend.get(job_id, owner=who)
         self.servers.stop_job(job_id)
-        self.backend.delete(job_id, owner=who.id)
+        self.backend.delete(job_id, owner=who)
         with contextlib.suppress(OSError, ValueError):
             ChatStore(self.backend.quota_home).forget(job_id)
 
@@ -123,13 +124,13 @@ class Playground:
         """Serve the job's fine-tuned model (or its base model) and wait until it answers."""
         who = as_owner(owner)
         self.servers.check_port(port)  # refused before the backend is asked anything
-        return self.servers.serve(self.backend.get(job_id, owner=who.id), base=base, port=port)
+        return self.servers.serve(self.backend.get(job_id, owner=who), base=base, port=port)
 
     def unserve(self, target: str, *, owner: Owner | str | None = None) -> None:
-        self.servers.unserve(target, owner=as_owner(owner).id)
+        self.servers.unserve(target, owner=as_owner(owner))
 
     def endpoints(self, *, owner: Owner | str | None = None) -> list[Endpoint]:
-        return self.servers.endpoints(owner=as_owner(owner).id)
+        return self.servers.endpoints(owner=as_owner(owner))
 
     def server_details(self) -> list[ServerInfo]:
         """The operator's view of every server: owner, kind, idle time, memory (``playground servers``)."""
@@ -143,14 +144,14 @@ class Playground:
     def chat_history(self, job_id: str, *, owner: Owner | str | None = None) -> list[dict[str, Any]]:
         """``owner``'s kept chat with the job's models (someone else's job: JobNotFound)."""
         who = as_owner(owner)
-        self.backend.get(job_id, owner=who.id)
-        return ChatStore(self.backend.quota_home).load(job_id, who.id)
+        self.backend.get(job_id, owner=who)
+        return ChatStore(self.backend.quota_home).load(job_id, who)
 
     def save_chat(self, job_id: str, exchanges: list[dict[str, Any]], *, owner: Owner | str | None = None) -> None:
         """Keep ``owner``'s chat with the job's models (bounded: see :mod:`playground.chats`)."""
         who = as_owner(owner)
-        self.backend.get(job_id, owner=who.id)
-        ChatStore(self.backend.quota_home).save(job_id, who.id, exchanges)
+        self.backend.get(job_id, owner=who)
+        ChatStore(self.backend.quota_home).save(job_id, who, exchanges)
 
     # -- presence (booth mode) -------------------------------------------------------------------------
     def keep_present(self, owner: Owner | str | None, *, interval: float | None = None) -> Heartbeat | None:
@@ -165,7 +166,7 @@ class Playground:
         return Heartbeat(lambda: touch_presence(home, visitor), every).start()
 
     # -- manifests (--dry-run) --------------------------------------------------------------------
-    def render_train(self, request: TrainRequest) -> str:
+    def render_train(self, request: RunRequest) -> str:
         return self.backend.render_train(request)
 
     def render_serve(self, job_id: str, *, base: bool = False) -> str:

@@ -83,11 +83,14 @@ class Owner:
         return "(operator)" if self.id is None else self.id
 
 
+OPERATOR = Owner.operator()  # the default of every engine signature that takes an owner
+
+
 def as_owner(owner: Owner | str | None) -> Owner:
     """The legacy ``str | None`` of the public edges as an :class:`Owner` (None: the operator; an Owner as is)."""
     if isinstance(owner, Owner):
         return owner
-    return Owner.operator() if owner is None else Owner.visitor(owner)
+    return OPERATOR if owner is None else Owner.visitor(owner)
 
 
 _TEXT_RULE = f"1 to {TEXT_MAX_LEN} printable characters"

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from playground.errors import UserError, shown_path
-from playground.types import TrainRequest
+from playground.types import RunRequest
 
 DATASET_FORMS = "a local .jsonl/.json/.csv/.parquet file or directory, or hf://ORG/NAME"
 
 
-def check_request(request: TrainRequest) -> None:
+def check_request(request: RunRequest) -> None:
     """A model or dataset override that names a local path must exist here (a URL is checked where it is read)."""
     model, dataset = request.overrides.model, request.overrides.dataset
     if model is not None and "://" not in model and not Path(model).expanduser().is_dir():

@@ -6,32 +6,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from playground.events import JobPhase, Progress
+from playground.run_request import RunParameters, RunRequest, SourceOverrides
 
-
-@dataclass(frozen=True)
-class SourceOverrides:
-    """Replace a blueprint's model or dataset source (a local stand-in, a mirror, a PVC path).
-
-    A blueprint that needs a GPU may run on CPU when its model is overridden by a local
-    directory: that is how the hub blueprints' code is tested on tiny stand-ins.
-    """
-
-    model: str | None = None
-    dataset: str | None = None
-
-
-@dataclass(frozen=True)
-class TrainRequest:
-    """What ``submit`` takes: a blueprint (catalog id, or absolute path of a YAML file) and validated parameters.
-
-    Build one with :func:`playground.api.make_request`, which validates ``params``.
-    """
-
-    blueprint_id: str
-    params: dict[str, Any]
-    overrides: SourceOverrides = SourceOverrides()
-    labels: dict[str, str] = field(default_factory=dict)  # free-form labels (session, ...)
-    owner: str | None = None  # the visitor who owns the job (booth mode); None: an operator's job
+__all__ = ["Endpoint", "Job", "RunParameters", "RunRequest", "SourceOverrides"]
 
 
 @dataclass

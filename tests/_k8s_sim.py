@@ -1715,3 +1715,11 @@ class KubeRaySimulator:
         for ref in workload["metadata"].get("ownerReferences") or []:
             if ref.get("kind") == "RayJob" and ("rayjobs", ns, ref["name"]) in self.emu.store:
                 await self.sim._patch("rayjobs", ns, ref["name"], {"spec": {"suspend": True}})
+
+
+def trainer_request(env: list[dict[str, Any]]) -> Any:
+    """The run request a trainer pod reads: its container env's ``PLAYGROUND_RUN_REQUEST``, validated as the trainer
+    validates it (``RunRequest.from_json``)."""
+    from playground.run_request import REQUEST_ENV, RunRequest
+
+    return RunRequest.from_json(next(item["value"] for item in env if item["name"] == REQUEST_ENV))

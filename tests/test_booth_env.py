@@ -14,6 +14,7 @@ from _waiting import wait_for
 from playground.api import make_request
 from playground.backends.local import LocalBackend
 from playground.booth import BoothPolicy
+from playground.owner import Owner
 from playground.processes import child_env
 from playground.serving.local import LocalServers
 
@@ -74,12 +75,12 @@ def test_booth_job_and_server_processes_hold_no_secret_or_cookie(
             assert not set(STOLEN) & set(env), sorted(set(STOLEN) & set(env))
             assert SECRET not in "".join(env.values()) and env["PLAYGROUND_HOME"] == str(home)
     finally:
-        backend.cancel(job.id, owner="alice")
+        backend.cancel(job.id, owner=Owner.visitor("alice"))
 
     # A model server started from the same environment, over the session's trained model (its own home here).
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # a kernel never loads the trainer, which sets it
     servers = LocalServers(home)
-    endpoint = servers.start(trained_tiny_job.model_dir, job_id="env-check", owner="alice")
+    endpoint = servers.start(trained_tiny_job.model_dir, job_id="env-check", owner=Owner.visitor("alice"))
     try:
         (record,) = [json.loads(p.read_text()) for p in (home / "servers").glob("*.json")]
         assert record["url"] == endpoint.url

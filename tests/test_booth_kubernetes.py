@@ -13,11 +13,12 @@ from _waiting import wait_for
 
 from playground.api import make_request
 from playground.backends.kubernetes import KubernetesBackend
-from playground.backends.kubernetes import manifests as m
 from playground.booth import BoothPolicy, QuotaExceeded, owner_key
+from playground.cluster import manifests as m
 from playground.errors import JobNotFound, UserError
 from playground.events import JobPhase, Phase, Queued
 from playground.facade import Playground
+from playground.owner import Owner
 from playground.serving import kserve as ks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +99,7 @@ def test_inference_services_carry_and_filter_by_owner(cluster, kubeconfig):
     blueprint = get_blueprint("tiny-llama-cpu")
     for job, owner in (("job-a", "alice"), ("job-b", "bob")):
         body = ks.build_inferenceservice(
-            job, blueprint, "pvc://x/output/model", backend.backend.opts, base=False, owner=owner
+            job, blueprint, "pvc://x/output/model", backend.backend.opts, base=False, owner=Owner.visitor(owner)
         )
         assert body["metadata"]["labels"][m.LABEL_OWNER] == owner_key(owner)
         cluster.put("inferenceservices", body)

@@ -25,6 +25,7 @@ from playground.cli import main
 from playground.errors import JobNotFound, UserError
 from playground.events import JobPhase, Phase, Queued
 from playground.facade import Playground
+from playground.owner import Owner
 from playground.processes import process_alive
 
 pytestmark = pytest.mark.slow
@@ -221,7 +222,9 @@ def test_the_queue_is_bounded_and_a_gone_visitors_queued_job_leaves_it(home: Pat
         backend.submit(make_request("tiny-llama-cpu", SHORT, owner="wes"))
     assert str(refused.value) == "the training queue is full (2 jobs waiting, the limit); try again in a few minutes"
     assert refused.value.field == "quota"
-    assert sorted(p.name for p in (home / "jobs").iterdir()) == before and backend.list(owner="wes") == []
+    assert (
+        sorted(p.name for p in (home / "jobs").iterdir()) == before and backend.list(owner=Owner.visitor("wes")) == []
+    )
 
     # Vic's kernel stopped showing presence 6 minutes ago: his queued job leaves the line, Cancelled, never started.
     touch_presence(home, "vic", when=time.time() - 360)

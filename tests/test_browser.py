@@ -314,6 +314,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
 
     from playground.backends.local import LocalBackend
     from playground.blueprints import get_blueprint
+    from playground.owner import Owner
 
     operator = LocalBackend(home=booth.home)  # the operator's view: every job
     shots = artifacts_dir / "browser"
@@ -354,7 +355,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             assert "allowed: an integer from 1 to 5000" in a.inner_text(".pg-error-max_steps")
             a.click(".pg-launch")
             a.wait_for_selector(".pg-form-status :text('nothing launched')", timeout=60_000)
-            assert operator.list(owner=visitor_a) == []
+            assert operator.list(owner=Owner.visitor(visitor_a)) == []
             a.screenshot(path=str(shots / "01-bad-value.png"), full_page=True)
 
             # 2. A fixes it and double-clicks Launch: one job
@@ -369,7 +370,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             a.set_viewport_size(TALL)
             set_field(a, "seed", "x")  # processed after both clicks: once its error shows, they were too
             a.wait_for_selector(".pg-error-seed :text('not valid')", timeout=60_000)
-            jobs_a = operator.list(owner=visitor_a)
+            jobs_a = operator.list(owner=Owner.visitor(visitor_a))
             assert len(jobs_a) == 1, [j.id for j in jobs_a]
             job_a1 = jobs_a[0].id
             wait_for(lambda: shown_job(a) == job_a1, 60, "A's monitor on A's job")
@@ -388,8 +389,8 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
                 page.wait_for_selector(".pg-monitor-header code", timeout=60_000)
             visitor_b, visitor_c = visitor_of(contexts[1]), visitor_of(contexts[2])
             assert len({visitor_a, visitor_b, visitor_c}) == 3
-            (job_b,) = operator.list(owner=visitor_b)
-            (job_c,) = operator.list(owner=visitor_c)
+            (job_b,) = operator.list(owner=Owner.visitor(visitor_b))
+            (job_c,) = operator.list(owner=Owner.visitor(visitor_c))
             assert {shown_job(b), shown_job(c)} == {job_b.id, job_c.id}
             wait_for(lambda: "position 2 in the queue" in c.inner_text(".pg-queue"), 120, "C second in the queue")
             c.screenshot(path=str(shots / "02-queued.png"), full_page=True)
@@ -501,7 +502,7 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
             # 10. the hourly quota (2 here): a third launch is an inline error and starts nothing
             a.click(".pg-launch")
             a.wait_for_selector(".pg-form-status :text('hourly limit')", timeout=60_000)
-            assert len(operator.list(owner=visitor_a)) == 2
+            assert len(operator.list(owner=Owner.visitor(visitor_a))) == 2
             a.screenshot(path=str(shots / "08-quota.png"), full_page=True)
 
             assert not [e for e in console_errors if "Error setting state" in e], console_errors

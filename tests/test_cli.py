@@ -216,7 +216,7 @@ def test_malformed_blueprint_yaml_names_file_and_field(capsys, isolated_home, tm
 def test_dry_run_prints_the_plan_and_starts_nothing(capsys, isolated_home):
     code, out, _ = run(capsys, "train", "tiny-llama-cpu", "--set", "max_steps=7", "--dry-run")
     assert code == 0
-    assert "- max_steps=7" in out and "playground.train" in out and "backend: local" in out
+    assert '"max_steps":7' in out and "playground.train" in out and "backend: local" in out  # the run request
     assert no_jobs(isolated_home)
 
 

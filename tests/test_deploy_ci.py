@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from playground.backends.kubernetes.manifests import QUEUE_LABEL
+from playground.cluster.manifests import QUEUE_LABEL
 
 REPO = Path(__file__).resolve().parents[1]
 CI = REPO / "deploy" / "ci"

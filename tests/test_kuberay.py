@@ -13,16 +13,24 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from _k8s_sim import Cluster, Scenario, crd_validator, kuberay_problems, ray_driver_log, synthetic_trainer_log
+from _k8s_sim import (
+    Cluster,
+    Scenario,
+    crd_validator,
+    kuberay_problems,
+    ray_driver_log,
+    synthetic_trainer_log,
+    trainer_request,
+)
 from _waiting import wait_for
 from conftest import SHARED_DIR as SHARED
 
 from playground.api import DEFAULT_BLUEPRINT, make_request
-from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes import trainjob as tj
 from playground.backends.ray import rayjob as rj
 from playground.backends.ray.kuberay import KubeRayBackend
 from playground.blueprints import get_blueprint
+from playground.cluster import manifests as m
 from playground.errors import JobNotFound, UserError
 from playground.events import ClusterEvent, JobPhase, Log, Metric, Phase, Progress, Queued
 from playground.facade import Playground
@@ -183,7 +191,7 @@ def test_your_data_file_reaches_the_ray_pods_through_a_read_only_pvc(schemas, tm
     read-only, and the trainer's argument names the file where the pods see it."""
     import json
 
-    from playground.backends.kubernetes.datafiles import DATA_MOUNT, ClaimMount
+    from playground.cluster.datafiles import DATA_MOUNT, ClaimMount
 
     data = tmp_path / "jovyan" / "data" / "talks.jsonl"
     data.parent.mkdir(parents=True)
@@ -193,8 +201,7 @@ def test_your_data_file_reaches_the_ray_pods_through_a_read_only_pvc(schemas, tm
     plan = rj.plan_rayjob(get_blueprint("tiny-llama-cpu"), request, opts, "tiny-llama-cpu-x1")
     rayjob = rj.build_rayjob(plan)
     assert schemas["RayJob"](rayjob) == [] and "q3" not in yaml.safe_dump(rayjob)
-    _, args = entrypoint_parts(rayjob)
-    assert args[args.index("--dataset-source") + 1] == f"{DATA_MOUNT}/data/talks.jsonl"
+    assert trainer_request(plan.env).overrides.dataset == f"{DATA_MOUNT}/data/talks.jsonl"
     cluster = rayjob["spec"]["rayClusterSpec"]
     for group in (cluster["headGroupSpec"], cluster["workerGroupSpecs"][0]):
         pod = group["template"]["spec"]

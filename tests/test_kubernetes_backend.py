@@ -12,17 +12,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _k8s_sim import Cluster, Scenario, crd_validator, synthetic_trainer_log
+from _k8s_sim import Cluster, Scenario, crd_validator, synthetic_trainer_log, trainer_request
 from _waiting import wait_for
 from conftest import SHARED_DIR as SHARED
 
 from playground.api import make_request
 from playground.backends.kubernetes import KubernetesBackend
-from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes import trainjob as tj
+from playground.cluster import manifests as m
 from playground.errors import BackendError, JobNotFound, UserError
 from playground.events import ClusterEvent, JobPhase, Log, Metric, Phase, Progress, parse_line
 from playground.facade import Playground
+from playground.run_request import REQUEST_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "ml"
@@ -690,7 +691,7 @@ def test_notebook_pod_volume_carries_your_data_file_to_the_trainer(cluster, k8s,
     same claim in the trainer's pods, and the trainer's own argument check accepts the file where the pod sees it."""
     import json
 
-    from playground.backends.kubernetes.datafiles import DATA_MOUNT
+    from playground.cluster.datafiles import DATA_MOUNT
     from playground.train.__main__ import prepare
 
     workspace = tmp_path / "home-jovyan"
@@ -714,11 +715,11 @@ def test_notebook_pod_volume_carries_your_data_file_to_the_trainer(cluster, k8s,
     spec = cluster.get("trainjobs", job.id)["spec"]
     pod = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]
     assert pod["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "workspace-alice"
-    args = spec["trainer"]["args"]
-    assert args[args.index("--dataset-source") + 1] == f"{DATA_MOUNT}/data/talks.jsonl"
-    in_pod = [a.replace(DATA_MOUNT, str(workspace)) for a in args]  # the mount, as the trainer's pod has it
-    in_pod[in_pod.index("--output") + 1] = str(tmp_path / "out")
-    assert prepare(in_pod).dataset_source == str(train)
+    sent = trainer_request(spec["trainer"]["env"])
+    assert sent.overrides.dataset == f"{DATA_MOUNT}/data/talks.jsonl"
+    in_pod = sent.to_json().replace(DATA_MOUNT, str(workspace))  # the mount, as the trainer's pod has it
+    monkeypatch.setenv(REQUEST_ENV, in_pod)
+    assert prepare(["--output", str(tmp_path / "out")]).dataset_source == str(train)
     list(k8s.events(job.id, follow=True))
     assert k8s.get(job.id).phase == JobPhase.SUCCEEDED
     k8s.delete(job.id)
@@ -739,7 +740,7 @@ def test_sdk_adapter_names_what_it_relies_on(k8s):
     from kubeflow.trainer.backends.kubernetes import utils
     from kubernetes import client
 
-    from playground.backends.kubernetes import sdk
+    from playground.cluster import sdk
 
     assert callable(utils.get_args_using_torchtune_config)
     trainer = k8s.backend.connection.trainer  # a real TrainerClient on the emulator

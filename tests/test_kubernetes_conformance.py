@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _k8s_sim import crd_validator
+from _k8s_sim import crd_validator, trainer_request
 
 from playground.api import make_request
-from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes import trainjob as tj
 from playground.blueprints import get_blueprint, load_catalog
+from playground.cluster import manifests as m
 from playground.errors import UserError
 from playground.runs.settings import JOB_BACKEND_ENV
 from playground.serving import kserve as ks
@@ -85,11 +85,11 @@ def test_hub_blueprints_run_the_project_trainer_fed_by_initializers(schemas, blu
     assert spec["runtimeRef"] == {"name": "playground-torch-hf", "kind": "ClusterTrainingRuntime"}
     trainer = spec["trainer"]
     assert trainer["command"] == ["python", "-m", "playground.train"]
-    args = trainer["args"]
-    assert args[:2] == ["--blueprint", blueprint_id]
-    pairs = dict(zip(args[::2], args[1::2], strict=True)) | {"--set": None}
-    assert pairs["--model-source"] == m.MODEL_DIR and pairs["--dataset-source"] == m.DATASET_DIR
-    assert pairs["--output"] == m.OUTPUT_DIR
+    assert trainer["args"] == ["--output", m.OUTPUT_DIR]
+    # the run request: one JSON document in the pod's environment, the sources where the initializers put them
+    request = trainer_request(trainer["env"])
+    assert request.blueprint_id == blueprint_id and request.params == make_request(blueprint_id).params
+    assert (request.overrides.model, request.overrides.dataset) == (m.MODEL_DIR, m.DATASET_DIR)
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (1, 1)
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
     init = spec["initializer"]
@@ -132,7 +132,9 @@ def test_dpo_and_grpo_gpu_blueprints_run_the_project_trainer_on_a_gpu(schemas, b
     assert "initializer" not in spec
     trainer = spec["trainer"]
     assert trainer["command"] == ["python", "-m", "playground.train"]
-    assert trainer["args"][:2] == ["--blueprint", blueprint_id]
+    assert (
+        trainer["args"] == ["--output", m.OUTPUT_DIR] and trainer_request(trainer["env"]).blueprint_id == blueprint_id
+    )
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == "1"
     token = next(e for e in trainer["env"] if e["name"] == "HF_TOKEN")
     assert token["valueFrom"]["secretKeyRef"]["optional"] is not blueprint.model.gated
@@ -540,9 +542,9 @@ def test_own_data_file_reaches_the_trainer_through_a_read_only_pvc(schemas, tmp_
     """A custom blueprint (your file + held-out file) and a --dataset-source override: the TrainJob mounts the
     claim read-only at /mnt/playground-data via runtimePatches (valid against the CRD), the trainer reads the files
     there, the blueprint travels as YAML with the paths renamed, and no row of the file is in the spec."""
-    from playground.backends.kubernetes.datafiles import DATA_MOUNT, ClaimMount
     from playground.blueprints import blueprint_from_yaml
     from playground.blueprints.custom import make_custom, save_blueprint
+    from playground.cluster.datafiles import DATA_MOUNT, ClaimMount
 
     workspace = tmp_path / "jovyan"
     train = _data_rows(workspace / "data" / "train.jsonl")
@@ -564,9 +566,9 @@ def test_own_data_file_reaches_the_trainer_through_a_read_only_pvc(schemas, tmp_
         "mountPath": DATA_MOUNT,
         "readOnly": True,
     }
-    args = trainjob["spec"]["trainer"]["args"]
-    assert "--blueprint" not in args
-    sent = blueprint_from_yaml(args[args.index("--blueprint-yaml") + 1])
+    sent_request = trainer_request(trainjob["spec"]["trainer"]["env"])
+    assert sent_request.blueprint_yaml is not None  # a blueprint of your own travels as its YAML
+    sent = blueprint_from_yaml(sent_request.blueprint_yaml)
     assert sent.dataset.source == f"{DATA_MOUNT}/data/train.jsonl"
     assert sent.dataset.eval_source == f"{DATA_MOUNT}/data/held.jsonl"
     assert sent.model_copy(update={"dataset": blueprint.dataset, "examples": blueprint.examples}) == blueprint
@@ -575,13 +577,13 @@ def test_own_data_file_reaches_the_trainer_through_a_read_only_pvc(schemas, tmp_
     request = make_request("tiny-llama-cpu", dataset_source=str(train))
     trainjob = tj.build_trainjob(tj.plan_trainjob(get_blueprint("tiny-llama-cpu"), request, options, "tiny-llama-x1"))
     assert schemas["TrainJob"](trainjob) == []
-    args = trainjob["spec"]["trainer"]["args"]
-    assert args[:2] == ["--blueprint", "tiny-llama-cpu"]
-    assert args[args.index("--dataset-source") + 1] == f"{DATA_MOUNT}/data/train.jsonl"
+    sent_request = trainer_request(trainjob["spec"]["trainer"]["env"])
+    assert sent_request.blueprint_id == "tiny-llama-cpu" and sent_request.blueprint_yaml is None
+    assert sent_request.overrides.dataset == f"{DATA_MOUNT}/data/train.jsonl"
 
 
 def test_own_data_file_on_no_claim_is_one_line_naming_the_setting(tmp_path, monkeypatch):
-    from playground.backends.kubernetes.datafiles import ClaimMount
+    from playground.cluster.datafiles import ClaimMount
 
     train = _data_rows(tmp_path / "train.jsonl")
     request = make_request("tiny-llama-cpu", dataset_source=str(train))

@@ -227,12 +227,13 @@ def test_a_methods_held_out_answers_give_cpu_threads_back(tiny_qwen: Path, tmp_p
     import torch
 
     from playground.blueprints import get_blueprint
+    from playground.run_request import RunParameters
     from playground.train.dpo import DpoRecipe
     from playground.train.reporting import Reporter
     from playground.train.settings import TrainSpec
 
     blueprint = get_blueprint("smollm2-135m-dpo-kubectl")
-    params = blueprint.resolve_params({"max_steps": 2, "batch_size": 2, "num_eval_examples": 10})
+    params = RunParameters.of(blueprint, {"max_steps": 2, "batch_size": 2, "num_eval_examples": 10})
     stream = io.StringIO()
     run = DpoRecipe(
         TrainSpec(blueprint, params, tmp_path / "out", str(tiny_qwen), blueprint.dataset.source),

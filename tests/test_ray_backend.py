@@ -30,6 +30,7 @@ from playground.backends.ray.backend import RayBackend
 from playground.cli import main as cli_main
 from playground.events import Event, JobPhase, Log, Phase, Progress
 from playground.facade import Playground
+from playground.owner import Owner
 from playground.types import Job
 
 pytestmark = pytest.mark.slow
@@ -184,9 +185,9 @@ def test_ray_jobs_sleep_in_openmp_waits(tmp_path: Path, monkeypatch: pytest.Monk
     waits (spinning threads starve each other on a shared CPU); an operator's own setting is kept."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # as in a notebook's kernel, which never loads the trainer
     backend = RayBackend(tmp_path, address="http://127.0.0.1:1")
-    assert backend._runtime_env("job-1", None)["env_vars"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert backend._runtime_env("job-1", Owner.operator())["env_vars"]["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert backend._runtime_env("job-1", None)["env_vars"]["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert backend._runtime_env("job-1", Owner.operator())["env_vars"]["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_two_ray_train_workers_match_one_process(sequence: RaySequence) -> None:
@@ -252,7 +253,7 @@ def test_someone_elses_job_is_unknown_and_delete_removes_it(sequence: RaySequenc
 
     backend = RayBackend(sequence.home)
     with pytest.raises(JobNotFound, match="unknown job"):
-        backend.get(sequence.cancelled.id, owner="visitor-b")
+        backend.get(sequence.cancelled.id, owner=Owner.visitor("visitor-b"))
     output = sequence.home / "ray" / "jobs" / sequence.cancelled.id
     assert output.is_dir()
     Playground(backend).delete(sequence.cancelled.id)

@@ -14,6 +14,7 @@ from _train_helpers import threads_asked_back
 
 from playground.blueprints import TRAINING_DEFAULTS, get_blueprint
 from playground.events import Progress, parse_line
+from playground.run_request import RunParameters
 from playground.train import cpu_share, recipe
 from playground.train.__main__ import prepare
 from playground.train.reporting import Reporter
@@ -77,7 +78,9 @@ def test_every_setting_has_its_default_in_the_one_block() -> None:
     assert resolve_setting(blueprint, {}, "warmup_steps") == 20  # the training block
     assert resolve_setting(blueprint, {"warmup_steps": 3}, "warmup_steps") == 3  # a parameter
     bare = blueprint.model_copy(update={"training": {}, "parameters": {}})
-    settings = Settings.from_spec(TrainSpec(bare, {}, Path("out"), "scratch://llama", "synthetic://reverse"))
+    settings = Settings.from_spec(
+        TrainSpec(bare, RunParameters(), Path("out"), "scratch://llama", "synthetic://reverse")
+    )
     expected = {**TRAINING_DEFAULTS, "warmup_steps": 5}  # max_steps 100
     assert {name: getattr(settings, name) for name in TRAINING_DEFAULTS} == expected
 

@@ -21,7 +21,8 @@ from playground.backends.base import Backend
 from playground.blueprints import get_blueprint
 from playground.errors import JobNotFound, ParameterError
 from playground.events import Event, JobPhase, Log, Metric, Phase, Progress, Queued
-from playground.types import Endpoint, Job, TrainRequest
+from playground.owner import Owner
+from playground.types import Endpoint, Job, RunRequest
 from widgets.form import LaunchForm
 from widgets.monitor import JobMonitor, metrics_table
 from widgets.state import (
@@ -73,7 +74,7 @@ def test_a_bad_value_is_an_inline_error_and_launches_nothing(name: str, value: s
     """Values arrive as a client sends them (a comm update, as ipywidgets applies it), then Launch."""
     bp = get_blueprint("tiny-llama-cpu")
     launched: list[dict] = []
-    form = LaunchForm(bp, on_launch=lambda backend, params: launched.append(params))
+    form = LaunchForm(bp, on_launch=lambda backend, params: launched.append(params.as_dict()))  # typed: RunParameters
     form.controls[name].set_state({"value": value})  # what an incoming comm message does
     assert why in form.errors[name].value and name in form.errors[name].value  # shown as soon as it changes
     assert form.launch() is None and launched == []
@@ -89,7 +90,7 @@ def test_a_bad_value_is_an_inline_error_and_launches_nothing(name: str, value: s
 def test_a_fixed_value_launches_once_with_exactly_that_value() -> None:
     bp = get_blueprint("tiny-llama-cpu")
     launched: list[dict] = []
-    form = LaunchForm(bp, on_launch=lambda backend, params: launched.append(params))
+    form = LaunchForm(bp, on_launch=lambda backend, params: launched.append(params.as_dict()))  # typed: RunParameters
     form.controls["max_steps"].set_state({"value": "99999999"})
     assert form.launch() is None
     form.controls["max_steps"].set_state({"value": " 7 "})
@@ -268,10 +269,10 @@ class ScriptedBackend(Backend):
             raise JobNotFound(job_id)
         return self.jobs[job_id]
 
-    def prepare(self, request: TrainRequest) -> None:
+    def prepare(self, request: RunRequest) -> None:
         raise NotImplementedError
 
-    def create(self, request: TrainRequest, prepared: None) -> Job:
+    def create(self, request: RunRequest, prepared: None) -> Job:
         raise NotImplementedError
 
     def list(self, *, owner: str | None = None) -> list[Job]:
@@ -685,11 +686,13 @@ def test_chat_rows_pair_both_answers_with_their_question_and_come_back_from_the_
     with pytest.raises(JobNotFound):
         backend.save_chat("job-9", kept[-1], owner="v-a11ce00000000000")
     store = ChatStore(isolated_home)
-    store.save("job-1", "v-a11ce00000000000", [{"prompt": "x" * 10**5, "answers": {}}] * (MAX_EXCHANGES + 5))
-    long = store.load("job-1", "v-a11ce00000000000")
+    store.save(
+        "job-1", Owner.visitor("v-a11ce00000000000"), [{"prompt": "x" * 10**5, "answers": {}}] * (MAX_EXCHANGES + 5)
+    )
+    long = store.load("job-1", Owner.visitor("v-a11ce00000000000"))
     assert len(long) == MAX_EXCHANGES and len(long[0]["prompt"]) == MAX_TEXT_CHARS
     store.forget("job-1")  # what deleting the job does (Playground.delete)
-    assert store.load("job-1", "v-a11ce00000000000") == []
+    assert store.load("job-1", Owner.visitor("v-a11ce00000000000")) == []
 
     # Stop servers: a shared base server is not the visitor's to stop, and the page says so
     own, shared = Endpoint(url="u", model="m"), Endpoint(url="u", model="m", kind="base", shared=True)
@@ -770,6 +773,7 @@ def test_the_run_view_shows_the_runs_curves_metrics_and_parameters(trained_tiny_
     import dataclasses
 
     from playground.backends.local import LocalBackend
+    from playground.facade import Playground
     from playground.runs.settings import store_uri
     from playground.runs.store import job_run
     from playground.runs.ui import INSTALL_MLFLOW, ui_link
@@ -812,7 +816,8 @@ def test_the_run_view_shows_the_runs_curves_metrics_and_parameters(trained_tiny_
     assert view.chart is not chart and len(view.chart.data) == len(record.curves)
 
     # the monitor shows it once the job is done (operator view)
-    monitor = JobMonitor(LocalBackend(home=session_home), trained_tiny_job, blueprint=get_blueprint("tiny-llama-cpu"))
+    operator = Playground(LocalBackend(home=session_home))
+    monitor = JobMonitor(operator, trained_tiny_job, blueprint=get_blueprint("tiny-llama-cpu"))
     assert monitor.wait(120)
     wait_for(lambda: monitor.run_view.record is not None, 30, "the run view")
     assert monitor.run_view.record == record and monitor.run_view in monitor.children
@@ -822,6 +827,7 @@ def test_reattach_to_a_running_job_gets_history_then_live(isolated_home: Path) -
     """Attach while it trains: the first update already holds the points logged before attaching."""
     from playground.api import make_request
     from playground.backends.local import LocalBackend
+    from playground.facade import Playground
 
     first = LocalBackend(home=isolated_home)
     quick = {"max_steps": 20, "log_every": 2, "checkpoint_every": 0, "num_eval_examples": 10}
@@ -830,7 +836,7 @@ def test_reattach_to_a_running_job_gets_history_then_live(isolated_home: Path) -
         for event in first.events(job.id, follow=True):  # wait for a few points, then "reload the page"
             if isinstance(event, Progress) and event.step >= 6:
                 break
-        monitor = JobMonitor(LocalBackend(home=isolated_home), job.id)
+        monitor = JobMonitor(Playground(LocalBackend(home=isolated_home)), job.id)
         assert monitor.wait(240), "followed to the end"
         steps = list(monitor.chart.data[0].x)
         assert steps == list(range(2, 21, 2)), steps
@@ -861,7 +867,7 @@ def test_booth_visitors_own_their_jobs_and_a_double_click_makes_one_job(home: Pa
     click = {"event": "click"}
     page_a.form.launch_button._handle_button_msg(None, click, None)
     page_a.form.launch_button._handle_button_msg(None, click, None)  # the second click of a double-click
-    jobs = backend.list(owner=alice)
+    jobs = backend.list(owner=Owner.visitor(alice))
     assert len(jobs) == 1 and jobs[0].owner == alice and page_a.monitor.job_id == jobs[0].id
     assert page_a.form.launch_button.disabled and "still running" in page_a.form.status.value
 
@@ -1238,9 +1244,9 @@ class RecordingBackend(ScriptedBackend):
     def __init__(self) -> None:
         super().__init__([], 1.0)
         self.jobs = {}
-        self.requests: list[TrainRequest] = []
+        self.requests: list[RunRequest] = []
 
-    def submit(self, request: TrainRequest) -> Job:
+    def submit(self, request: RunRequest) -> Job:
         self.requests.append(request)
         raise ParameterError("not started in this test", field="blueprint")
 

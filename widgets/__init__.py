@@ -1,7 +1,8 @@
 """ipywidgets views over the engine: gallery → form → monitor → serve → chat.
 
-The widgets talk only to a :class:`~playground.backends.base.Backend` and the chat client;
-they never import torch or transformers. The pure logic lives in :mod:`widgets.state`.
+The widgets use the engine only through its API (:mod:`playground.api`, the facade, the typed records, events and
+errors: the layer table in tests/test_architecture.py); they never import torch or transformers. The pure logic of
+the views lives in :mod:`widgets.state`.
 """
 
 from widgets.app import App, preload

@@ -10,15 +10,12 @@ from typing import Any
 import ipywidgets as ipw
 
 from playground import api
-from playground.backends import BACKENDS
-from playground.backends.base import Backend
-from playground.blueprints import Blueprint, get_blueprint
-from playground.booth import booth_enabled
+from playground.api import BACKENDS, Backend, Blueprint, booth_enabled, get_blueprint
 from playground.errors import UserError
 from playground.events import JobPhase
 from playground.facade import Playground, connect
 from playground.owner import Owner
-from playground.types import Job
+from playground.types import Job, RunParameters
 from widgets.chat import ChatPanel, ServePanel
 from widgets.form import LaunchForm
 from widgets.gallery import BlueprintGallery
@@ -89,7 +86,8 @@ def section(title: str, body: ipw.Widget, css: str) -> ipw.VBox:
 
 
 class App(ipw.VBox):
-    """The whole path in one widget. It talks only to the facade (a backend and its servers) and the chat client.
+    """The whole path in one widget. It talks to the engine only through its API: the facade (a backend and its
+    servers) and :mod:`playground.api`.
 
     Booth mode (``booth=True``, or ``PLAYGROUND_BOOTH=1`` in the environment as
     ``playground app --booth`` sets it): the page belongs to one ``visitor`` (in Voila, the id
@@ -223,7 +221,7 @@ class App(ipw.VBox):
         if self._built:  # picked on a card: its Launch comes into view (the browser scrolls to a focused element)
             self.form.launch_button.focus()
 
-    def launch(self, backend_name: str, params: dict[str, Any]) -> Job:
+    def launch(self, backend_name: str, params: RunParameters | dict[str, Any]) -> Job:
         """Called by the form with validated params; engine errors propagate to the form.
 
         Refused here (the kernel) while the shown job runs, whatever state the button is in:

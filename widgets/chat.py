@@ -12,8 +12,7 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from playground.answers import answer_is_correct
-from playground.blueprints import Blueprint
+from playground.api import Blueprint, answer_is_correct, chat, finish_answer, request_reading
 from playground.facade import Playground
 from playground.types import Endpoint, Job
 from widgets.state import error_text, scrub_paths
@@ -255,12 +254,7 @@ class ChatPanel(ipw.VBox):
             self.prompt.value = prompt
         finally:
             self._echo = False
-        reading = ""
-        if self.blueprint.serving.normalize == "kubectl":
-            from playground.kubectl.request import normalize
-
-            reading = normalize(prompt)
-            reading = "" if reading == prompt else reading
+        reading = request_reading(self.blueprint, prompt)
         threads = []
         turns = {}
         for side in SIDES:  # every side gets a turn (one not served says so): the rows stay aligned by question
@@ -314,7 +308,6 @@ class ChatPanel(ipw.VBox):
         """The answer's token stream; an adapter unloaded meanwhile (least recently used, at the cap) is served again
         once (well under a second) and asked again."""
         from playground.errors import UserError
-        from playground.serving.client import chat
 
         def ask(target: Endpoint) -> Any:
             return chat(
@@ -347,18 +340,9 @@ class ChatPanel(ipw.VBox):
                     self._refresh(side)
             turn.tokens = getattr(stream, "completion_tokens", None)
             turn.truncated = getattr(stream, "finish_reason", None) == "length"
-            if self.blueprint.serving.complete == "kubectl" and not turn.truncated:  # a cut answer: not completed
-                from playground.kubectl.answer import added_namespace, with_namespace
-
-                namespace = added_namespace(turn.prompt, turn.answer)
-                turn.answer, turn.added_namespace = with_namespace(turn.answer, namespace), namespace or ""
-            if self.blueprint.serving.guard == "kubectl":
-                from playground.kubectl.guard import REFUSAL, check
-
-                verdict = check(turn.prompt, turn.answer)
-                if not verdict.allowed:
-                    turn.answer, turn.held_back, turn.truncated = REFUSAL, verdict.reason, False
-                    turn.added_namespace = ""
+            finished = finish_answer(self.blueprint, turn.prompt, turn.answer, truncated=turn.truncated)
+            turn.answer, turn.added_namespace = finished.answer, finished.added_namespace
+            turn.held_back, turn.truncated = finished.held_back, finished.truncated
         except Exception as exc:  # shown in the column, never printed from this thread
             turn.error = error_text(exc) if self.operator else scrub_paths(error_text(exc))
         turn.seconds = time.monotonic() - start

@@ -10,11 +10,8 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from playground.backends import BACKENDS
-from playground.blueprints import Blueprint
-from playground.booth import booth_enabled
+from playground.api import BACKENDS, Blueprint, booth_enabled, format_duration, plan_run
 from playground.errors import UserError
-from playground.formatting import format_duration
 from widgets.state import FieldSpec, FormModel, FormResult, error_text, format_param
 from widgets.userdata import DataPanel, is_data_error
 
@@ -222,8 +219,6 @@ class LaunchForm(ipw.VBox):
         return thread
 
     def _compute_plan(self, generation: int, params: dict[str, Any], backend: str) -> None:
-        from playground.api import plan_run
-
         try:
             plan = plan_run(self.blueprint.id, params, backend=backend)
             view = _plan_html(plan, "")
@@ -288,7 +283,7 @@ class LaunchForm(ipw.VBox):
             self.launch_button.disabled = True
             self.status.value = "launching…"
             try:
-                launched = self.on_launch(self.chosen_backend(), result.params)
+                launched = self.on_launch(self.chosen_backend(), result.typed)
             except UserError as exc:
                 self.show_error(exc)
                 return None

@@ -14,8 +14,7 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from playground.blueprints import Blueprint
-from playground.formatting import format_duration
+from playground.api import Blueprint, format_duration, plan_run
 from widgets.state import blueprint_notes
 
 
@@ -144,11 +143,9 @@ class BlueprintGallery(ipw.VBox):
         return thread
 
     def _compute_times(self, generation: int, blueprints: dict[str, Blueprint], backend: str) -> None:
-        from playground.blueprints.plan import make_plan
-
         for bid, bp in blueprints.items():
             try:
-                text = time_text(make_plan(bp, bp.resolve_params({}), backend=backend))
+                text = time_text(plan_run(bp, backend=backend))
             except Exception:  # a blueprint the plan cannot size here: the card says no time, never a traceback
                 text = ""
             with self._times_lock, contextlib.suppress(Exception):  # the kernel shutting down: no page left

@@ -14,14 +14,18 @@ from copy import deepcopy
 import ipywidgets as ipw
 import plotly.graph_objects as go
 
-from playground.backends.base import Backend
-from playground.blueprints import Blueprint
-from playground.diagnostics import without_tracebacks
+from playground.api import (
+    Backend,
+    Blueprint,
+    format_duration,
+    format_rate,
+    job_run,
+    register_model,
+    time_left_in,
+    without_tracebacks,
+)
+from playground.api import loss_curves as previous_loss_curves
 from playground.events import HEADLINE_METRICS, METRIC_LABELS, JobPhase, Progress
-from playground.formatting import format_duration, format_rate, time_left_in
-from playground.runs.registry import register as register_model
-from playground.runs.store import job_run
-from playground.runs.store import loss_curves as previous_loss_curves
 from playground.types import Job
 from voila_app import PLOTLY_BUNDLE_ENV
 from widgets.run_view import RunView

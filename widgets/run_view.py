@@ -10,7 +10,7 @@ import os
 import ipywidgets as ipw
 import plotly.graph_objects as go
 
-from playground.runs.store import RunRecord
+from playground.api import RunRecord
 from voila_app import PLOTLY_BUNDLE_ENV
 from widgets.state import METRIC_LABELS, humanise, metric_rows
 

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 import threading
 import time
@@ -22,12 +21,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from playground.blueprints import Blueprint
-from playground.blueprints.fit import local_fit
-from playground.errors import ParameterError, UserError
+from playground import api
+from playground.api import Blueprint, format_duration, progress_line
+from playground.errors import UserError
 from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress, Queued
-from playground.formatting import format_duration, progress_line
-from playground.types import Job
+from playground.types import Job, RunParameters
 
 # ---------------------------------------------------------------------------------------------
 # Job state and coalescing
@@ -295,8 +293,9 @@ def format_param(value: Any) -> str:
 
 @dataclass
 class FormResult:
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)  # the values, for display and the plan
     errors: dict[str, str] = field(default_factory=dict)
+    typed: RunParameters | None = None  # what a launch hands the engine: validated here, not again
 
     @property
     def ok(self) -> bool:
@@ -330,7 +329,8 @@ class FormModel:
         return {f.name: f.default for f in self.fields}
 
     def validate(self, values: Mapping[str, Any]) -> FormResult:
-        """Validate every field on its own (so each error sits next to its field), then together."""
+        """Validate every field on its own (so each error sits next to its field), then together: the engine's
+        :func:`playground.api.parameters`, whose typed result a launch hands on as it is."""
         result = FormResult()
         cleaned: dict[str, Any] = {}
         for name, value in values.items():
@@ -341,17 +341,11 @@ class FormModel:
             if isinstance(value, str) and not value.strip():
                 result.errors[name] = f"parameter {name!r}: empty; allowed: {self._allowed(name)}"
                 continue
-            try:
-                self.blueprint.resolve_params({name: value})
-            except ParameterError as exc:
-                result.errors[exc.field or name] = str(exc)
-                continue
             cleaned[name] = value
-        if result.ok:
-            try:
-                result.params = self.blueprint.resolve_params(cleaned)
-            except ParameterError as exc:
-                result.errors[exc.field or "form"] = str(exc)
+        typed, errors = api.parameters(self.blueprint, cleaned)
+        result.errors.update(errors)
+        if result.ok and typed is not None:
+            result.typed, result.params = typed, typed.as_dict()
         return result
 
     def _allowed(self, name: str) -> str:
@@ -467,13 +461,6 @@ def metric_rows(metrics: Mapping[str, float], *, operator: bool = False) -> list
 # Where a blueprint can run
 
 
-def local_gpu_count() -> int:
-    """GPUs on this machine, found by the local backend without importing torch."""
-    from playground.backends.gpus import detect_gpus
-
-    return detect_gpus()
-
-
 VISITOR_NOTE = "not available at this booth"  # what a stranger reads instead of the operator's advice
 
 
@@ -484,22 +471,7 @@ def blueprint_notes(
     (``operator=False``) one plain line instead of the operator's advice (install this, set HF_TOKEN, use a cluster)."""
     if not operator:
         return [VISITOR_NOTE] if blueprint_notes(blueprint, backend, gpus) else []
-    from playground.blueprints.plan import on_machine
-
-    notes: list[str] = []
-    if on_machine(backend) == "local":
-        fit = local_fit(blueprint, local_gpu_count() if gpus is None else gpus)
-        if not fit.runnable:
-            notes.append(fit.advice())
-    if blueprint.model.source.startswith("pkg://"):
-        from playground.models.packaged import missing_package_note
-
-        notes += [note] if (note := missing_package_note(blueprint.model.source)) else []
-    if blueprint.model.gated and not os.environ.get("HF_TOKEN"):
-        notes.append("gated model on the Hugging Face hub: set HF_TOKEN in the environment")
-    elif blueprint.model.source.startswith("hf://") and os.environ.get("HF_HUB_OFFLINE") == "1":
-        notes.append("downloads from the Hugging Face hub, which is offline here (HF_HUB_OFFLINE=1)")
-    return notes
+    return api.blueprint_notes(blueprint, backend, gpus)
 
 
 def error_text(exc: BaseException) -> str:

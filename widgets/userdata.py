@@ -18,10 +18,9 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from playground.blueprints import Blueprint
+from playground import api
+from playground.api import FILE_SUFFIXES, Blueprint, DatasetError, ensure_writable_dir, playground_home
 from playground.errors import UserError, shown
-from playground.paths import ensure_writable_dir, playground_home
-from playground.userdata.rows import FILE_SUFFIXES, DatasetError
 from widgets.state import error_text
 
 # An upload larger than this is refused (its bytes are not written): below the 10 MiB websocket message limit the
@@ -228,11 +227,9 @@ class DataPanel(ipw.Accordion):
 
     def extras(self) -> tuple[dict[str, str] | None, str | None]:
         """(column mapping, held-out file), None where left empty."""
-        from playground.userdata.shapes import parse_columns
-
         columns = self._text(self.columns, "columns")
         held_out = self._text(self.eval_file, "eval_source")
-        return (parse_columns(columns) if columns else None), held_out or None
+        return (api.parse_columns(columns) if columns else None), held_out or None
 
     def launch_sources(self) -> dict[str, str | None]:
         """What Launch passes to the engine; columns and a held-out file live in a blueprint of your own."""
@@ -274,8 +271,6 @@ class DataPanel(ipw.Accordion):
         return report
 
     def _check(self) -> tuple[Any, list[str], str]:
-        from playground import api
-
         params = self.params()
         if params is None:
             raise UserError("check: fix the highlighted values first", field="params")
@@ -283,9 +278,7 @@ class DataPanel(ipw.Accordion):
         columns, held_out = self.extras()
         notes: list[str] = []
         if model is not None and ("://" in model or Path(model).expanduser().is_dir()):
-            from playground.blueprints.custom import check_architecture
-
-            notes += check_architecture(model, self.blueprint).notes
+            notes += api.check_architecture(model, self.blueprint).notes
         report = api.check_data(
             self.blueprint, params, dataset_source=dataset, model_source=model, columns=columns, eval_source=held_out
         )
@@ -293,8 +286,6 @@ class DataPanel(ipw.Accordion):
 
     def save(self) -> Path | None:
         """Save a blueprint of your own: this blueprint's recipe on the data and model given here."""
-        from playground import api
-
         try:
             blueprint_id = self._text(self.save_id, "id")
             if not blueprint_id:

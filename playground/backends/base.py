@@ -15,54 +15,55 @@ from typing import Any
 from playground.booth import BoothPolicy, SubmissionLedger, submit_lock, touch_presence
 from playground.errors import UserError
 from playground.events import Event
+from playground.owner import OPERATOR, Owner
 from playground.paths import ensure_writable_dir, playground_home
 from playground.requests import check_request
-from playground.types import Job, TrainRequest
+from playground.types import Job, RunRequest
 
 
 class Backend(abc.ABC):
     """Submit, watch, cancel and delete blueprint training jobs (training only: model servers have their own
     interface, :class:`playground.serving.base.ModelServers`, paired with a backend by :mod:`playground.facade`).
 
-    Ownership (booth mode): every call that names a job takes ``owner``. ``owner=None`` is the
-    operator's view (every job). With an ``owner``, a job that belongs to someone else is reported
-    exactly like an unknown one (:class:`~playground.errors.JobNotFound`): its existence is not revealed.
+    Ownership (booth mode): every call that names a job takes ``owner``, an :class:`~playground.owner.Owner`; the
+    default, :data:`~playground.owner.OPERATOR`, sees every job. For a visitor, a job that belongs to someone else
+    is reported exactly like an unknown one (:class:`~playground.errors.JobNotFound`): its existence is not revealed.
     ``submit`` enforces :attr:`policy` (quotas, queue, deadline) for requests that carry an ``owner``.
     """
 
     name: str = "abstract"
     policy: BoothPolicy | None = None  # booth limits; None: no limits (a personal machine)
 
-    def submit(self, request: TrainRequest) -> Job:
+    def submit(self, request: RunRequest) -> Job:
         """Validate what can be validated without starting anything (:meth:`prepare`), then start the job.
 
-        With a :attr:`policy` and ``request.owner`` set, the owner's quota is checked and the job created as one
+        With a :attr:`policy` and ``request.owner_id`` set, the owner's quota is checked and the job created as one
         step for every process sharing :attr:`quota_home` (two clicks at the same moment make one job), else
         :class:`~playground.booth.QuotaExceeded`. The same rule for every backend. A submit also shows that
         the visitor is present (:func:`~playground.booth.touch_presence`).
         """
         check_request(request)  # the same for every backend, before its own checks
         prepared = self.prepare(request)
-        if self.policy is None or request.owner is None:
+        if self.policy is None or request.owner_id is None:
             return self.create(request, prepared)
         home = ensure_writable_dir(self.quota_home, what="state dir")
         with submit_lock(home):
             ledger = SubmissionLedger(home)
             mine = self.list(owner=request.owner)
-            times = max(ledger.times(request.owner), [job.created_at for job in mine], key=len)
+            times = max(ledger.times(request.owner_id), [job.created_at for job in mine], key=len)
             self.policy.check_quota(mine, times)
             self.check_capacity()
-            touch_presence(home, request.owner)
+            touch_presence(home, request.owner_id)
             job = self.create(request, prepared)
-            ledger.record(request.owner, job.created_at)
+            ledger.record(request.owner_id, job.created_at)
             return job
 
     @abc.abstractmethod
-    def prepare(self, request: TrainRequest) -> Any:
+    def prepare(self, request: RunRequest) -> Any:
         """Check ``request`` for this backend and return what :meth:`create` needs; starts nothing."""
 
     @abc.abstractmethod
-    def create(self, request: TrainRequest, prepared: Any) -> Job:
+    def create(self, request: RunRequest, prepared: Any) -> Job:
         """Start the job :meth:`prepare` checked."""
 
     def check_capacity(self) -> None:  # noqa: B027 - a hook: only a backend with its own queue bounds it
@@ -75,15 +76,15 @@ class Backend(abc.ABC):
         return playground_home()
 
     @abc.abstractmethod
-    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+    def get(self, job_id: str, *, owner: Owner = OPERATOR) -> Job:
         """The job's current state; :class:`~playground.errors.JobNotFound` if unknown (or not ``owner``'s)."""
 
     @abc.abstractmethod
-    def list(self, *, owner: str | None = None) -> list[Job]:
+    def list(self, *, owner: Owner = OPERATOR) -> list[Job]:
         """The jobs this backend knows, newest first: all of them, or only ``owner``'s."""
 
     @abc.abstractmethod
-    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+    def events(self, job_id: str, follow: bool = False, *, owner: Owner = OPERATOR) -> Iterator[Event]:
         """The job's history as typed events; with ``follow``, keep yielding until it ends.
 
         A stream always starts from the beginning, so a new process (or a reloaded page)
@@ -92,11 +93,11 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+    def cancel(self, job_id: str, *, owner: Owner = OPERATOR) -> Job:
         """Stop a running (or queued) job; it ends ``Cancelled``. A finished job is left as it is."""
 
     @abc.abstractmethod
-    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+    def delete(self, job_id: str, *, owner: Owner = OPERATOR) -> None:
         """Stop the job if needed and remove its state (the facade stops its model servers first)."""
 
     def expired(self, *, now: float | None = None) -> list[str]:
@@ -109,7 +110,7 @@ class Backend(abc.ABC):
         """Seconds between the cleanups the facade runs on the side of ``list``/``submit``; None: only on request."""
         return None
 
-    def render_train(self, request: TrainRequest) -> str:
+    def render_train(self, request: RunRequest) -> str:
         """The manifest ``submit`` would create, as YAML (``--dry-run``)."""
         raise UserError(f"--dry-run: the {self.name} backend creates no manifest; use --backend kubernetes")
 

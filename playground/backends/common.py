@@ -10,6 +10,7 @@ import string
 from pathlib import Path
 
 from playground.errors import UserError
+from playground.owner import Owner
 
 TRAINER_PACKAGES = ("torch", "transformers", "peft")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
@@ -74,15 +75,15 @@ def package_pythonpath() -> str:
     return os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
 
 
-def run_env(job_id: str, backend: str, owner: str | None, home: Path | None) -> dict[str, str]:
+def run_env(job_id: str, backend: str, owner: Owner, home: Path | None) -> dict[str, str]:
     """What the trainer's MLflow run records (playground/runs): the job, its backend, the owner, and, with ``home``
     (a trainer on this machine), this home's SQLite store unless MLFLOW_TRACKING_URI names one (inherited, never
     written here)."""
     from playground.runs import settings as rs
 
     env = {rs.JOB_ID_ENV: job_id, rs.JOB_BACKEND_ENV: backend}
-    if owner is not None:
-        env[rs.JOB_OWNER_ENV] = owner
+    if owner.id is not None:
+        env[rs.JOB_OWNER_ENV] = owner.id
     if home is not None and not os.environ.get(rs.TRACKING_ENV):
         env[rs.TRACKING_ENV] = rs.default_tracking_uri(home)
     return env

@@ -9,6 +9,7 @@ import time
 from typing import IO, Any
 
 from playground.cli import add_backend_options, backend_from_args, print_json
+from playground.owner import as_owner
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -264,7 +265,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if args.cleanup:
         removed = backend.cleanup()
         print(f"removed {len(removed)} finished job(s) past their TTL" + (f": {', '.join(removed)}" if removed else ""))
-    jobs = backend.list(owner=args.owner)
+    jobs = backend.list(owner=as_owner(args.owner))  # the CLI's --owner: made an Owner once, here
     if args.json:
         print_json([job.to_dict() for job in jobs])
         return 0

@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from playground.api import make_request
-    from playground.blueprints import get_blueprint, parse_set_options
+    from playground.blueprints import parse_set_options
     from playground.blueprints.plan import make_plan
 
     backend = args.backend or os.environ.get("PLAYGROUND_BACKEND", "local")
@@ -48,8 +48,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         model_source=args.model_source,
         dataset_source=args.dataset_source,
     )
-    blueprint = get_blueprint(request.blueprint_id)
-    params = blueprint.resolve_params(dict(request.params))
+    blueprint, params = request.blueprint, request.params.as_dict()  # validated when the request was made
     plan = make_plan(
         blueprint,
         params,

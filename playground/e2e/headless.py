@@ -415,7 +415,7 @@ def run_headless(
         request = make_request(
             blueprint.id, params, model_source=model_source, dataset_source=dataset_source, labels={"app": "notebook"}
         )
-        result.params = dict(request.params)
+        result.params = request.params.as_dict()
         submitted = time.monotonic()
         job = be.submit(request)
         result.job_id = job.id

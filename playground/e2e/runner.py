@@ -776,7 +776,7 @@ def _kill_tree(proc: subprocess.Popen, descendants: list[psutil.Process]) -> Non
 
 def _run_label(home: Path) -> str:
     """The label value that marks a notebook run's cluster jobs (its private temp dir's name)."""
-    from playground.backends.kubernetes.manifests import label_value
+    from playground.cluster.manifests import label_value
 
     return label_value(home.parent.name)
 
@@ -794,7 +794,7 @@ def _cleanup_jobs(home: Path, backend: str, emit: Callable[[str], None], name: s
             be = connect("local", home=home)
             jobs = be.list()
         else:
-            from playground.backends.kubernetes.manifests import LABEL_E2E_RUN, LABEL_PREFIX
+            from playground.cluster.manifests import LABEL_E2E_RUN, LABEL_PREFIX
 
             be = connect(backend, home=home) if backend == "ray" else connect(backend)
             run = _run_label(home)

@@ -314,7 +314,7 @@ def start_run(spec: Any, settings: Any) -> RunTracker | None:
         "model_source": spec.model_source,
         "dataset_source": spec.dataset_source,
         **{name: getattr(settings, name) for name in settings.__dataclass_fields__},
-        **spec.params,
+        **spec.params.as_dict(),
     }
     return RunTracker(
         uri,

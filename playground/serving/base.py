@@ -2,8 +2,9 @@
 endpoint, list and stop the servers. Training backends know nothing of it (they only train); the API facade
 (:mod:`playground.api`) pairs a backend with its servers and stops a job's servers before the job is deleted.
 
-Ownership (booth mode) as in :class:`~playground.backends.base.Backend`: with an ``owner``, only servers of that
-owner's jobs are listed or stopped.
+Ownership (booth mode) as in :class:`~playground.backends.base.Backend`: for a visitor ``owner``
+(a :class:`~playground.owner.Owner`), only servers of that visitor's jobs are listed or stopped; the default,
+:data:`~playground.owner.OPERATOR`, sees them all.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from playground.errors import UserError
 from playground.events import JobPhase
+from playground.owner import OPERATOR, Owner
 from playground.types import Endpoint, Job
 
 
@@ -37,12 +39,12 @@ class ModelServers(abc.ABC):
         there (local servers; elsewhere a one-line UserError naming ``--port``)."""
 
     @abc.abstractmethod
-    def unserve(self, target: str, *, owner: str | None = None) -> None:
+    def unserve(self, target: str, *, owner: Owner = OPERATOR) -> None:
         """Stop serving: ``target`` is an endpoint URL, a server name or a job id (all its servers); a one-line
         UserError when nothing matches."""
 
     @abc.abstractmethod
-    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
+    def endpoints(self, *, owner: Owner = OPERATOR) -> list[Endpoint]:
         """The servers running now (all, or those of ``owner``'s jobs)."""
 
     @abc.abstractmethod

@@ -49,12 +49,12 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from playground.backends.kubernetes import manifests as m
-from playground.backends.kubernetes.connection import Connection
-from playground.backends.kubernetes.watch import ObjectChanged, ResourceWatcher, WatchFailed, WatchStats
 from playground.blueprints import Blueprint, get_blueprint
-from playground.booth import owner_key
+from playground.cluster import manifests as m
+from playground.cluster.connection import Connection
+from playground.cluster.watch import ObjectChanged, ResourceWatcher, WatchFailed, WatchStats
 from playground.errors import BackendError, UserError, shown
+from playground.owner import OPERATOR, Owner
 from playground.serving.base import ModelServers, model_to_serve
 from playground.types import Endpoint, Job
 
@@ -134,7 +134,7 @@ def _vllm_model(blueprint: Blueprint, opts: m.ClusterOptions, uri: str) -> dict[
     return model
 
 
-def _metadata(name: str, opts: m.ClusterOptions, labels: dict[str, str], owner: str | None) -> dict[str, Any]:
+def _metadata(name: str, opts: m.ClusterOptions, labels: dict[str, str], owner: Owner) -> dict[str, Any]:
     labels = {**labels, m.LABEL_MANAGED: m.MANAGED_BY, **opts.extra_labels}
     owner_labels, owner_annotations = m.owner_metadata(owner)
     labels.update(owner_labels)
@@ -151,10 +151,11 @@ def build_inferenceservice(
     opts: m.ClusterOptions,
     *,
     base: bool,
-    owner: str | None = None,
+    owner: Owner = OPERATOR,
 ) -> dict[str, Any]:
     """An InferenceService of its own on the vLLM runtime serving ``storage_uri`` (a full fine-tune, or the base
-    of one); the model name to ask for is the InferenceService's name (the runtime's ``--served-model-name``)."""
+    of one), labelled as ``owner``'s; the model name to ask for is the InferenceService's name (the runtime's
+    ``--served-model-name``)."""
     name = isvc_name(job_name, base, opts.namespace)
     model = {**_vllm_model(blueprint, opts, storage_uri), "storageUri": storage_uri}
     labels = {
@@ -215,7 +216,7 @@ def build_shared_base(
     if args:
         model["args"] = args
     labels = {m.LABEL_KIND: KIND_SHARED}  # no job, blueprint or owner of its own: it serves many
-    metadata = _metadata(shared_base_name(base_uri, opts.namespace), opts, labels, None)
+    metadata = _metadata(shared_base_name(base_uri, opts.namespace), opts, labels, OPERATOR)
     metadata["annotations"] = _use_annotations(base_uri, adapters, base_users)
     return {
         "apiVersion": f"{KSERVE_GROUP}/{KSERVE_VERSION}",
@@ -434,7 +435,7 @@ class KServeServers(ModelServers):
         if not base and serves_adapter(blueprint, model_to_serve(job, base=False), job.id):
             return self._serve_shared(job, blueprint, base=False)
         uri = self.storage_uri(job, blueprint, base=base)
-        body = build_inferenceservice(job.id, blueprint, uri, self.opts, base=base, owner=job.owner)
+        body = build_inferenceservice(job.id, blueprint, uri, self.opts, base=base, owner=Owner(job.owner))
         name = body["metadata"]["name"]
         conflict = self._create(body)
         if conflict is not None:
@@ -568,9 +569,10 @@ class KServeServers(ModelServers):
         why = "; ".join(not_ready) or "no status reported (is KServe installed?)"
         raise BackendError(f"InferenceService {name!r} not Ready after {self.serve_timeout:g}s: {why}")
 
-    def unserve(self, target: str, *, owner: str | None = None) -> None:
+    def unserve(self, target: str, *, owner: Owner = OPERATOR) -> None:
         """Stop a server of its own (named by URL, name or job id), or take uses off a shared base: the job's
-        (``target`` a job id) or every one (``target`` the server's URL or name), ``owner``'s only when given."""
+        (``target`` a job id) or every one (``target`` the server's URL or name); ``owner``'s only (the operator:
+        anyone's)."""
         wanted = target.strip().rstrip("/")
         matched = False
         for isvc in self._managed():
@@ -578,7 +580,7 @@ class KServeServers(ModelServers):
             url = (_at(isvc, "status", "url") or "").rstrip("/")
             names_it = wanted in (name, url, url + "/openai/v1") if url else wanted == name
             if not is_shared(isvc):
-                mine = owner is None or _at(isvc, "metadata", "labels", m.LABEL_OWNER) == owner_key(owner)
+                mine = m.visible_to(_at(isvc, "metadata", "labels") or {}, owner)
                 if mine and (names_it or _at(isvc, "metadata", "labels", m.LABEL_JOB) == wanted):
                     self._delete(name)
                     matched = True
@@ -596,14 +598,14 @@ class KServeServers(ModelServers):
                 field="target",
             )
 
-    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
+    def endpoints(self, *, owner: Owner = OPERATOR) -> list[Endpoint]:
         found = [e for isvc in self._managed() for e in self._endpoints_of(isvc)]
-        return [e for e in found if owner is None or e.owner == owner]
+        return [e for e in found if owner.sees(e.owner)]
 
     def stop_job(self, job_id: str) -> None:
         for isvc in self._isvcs(f"{m.LABEL_JOB}={job_id}"):
             self._delete(isvc["metadata"]["name"])
-        leaving = _leaving(job_id, False, None)
+        leaving = _leaving(job_id, False, OPERATOR)
         for isvc in self._isvcs(f"{m.LABEL_KIND}={KIND_SHARED}"):
             adapters, users = uses_of(isvc)
             if job_id in adapters or job_id in users:
@@ -632,10 +634,10 @@ class KServeServers(ModelServers):
         return m.to_yaml(build_inferenceservice(job_id, blueprint, uri, self.opts, base=base))
 
 
-def _leaving(wanted: str, whole_server: bool, owner: str | None) -> Callable[[str, str | None], bool]:
-    """Whether a use (job id, its owner) of a shared base leaves: the job is ``wanted`` or the whole server is
-    named, and it is ``owner``'s (anyone's when None)."""
-    return lambda job, who: (whole_server or job == wanted) and (owner is None or who == owner)
+def _leaving(wanted: str, whole_server: bool, owner: Owner) -> Callable[[str, str | None], bool]:
+    """Whether a use (job id, its owner's id) of a shared base leaves: the job is ``wanted`` or the whole server
+    is named, and ``owner`` sees it (the operator: anyone's)."""
+    return lambda job, who: (whole_server or job == wanted) and owner.sees(who)
 
 
 def _drop_uses(leaving: Callable[[str, str | None], bool], adapters: dict, users: dict) -> None:

@@ -43,8 +43,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from playground.booth import SETTINGS, BoothPolicy, owns, visitor_gone
+from playground.booth import SETTINGS, BoothPolicy, visitor_gone
 from playground.errors import UserError, shown, shown_path
+from playground.owner import OPERATOR, Owner
 from playground.paths import ensure_writable_dir
 from playground.processes import child_env, process_alive
 from playground.serving.base import ModelServers, ServerInfo, model_to_serve
@@ -203,15 +204,16 @@ class LocalServers(ModelServers):
         visitor = self.policy is not None and job.owner is not None
         if visitor:  # one fine-tuned model per visitor: their previous one makes room for this one
             self._leave_fine_tuned(job.owner, keep=job.id)
-        return self.start(model, job_id=job.id, kind="fine-tuned", owner=job.owner, port=port, capped=visitor)
+        owner = Owner(job.owner)
+        return self.start(model, job_id=job.id, kind="fine-tuned", owner=owner, port=port, capped=visitor)
 
-    def unserve(self, target: str, *, owner: str | None = None) -> None:
+    def unserve(self, target: str, *, owner: Owner = OPERATOR) -> None:
         stopped = self.stop(target, owner=owner)
         left = self._leave(target, owner)
         if not stopped and not left:
             raise UserError(f"no local model server matches {target!r} (an endpoint URL, server name or job id)")
 
-    def endpoints(self, *, owner: str | None = None) -> list[Endpoint]:
+    def endpoints(self, *, owner: Owner = OPERATOR) -> list[Endpoint]:
         """The ready servers and the adapters on them (``owner``'s: their own, and the base servers they use,
         shown as theirs)."""
         result = []
@@ -220,29 +222,27 @@ class LocalServers(ModelServers):
                 continue
             endpoint = self._endpoint(record)
             if not record.get("shared"):
-                if owns(endpoint.owner, owner):
+                if owner.sees(endpoint.owner):
                     result.append(endpoint)
                 continue
             users = record.get("base_jobs") or {}
             # shared with others: in a booth, or pinned by the app (else it goes with its last job's unserve)
             endpoint = replace(endpoint, shared=self.policy is not None or bool(record.get("pinned")))
             result += [
-                replace(endpoint, job_id=job_id, owner=user)
-                for job_id, user in users.items()
-                if owns(user, owner) and (owner is None or user is not None)
+                replace(endpoint, job_id=job_id, owner=user) for job_id, user in users.items() if owner.sees(user)
             ]
-            if owner is None and not users:
+            if owner.is_operator and not users:
                 result.append(endpoint)
             result += [
                 self._adapter_endpoint(record, job_id, entry)
                 for job_id, entry in (record.get("adapters") or {}).items()
-                if owns(entry.get("owner"), owner)
+                if owner.sees(entry.get("owner"))
             ]
         return result
 
     def stop_job(self, job_id: str) -> None:
         self.stop(job_id)
-        self._leave(job_id, None)
+        self._leave(job_id, OPERATOR)
 
     # -- base servers, and the adapters on them -----------------------------------------------------------
     def base_server(self, model_ref: str, *, port: int | None = None, pin: bool = False) -> Endpoint:
@@ -364,8 +364,8 @@ class LocalServers(ModelServers):
         except OSError:
             return float((record.get("adapters") or {}).get(job_id, {}).get("loaded_at") or 0.0)
 
-    def _leave(self, target: str, owner: str | None) -> bool:
-        """Take ``owner``'s (None: anyone's) uses named by ``target`` off the base servers: the job ``target``
+    def _leave(self, target: str, owner: Owner) -> bool:
+        """Take ``owner``'s (the operator: anyone's) uses named by ``target`` off the base servers: the job ``target``
         (base side and adapter), its adapter's endpoint name, or every use of a base server named by ``target``
         (URL or name). Adapters taken off are unloaded; the base servers keep running."""
         wanted = target.strip().rstrip("/")
@@ -375,7 +375,7 @@ class LocalServers(ModelServers):
 
         def drops(record: dict[str, Any], job_id: str, user: str | None) -> bool:
             names_it = names_server(record) or wanted in (job_id, f"{job_id}-fine-tuned")
-            return names_it and (owner is None or user == owner)
+            return names_it and owner.sees(user)
 
         return self._drop_uses(drops)
 
@@ -479,7 +479,7 @@ class LocalServers(ModelServers):
         gone_after = policy.visitor_gone_seconds
 
         def gone(user: str | None) -> bool:
-            return visitor_gone(self.home, user, gone_after, now)
+            return visitor_gone(self.home, Owner(user), gone_after, now)
 
         self._drop_uses(lambda _record, _job, user: user is not None and gone(user))
         stopped = []
@@ -570,7 +570,7 @@ class LocalServers(ModelServers):
         timeout: float | None = None,
         port: int | None = None,
         name: str | None = None,
-        owner: str | None = None,
+        owner: Owner = OPERATOR,
         capped: bool = False,
         shared: bool = False,
     ) -> Endpoint:
@@ -580,7 +580,7 @@ class LocalServers(ModelServers):
         Serving what is already served (same name and model) returns the running endpoint. ``port``: listen
         there (a port that is taken, or a running server of the same name on another port, is a one-line
         UserError naming ``--port``, and nothing starts); None: a free port. ``owner`` (the visitor owning
-        the job) is recorded. ``capped`` (booth mode, a visitor's server): a new server is admitted under the
+        the job; its id) is recorded. ``capped`` (booth mode, a visitor's server): a new server is admitted under the
         policy's ``max_servers``. ``shared``: a base server (LoRA adapters load onto it; every job of that base
         uses it). ``timeout``: seconds it may take to answer (None: :func:`start_timeout`).
         """
@@ -627,7 +627,7 @@ class LocalServers(ModelServers):
         kind: str,
         timeout: float,
         port: int | None,
-        owner: str | None = None,
+        owner: Owner = OPERATOR,
         capped: bool = False,
         shared: bool = False,
     ) -> Endpoint:
@@ -669,7 +669,7 @@ class LocalServers(ModelServers):
                     "model_dir": model,
                     "job_id": job_id,
                     "kind": kind,
-                    "owner": owner,
+                    "owner": owner.id,
                     "shared": shared,
                     "base_jobs": {},
                     "adapters": {},
@@ -724,14 +724,14 @@ class LocalServers(ModelServers):
                 time.sleep(0.5)
 
     # -- stop --------------------------------------------------------------------------------
-    def stop(self, target: str, *, owner: str | None = None) -> list[Endpoint]:
+    def stop(self, target: str, *, owner: Owner = OPERATOR) -> list[Endpoint]:
         """Stop the servers matching ``target``: an endpoint URL, a server name or a job id (its own servers).
 
-        With ``owner``, only that owner's servers match (a visitor cannot stop another's, nor a base server)."""
+        For a visitor ``owner``, only their servers match (they cannot stop another's, nor a base server)."""
         wanted = target.strip().rstrip("/")
         matched = []
         for record in self._records():
-            if owner is not None and (record.get("owner") != owner or record.get("shared")):
+            if not owner.is_operator and (not owner.sees(record.get("owner")) or record.get("shared")):
                 continue
             url = record["url"].rstrip("/")
             if wanted in (url, url.removesuffix("/v1"), record["name"]) or (

@@ -3,40 +3,55 @@
 The command is vLLM's public entrypoint, the one KServe's ``kserve-vllmserver`` runtime runs::
 
     <vLLM env>/bin/python -m vllm.entrypoints.openai.api_server --model DIR --served-model-name NAME
-        [--enable-lora --max-loras N --max-cpu-loras N --max-lora-rank R]
+        [--enable-lora --max-loras N --max-cpu-loras N --max-lora-rank R --lora-target-modules q_proj …]
         --middleware playground_vllm_guard.PlaygroundGuard
 
-from the environment :mod:`playground.serving.vllm_env` builds. A LoRA job's adapter is loaded under the job's id at
+from the environment :mod:`playground.serving.vllm_env` builds, with the guard and the CPU LoRA plugin
+(:mod:`playground.serving.vllm_lora_cpu`) on its ``PYTHONPATH``. A LoRA job's adapter is loaded under the job's id at
 run time (``POST /v1/load_lora_adapter``, vLLM's ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) and unloaded when unserved.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from playground.errors import UserError
 
 GUARD_MODULE = "playground_vllm_guard"
+LORA_CPU_MODULE = "playground_vllm_lora_cpu"  # vLLM general plugin: the CPU LoRA operations mended (vllm_lora_cpu.py)
+PLUGINS_DIST = "playground_vllm_plugins-1.0.dist-info"  # how vLLM finds it: an entry point on its PYTHONPATH
 MAX_LORA_RANK = 64  # the largest adapter rank a base server accepts (blueprints' lora_r is bounded below it)
 MAX_LORAS_PER_BATCH = 4  # adapters answered in one batch; more wait for the next (vLLM's --max-loras)
 KV_CACHE_GB = 1  # VLLM_CPU_KVCACHE_SPACE: SmolLM2-135M in float32 holds ~22k tokens in 1 GB
 
 
 def guard_dir(state_dir: Path) -> Path:
-    """A directory holding only the guard module, for vLLM's ``PYTHONPATH`` (never the playground package: its
-    module names would shadow vLLM's imports)."""
+    """A directory holding only the guard module and the CPU LoRA plugin (with the ``.dist-info`` that names it to
+    vLLM's ``vllm.general_plugins``), for vLLM's ``PYTHONPATH`` (never the playground package: its module names would
+    shadow vLLM's imports)."""
     target = state_dir / "guard"
     target.mkdir(parents=True, exist_ok=True)
-    source = Path(__file__).with_name("vllm_guard.py")
-    destination = target / f"{GUARD_MODULE}.py"
-    if not destination.exists() or destination.read_bytes() != source.read_bytes():
-        tmp = destination.with_suffix(f".tmp{os.getpid()}")
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, destination)
+    here = Path(__file__)
+    _write_if_changed(target / f"{GUARD_MODULE}.py", here.with_name("vllm_guard.py").read_bytes())
+    _write_if_changed(target / f"{LORA_CPU_MODULE}.py", here.with_name("vllm_lora_cpu.py").read_bytes())
+    dist = target / PLUGINS_DIST
+    dist.mkdir(exist_ok=True)
+    name, version = PLUGINS_DIST.removesuffix(".dist-info").rsplit("-", 1)
+    _write_if_changed(dist / "METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode())
+    entry = f"[vllm.general_plugins]\nplayground_lora_cpu = {LORA_CPU_MODULE}:register\n"
+    _write_if_changed(dist / "entry_points.txt", entry.encode())
     return target
+
+
+def _write_if_changed(destination: Path, content: bytes) -> None:
+    """Write ``content`` to ``destination`` atomically unless it holds it already (servers may be reading it)."""
+    if destination.exists() and destination.read_bytes() == content:
+        return
+    tmp = destination.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(content)
+    os.replace(tmp, destination)
 
 
 def command(
@@ -50,8 +65,35 @@ def command(
         argv += ["--dtype", "float32"]  # the trainer evaluates in float32: the same answers (benchmarks/README.md)
     if lora:  # each adapter's chat requests carry its own template (the guard puts it there)
         argv += ["--enable-lora", "--max-lora-rank", str(MAX_LORA_RANK), "--trust-request-chat-template"]
+        argv += ["--lora-target-modules", *lora_target_modules()]  # no LoRA on lm_head: see the function
         argv += ["--max-loras", str(min(MAX_LORAS_PER_BATCH, max_adapters)), "--max-cpu-loras", str(max_adapters)]
     return argv
+
+
+def lora_target_modules() -> list[str]:
+    """The layers a base server puts LoRA on: every linear layer the trainer's LoRA may target (the families in
+    :data:`playground.blueprints.custom.LINEAR_MODULES`), so never ``lm_head``. Left to itself vLLM also wraps the
+    output projection, and on CPU that wrapper multiplied every decoded token by a zero vocabulary-wide LoRA term:
+    a third of the base model's decode time (benchmarks/README.md)."""
+    from playground.blueprints.custom import LINEAR_MODULES
+
+    return sorted({name for names in LINEAR_MODULES.values() for name in names})
+
+
+def uncovered_targets(adapter_dir: str | Path) -> list[str]:
+    """The modules an adapter's ``adapter_config.json`` targets that the base server puts no LoRA on (vLLM would
+    load the adapter and silently leave those out)."""
+    import json
+
+    try:
+        config = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return []  # vLLM's own loading answers for a missing or broken adapter
+    targets = config.get("target_modules") or []
+    if isinstance(targets, str):  # "all-linear" or a regular expression: peft's forms this check cannot read
+        return []
+    allowed = set(lora_target_modules())
+    return sorted(str(t) for t in targets if str(t).rsplit(".", 1)[-1] not in allowed)
 
 
 def environment(
@@ -76,6 +118,13 @@ def environment(
 
 def load_adapter(url: str, name: str, path: str, *, timeout: float = 60.0) -> None:
     """Put the adapter at ``path`` on the server at ``url`` (…/v1) under ``name``; loading it again is fine."""
+    uncovered = uncovered_targets(path)
+    if uncovered:
+        allowed = ", ".join(lora_target_modules())
+        raise UserError(
+            f"method.target_modules {', '.join(uncovered)}: the base model server puts LoRA only on {allowed}",
+            field="method.target_modules",
+        )
     _post(url, "/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout, ok_if="already been loaded")
 
 

@@ -1,7 +1,13 @@
 """``python -m playground.train``: the training entrypoint, run locally or in a TrainJob pod.
 
+    python -m playground.train --output DIR [--resume]                 # the run request in $PLAYGROUND_RUN_REQUEST
+    python -m playground.train --request FILE --output DIR [--resume]  # ... or in a file
     python -m playground.train --blueprint tiny-llama-cpu --set max_steps=100 --output DIR [--resume]
         [--model-source SRC] [--dataset-source SRC]
+
+The backends hand the trainer one JSON document, a :class:`playground.run_request.RunRequest` (in the job's
+environment, ``PLAYGROUND_RUN_REQUEST``); ``--blueprint``/``--set`` build one here, for people at a terminal.
+Either way the request is validated once, here, and its settings resolved once (``TrainSpec.settings``).
 
 Writes into DIR: ``model/`` (servable, written atomically), ``base-model/`` (scratch blueprints:
 the untrained weights), ``checkpoints/step-N/`` and ``metrics.json``. Prints event lines
@@ -19,12 +25,13 @@ import traceback
 from pathlib import Path
 from typing import NoReturn
 
-from playground.blueprints import blueprint_from_yaml, get_blueprint, parse_set_options
+from playground.blueprints import blueprint_from_yaml, parse_set_options
 from playground.blueprints.fit import gpu_count_override, local_fit
 from playground.diagnostics import explain_exception
 from playground.errors import UserError, shown_path
 from playground.events import JobPhase
 from playground.paths import ensure_writable_dir
+from playground.run_request import REQUEST_ENV, RunRequest
 
 PROG = "playground.train"
 DATASET_FORMS = "hf://ORG/NAME, synthetic://TASK, a local .jsonl/.json/.csv/.parquet file, or a directory"
@@ -37,11 +44,10 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=f"python -m {PROG}", description="Train a blueprint and write a servable model directory.")
-    which = parser.add_mutually_exclusive_group(required=True)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--request", metavar="FILE", help=f"a run request (JSON); default: ${REQUEST_ENV}")
     which.add_argument("--blueprint", help="catalog id or path to a blueprint YAML file")
-    which.add_argument(
-        "--blueprint-yaml", metavar="YAML", help="the blueprint itself (a blueprint of your own, in a TrainJob pod)"
-    )
+    which.add_argument("--blueprint-yaml", metavar="YAML", help="the blueprint itself (a blueprint of your own)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="parameter")
     parser.add_argument("--output", required=True, help="output directory (model/, checkpoints/, metrics.json)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output")
@@ -86,34 +92,70 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def read_request(args: argparse.Namespace) -> RunRequest:
+    """The run request, validated (this process's one validation): built from ``--blueprint``/``--set``, else read
+    from ``--request FILE``, else from ``$PLAYGROUND_RUN_REQUEST``. A one-line UserError when there is none."""
+    if args.blueprint or args.blueprint_yaml:
+        return RunRequest.build(
+            args.blueprint or blueprint_from_yaml(args.blueprint_yaml),
+            parse_set_options(args.sets),
+            model_source=args.model_source,
+            dataset_source=args.dataset_source,
+        )
+    given = [
+        flag
+        for flag, value in (
+            ("--set", args.sets),
+            ("--model-source", args.model_source),
+            ("--dataset-source", args.dataset_source),
+        )
+        if value
+    ]
+    if given:
+        raise UserError(f"{given[0]} goes with --blueprint; a run request carries its own", field=given[0])
+    if args.request:
+        try:
+            text = Path(args.request).expanduser().read_text()
+        except OSError as exc:
+            raise UserError(f"--request {shown_path(args.request)}: {exc.strerror}", field="--request") from None
+        return RunRequest.from_json(text, where=f"--request {shown_path(args.request)}")
+    text = os.environ.get(REQUEST_ENV)
+    if not text:
+        raise UserError(
+            f"no run request; allowed: --blueprint ID [--set KEY=VALUE ...], --request FILE or ${REQUEST_ENV}",
+            field="--blueprint",
+        )
+    return RunRequest.from_json(text)
+
+
 def prepare(argv: list[str] | None):
     """Parse and validate everything before writing anything; returns the TrainSpec."""
     from playground.train.model import parse_source
-    from playground.train.settings import Settings, TrainSpec, check_resume
+    from playground.train.settings import TrainSpec, check_resume
 
     args = build_parser().parse_args(argv)
-    blueprint = get_blueprint(args.blueprint) if args.blueprint else blueprint_from_yaml(args.blueprint_yaml)
-    params = blueprint.resolve_params(parse_set_options(args.sets))
-    model_source = args.model_source or blueprint.model.source
+    request = read_request(args)
+    blueprint, params = request.blueprint, request.params
+    model_source = request.model_source
     parse_source(model_source)
-    dataset_source = args.dataset_source or blueprint.dataset.source
+    dataset_source = request.dataset_source
     check_dataset_source(dataset_source)
     if blueprint.method.objective == "sft":
         from playground.userdata import check_dataset
 
         # A local file: the same one-line row/field errors as before launch, now in the job's log.
-        check_dataset(blueprint, params, dataset_source, model_source=model_source)
+        check_dataset(blueprint, params.as_dict(), dataset_source, model_source=model_source)
     else:
         from playground.train.preferences import check_method_dataset
 
         check_method_dataset(blueprint.method.objective, dataset_source, blueprint.dataset.split)
     if blueprint.needs_gpu:
-        local_fit(blueprint, gpu_count(), model_source=args.model_source).check()
+        local_fit(blueprint, gpu_count(), model_source=request.overrides.model).check()
     if not args.output.strip():
         raise UserError("--output is empty; allowed: a directory path (created if missing)", field="--output")
     output = Path(args.output).expanduser().resolve()
     spec = TrainSpec(blueprint, params, output, model_source, dataset_source, resume=args.resume)
-    settings = Settings.from_spec(spec)
+    settings = spec.settings  # resolved once: the recipes read these
     settings.plan(int(os.environ.get("WORLD_SIZE", 1)))  # the global batch splits over the processes
     if args.resume:
         check_resume(spec, settings)  # the seed, global batch and schedule match the checkpoint's
@@ -152,10 +194,9 @@ def _start_run(spec):
     """The job's MLflow run (playground/runs/tracking.py); None when tracking is off or cannot start."""
     from playground.runs.settings import scrub
     from playground.runs.tracking import CANCEL_CLOSE_TIMEOUT, start_run
-    from playground.train.settings import Settings
 
     try:
-        tracker = start_run(spec, Settings.from_spec(spec))
+        tracker = start_run(spec, spec.settings)
     except Exception as exc:  # tracking never fails training
         print(f"warning: MLflow run tracking is off ({type(exc).__name__}: {scrub(str(exc))})", flush=True)
         return None

@@ -45,12 +45,13 @@ class PlannedFinish:
     step_seconds: float
 
 
-def planned_finish(blueprint: Any, params: dict[str, Any], output: Path) -> PlannedFinish | None:
-    """What :func:`playground.blueprints.plan.make_plan` says the finish takes (``output``: ``jobs/<id>/output``,
+def planned_finish(spec: Any) -> PlannedFinish | None:  # spec: playground.train.settings.TrainSpec
+    """What :func:`playground.blueprints.plan.make_plan` says the run's finish takes (its output: ``jobs/<id>/output``,
     whose home holds the measured runs); None where the plan cannot be made (a model it cannot size offline)."""
     from playground.blueprints.plan import machine_load, make_plan
 
-    parents = Path(output).resolve().parents
+    blueprint, params = spec.blueprint, spec.params.as_dict()
+    parents = Path(spec.output).resolve().parents
     home = parents[2] if len(parents) >= 3 and parents[1].name == "jobs" else None
     try:  # the load without this trainer (its own job is running; its setup is about one thread of the average)
         plan = make_plan(blueprint, params, home=home, load=machine_load(own_threads=1.0, count_jobs=False))

@@ -71,14 +71,15 @@ class GrpoRecipe(TrlRecipe):
             self.evaluate_model(base, step=0, prefix="base_")
             del base
             self.reporter.log(f"warm start: {self.settings.warm_start_steps} supervised steps on the task first")
-            params = {
-                **self.spec.params,
-                "max_steps": self.settings.warm_start_steps,
-                "learning_rate": WARM_START_LEARNING_RATE,
-                "batch_size": WARM_START_BATCH,
-                "checkpoint_every": 0,
-                "eval_every": 0,
-            }
+            params = self.spec.params.model_copy(
+                update={
+                    "max_steps": self.settings.warm_start_steps,
+                    "learning_rate": WARM_START_LEARNING_RATE,
+                    "batch_size": WARM_START_BATCH,
+                    "checkpoint_every": 0,
+                    "eval_every": 0,
+                }
+            )
             method = self.spec.blueprint.method.model_copy(update={"objective": "sft"})
             sft = self.spec.blueprint.model_copy(update={"method": method})
             warm_spec = TrainSpec(sft, params, warm, self.spec.model_source, self.spec.dataset_source)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from playground.errors import UserError, shown_path
+from playground.run_request import RunParameters
 
 SCRATCH_ARCHS = ("llama", "qwen2")
 SOURCE_FORMS = "hf://ORG/NAME, scratch://llama, scratch://qwen2, pkg://DISTRIBUTION/FILE, or a local model directory"
@@ -108,14 +109,14 @@ def build_model(kind: str, ref: str, spec: Any, tokenizer: Any, *, dtype: Any, s
     return model
 
 
-def lora_config(method: Any, params: dict[str, Any]) -> Any:
-    """peft's LoraConfig for the blueprint (rank/alpha/dropout from params, else the blueprint's method)."""
+def lora_config(method: Any, params: RunParameters) -> Any:
+    """peft's LoraConfig for the blueprint (rank/alpha/dropout from the run's parameters, else the method's)."""
     from peft import LoraConfig
 
     return LoraConfig(
-        r=int(params.get("lora_rank", method.rank)),
-        lora_alpha=int(params.get("lora_alpha", method.alpha)),
-        lora_dropout=float(params.get("lora_dropout", method.dropout)),
+        r=method.rank if params.lora_rank is None else params.lora_rank,
+        lora_alpha=method.alpha if params.lora_alpha is None else params.lora_alpha,
+        lora_dropout=method.dropout if params.lora_dropout is None else params.lora_dropout,
         target_modules=list(method.target_modules),
         task_type="CAUSAL_LM",
     )
@@ -134,7 +135,7 @@ def check_lora_targets(model: Any, method: Any) -> None:
         )
 
 
-def apply_lora(model: Any, method: Any, params: dict[str, Any]) -> Any:
+def apply_lora(model: Any, method: Any, params: RunParameters) -> Any:
     """Wrap ``model`` with LoRA adapters (:func:`lora_config`)."""
     from peft import get_peft_model
 

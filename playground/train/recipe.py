@@ -42,7 +42,7 @@ from playground.train.parallel import gradient_sync
 from playground.train.perf import CPU_BF16_WIDTH_MULTIPLE, causal_lm_loss, compile_model, cpu_has_bf16, model_inputs
 from playground.train.reporting import Reporter
 from playground.train.save import save_model_dir, unwrap
-from playground.train.settings import BatchPlan, Settings, TrainSpec, check_resume
+from playground.train.settings import BatchPlan, TrainSpec, check_resume
 from playground.userdata.check import is_local_file
 
 MAX_GRAD_NORM = 1.0
@@ -139,15 +139,13 @@ def lr_lambda(warmup: int, total: int):
 def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist | None = None) -> tuple[Any, Any]:
     """Tokenized train and held-out sets (never overlapping). The same on every rank."""
     ds = spec.blueprint.dataset
-    seed = int(spec.setting("seed"))
-    num_eval = spec.setting("num_eval_examples")
-    num_train = spec.setting("num_train_examples")
+    settings = spec.settings
+    seed, num_eval, num_train = settings.seed, settings.num_eval_examples, settings.num_train_examples
     if spec.dataset_source.startswith("synthetic://"):
-        global_batch = int(spec.setting("batch_size")) * int(spec.setting("gradient_accumulation_steps"))
         train, held = synthetic_splits(
             spec.dataset_source.removeprefix("synthetic://"),
             ds.options,
-            num_train=int(num_train or min(spec.setting("max_steps") * global_batch, MAX_SYNTHETIC_ROWS)),
+            num_train=num_train or min(settings.max_steps * settings.global_batch_size, MAX_SYNTHETIC_ROWS),
             num_eval=int(num_eval),
             seed=seed,
         )
@@ -170,7 +168,7 @@ def load_data(spec: TrainSpec, tokenizer: Any, dist: Dist | None = None) -> tupl
             columns=ds.columns,
             strict=is_local_file(spec.dataset_source),
         )
-    max_len = int(spec.setting("max_seq_length"))
+    max_len = settings.max_seq_length
     return tokenize(train, tokenizer, max_len), tokenize(held, tokenizer, max_len)
 
 
@@ -298,7 +296,7 @@ class Recipe:
     def __init__(self, spec: TrainSpec, reporter: Reporter) -> None:
         self.wall_start = time.perf_counter()
         self.spec, self.reporter = spec, reporter
-        self.settings = Settings.from_spec(spec)
+        self.settings = spec.settings
         self.state = TrainState()
         self.finish = FinishReporter(reporter)  # the Evaluating and Saving phases after the last step
         self.finish_estimate = 0.0  # seconds they took last time (setup finds out), added to the ETA
@@ -319,9 +317,7 @@ class Recipe:
         self.state = restore(self)
         # the final evaluation and save, as long as they took last time: part of every progress point's ETA
         self.finish_estimate = earlier_finish_seconds(self.spec.output, self.spec.blueprint.id, len(self.data.eval_set))
-        planned = (
-            planned_finish(self.spec.blueprint, self.spec.params, self.spec.output) if self.runtime.dist.main else None
-        )
+        planned = planned_finish(self.spec) if self.runtime.dist.main else None
         self.eta = make_eta(self.settings.max_steps, self.finish_estimate, planned, self.finish)
 
     def train(self) -> dict[str, Any]:
@@ -397,9 +393,7 @@ def build_model(spec: TrainSpec, tokenizer: Any, weights_dtype: Any) -> Any:
     settings; seeded, so every rank builds the same weights."""
     kind, ref = models.parse_source(spec.model_source)
     blueprint = spec.blueprint
-    model = models.build_model(
-        kind, ref, blueprint.model, tokenizer, dtype=weights_dtype, seed=int(spec.setting("seed"))
-    )
+    model = models.build_model(kind, ref, blueprint.model, tokenizer, dtype=weights_dtype, seed=spec.settings.seed)
     models.configure_generation(model, tokenizer, blueprint.serving.max_new_tokens)
     return model
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from playground.blueprints import Blueprint
 from playground.blueprints.schema import TRAINING_DEFAULTS
 from playground.errors import UserError
+from playground.run_request import RunParameters
 
 
 def resolve_setting(blueprint: Blueprint, params: dict[str, Any], name: str) -> Any:
@@ -36,10 +38,10 @@ def default_warmup(max_steps: int) -> int:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """Everything a run needs, resolved and validated by the entrypoint."""
+    """Everything a run needs, resolved and validated by the entrypoint (from its :class:`RunRequest`)."""
 
     blueprint: Blueprint
-    params: dict[str, Any]  # blueprint parameters, validated
+    params: RunParameters  # the run request's parameters, validated when it was read
     output: Path
     model_source: str
     dataset_source: str
@@ -47,7 +49,12 @@ class TrainSpec:
 
     def setting(self, name: str) -> Any:
         """Parameter > the blueprint's fixed training setting > TRAINING_DEFAULTS."""
-        return resolve_setting(self.blueprint, self.params, name)
+        return resolve_setting(self.blueprint, self.params.as_dict(), name)
+
+    @cached_property
+    def settings(self) -> Settings:
+        """Every setting resolved and typed, once per run (:meth:`Settings.from_spec`)."""
+        return Settings.from_spec(self)
 
 
 @dataclass(frozen=True)

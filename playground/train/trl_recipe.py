@@ -47,7 +47,7 @@ from playground.train.recipe import (
 )
 from playground.train.reporting import Reporter
 from playground.train.save import save_model_dir, unwrap
-from playground.train.settings import Settings, TrainSpec
+from playground.train.settings import TrainSpec
 
 
 def _checkpointing_argument() -> str:
@@ -70,7 +70,7 @@ class TrlRecipe:
     def __init__(self, spec: TrainSpec, reporter: Reporter) -> None:
         self.wall_start = time.perf_counter()
         self.spec, self.reporter = spec, reporter
-        self.settings = Settings.from_spec(spec)
+        self.settings = spec.settings
         self.history: list[dict[str, Any]] = []
         self.clock = Clock()
         self.last_loss = math.nan
@@ -113,9 +113,7 @@ class TrlRecipe:
         self.trainer.remove_callback(KubeflowCallback)
         self.trainer.add_callback(_Events(self))
         self.finish_estimate = earlier_finish_seconds(self.spec.output, self.spec.blueprint.id, len(self.eval_samples))
-        planned = (
-            planned_finish(self.spec.blueprint, self.spec.params, self.spec.output) if self.runtime.dist.main else None
-        )
+        planned = planned_finish(self.spec) if self.runtime.dist.main else None
         self.eta = make_eta(self.settings.max_steps, self.finish_estimate, planned, self.finish)
         n_params = sum(p.numel() for p in self.trainer.model.parameters())
         n_trainable = sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)

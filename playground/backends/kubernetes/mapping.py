@@ -9,9 +9,9 @@ import time
 from datetime import datetime
 from typing import Any
 
-from playground.backends.kubernetes import manifests as m
 from playground.backends.kubernetes.status import cluster_phase, trainer_progress
-from playground.blueprints import load_catalog
+from playground.cluster import manifests as m
+from playground.cluster.manifests import blueprint_id
 from playground.errors import BackendError
 from playground.events import EVENT_PREFIX, JobPhase
 from playground.types import Job
@@ -44,13 +44,6 @@ def finished_at(trainjob: Any) -> float | None:
         if condition.type in ("Complete", "Failed") and condition.status == "True":
             found = seconds(condition.last_transition_time)
     return found
-
-
-def blueprint_id(labels: dict[str, str]) -> str:
-    """The blueprint a job ran, from its (label-safe) blueprint label."""
-    value = labels.get(m.LABEL_BLUEPRINT, "")
-    catalog = load_catalog()
-    return value if value in catalog else next((b for b in catalog if m.label_value(b) == value), value)
 
 
 def to_job(obj: dict[str, Any], pods: list[dict[str, Any]] | None, tail: list[str] | None = None) -> Job:

@@ -8,33 +8,29 @@ object. The one SDK helper used is the TorchTune argument mapping for the opt-in
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from playground.backends.kubernetes import sdk
-from playground.backends.kubernetes.datafiles import DataPlacement, place, runtime_patch
-from playground.backends.kubernetes.manifests import (
+from playground.blueprints import Blueprint
+from playground.cluster import sdk
+from playground.cluster.datafiles import place, runtime_patch
+from playground.cluster.manifests import (
     ANN_BASE,
     ANN_OUTPUT,
     ANN_PARAMS,
     ANN_TRAINER,
     ANN_TTL,
-    DATASET_DIR,
     GROUP,
     INITIALIZER_URI,
     LABEL_BLUEPRINT,
     LABEL_MANAGED,
     LABEL_PREFIX,
     MANAGED_BY,
-    MODEL_DIR,
-    OUTPUT_DIR,
     PLAYGROUND,
     QUEUE_LABEL,
     VERSION,
     ClusterOptions,
     base_model_uri,
-    blueprint_args,
     label_value,
     local_data_files,
     output_uri,
@@ -43,9 +39,9 @@ from playground.backends.kubernetes.manifests import (
     secret_env,
     uses_initializers,
 )
-from playground.blueprints import Blueprint
+from playground.cluster.trainer import playground_trainer, trainer_resources
 from playground.errors import UserError, shown
-from playground.types import TrainRequest
+from playground.types import RunRequest
 
 
 @dataclass
@@ -64,36 +60,6 @@ class TrainJobPlan:
     runtime_patches: list[Any] = field(default_factory=list)  # TrainerV1alpha1RuntimePatch (your data's PVC)
 
 
-def run_env(name: str, blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions) -> dict[str, str]:
-    """What the trainer's MLflow run needs in the pod (playground/runs): the job, backend, owner and storage URI;
-    the cluster's tracking server when ``MLFLOW_TRACKING_URI`` names one (http(s); any credentials in it are
-    dropped: give them as MLFLOW_TRACKING_TOKEN/… from a Secret), with the namespace as the MLflow workspace
-    (KEP-897). Without one, tracking is off in the pod (a SQLite file there would vanish with it)."""
-    from playground.runs import settings as rs
-
-    env = {rs.JOB_ID_ENV: name, rs.JOB_BACKEND_ENV: "kubernetes", rs.MODEL_URI_ENV: output_uri(name, blueprint)}
-    if request.owner is not None:
-        env[rs.JOB_OWNER_ENV] = request.owner
-    uri = os.environ.get(rs.TRACKING_ENV, "")
-    if rs.tracking_enabled() and uri.startswith(("http://", "https://")):
-        env.update({rs.TRACKING_ENV: rs.safe_uri(uri), "MLFLOW_WORKSPACE": opts.namespace})
-    else:
-        env[rs.DISABLE_ENV] = "0"
-    return env
-
-
-def _resources(blueprint: Blueprint):
-    """Requests = limits per node: cpu, memory and ``nvidia.com/gpu``."""
-    from kubeflow_trainer_api import models
-
-    res = blueprint.resources
-    wanted = {"cpu": res.cpu, "memory": res.memory, "nvidia.com/gpu": res.gpus_per_node or None}
-    quantities = {k: models.IoK8sApimachineryPkgApiResourceQuantity(str(v)) for k, v in wanted.items() if v}
-    if not quantities:
-        return None
-    return models.IoK8sApiCoreV1ResourceRequirements(requests=quantities, limits=dict(quantities))
-
-
 def _initializer_source(kind: str, override: str | None, default: str, blueprint: Blueprint) -> str:
     source = override or default
     if not INITIALIZER_URI.match(source):
@@ -105,67 +71,14 @@ def _initializer_source(kind: str, override: str | None, default: str, blueprint
     return source
 
 
-def playground_trainer(
-    name: str,
-    blueprint: Blueprint,
-    request: TrainRequest,
-    opts: ClusterOptions,
-    initializers: bool,
-    placement: DataPlacement | None = None,
-):
-    """``python -m playground.train`` (torchrun when there is more than one process) with the blueprint's params."""
-    from kubeflow_trainer_api import models
-
-    res = blueprint.resources
-    args = blueprint_args(blueprint, placement)
-    for key in sorted(request.params):
-        value = request.params[key]
-        args += ["--set", f"{key}={json.dumps(value) if isinstance(value, bool) else value}"]
-    args += ["--output", OUTPUT_DIR]
-    dataset_override = request.overrides.dataset
-    if placement is not None and dataset_override:
-        dataset_override = placement.paths.get(dataset_override, dataset_override)  # your file, on the PVC
-    if initializers:  # the initializers downloaded both into the shared workspace (your file: read from the PVC)
-        dataset_arg = dataset_override if placement is not None and request.overrides.dataset else DATASET_DIR
-        args += ["--model-source", MODEL_DIR, "--dataset-source", dataset_arg]
-    else:
-        if request.overrides.model:
-            args += ["--model-source", request.overrides.model]
-        if dataset_override:
-            args += ["--dataset-source", dataset_override]
-    procs = max(1, res.gpus_per_node)
-    distributed = res.nodes * procs > 1  # torchrun reads nnodes/nproc/rank/master from the PET_* env
-    command = ["torchrun", "-m", "playground.train"] if distributed else ["python", "-m", "playground.train"]
-    env = [models.IoK8sApiCoreV1EnvVar(name="PYTHONUNBUFFERED", value="1")]
-    needs_hub = not initializers and any(
-        (src or "").startswith("hf://")
-        for src in (
-            request.overrides.model or blueprint.model.source,
-            request.overrides.dataset or blueprint.dataset.source,
-        )
-    )
-    if needs_hub:  # the entrypoint downloads itself: the token from the Secret, never inline
-        env.append(secret_env("HF_TOKEN", opts, optional=not blueprint.model.gated))
-    env += [models.IoK8sApiCoreV1EnvVar(name=k, value=v) for k, v in run_env(name, blueprint, request, opts).items()]
-    return models.TrainerV1alpha1Trainer(
-        image=blueprint.kubernetes.image or opts.image or None,
-        command=command,
-        args=args,
-        numNodes=res.nodes,
-        numProcPerNode=procs,
-        resourcesPerNode=_resources(blueprint),
-        env=env,
-    )
-
-
-def _torchtune_trainer(blueprint: Blueprint, request: TrainRequest, initializer: Any):
+def _torchtune_trainer(blueprint: Blueprint, request: RunRequest, initializer: Any):
     """The opt-in upstream TorchTune trainer: the SDK's TorchTune argument mapping, plus the params
     (max steps, learning rate...) that ``TorchTuneConfig`` has no field for."""
     from kubeflow.trainer.constants import constants
     from kubeflow.trainer.types import types
     from kubeflow_trainer_api import models
 
-    params, method = request.params, blueprint.method
+    params, method = request.params.as_dict(), blueprint.method
     peft = None
     if method.kind == "lora":
         peft = types.LoraConfig(
@@ -204,11 +117,11 @@ def _torchtune_trainer(blueprint: Blueprint, request: TrainRequest, initializer:
         command=list(constants.TORCH_TUNE_COMMAND),
         args=args,
         numNodes=blueprint.resources.nodes,
-        resourcesPerNode=_resources(blueprint),
+        resourcesPerNode=trainer_resources(blueprint),
     )
 
 
-def plan_trainjob(blueprint: Blueprint, request: TrainRequest, opts: ClusterOptions, name: str) -> TrainJobPlan:
+def plan_trainjob(blueprint: Blueprint, request: RunRequest, opts: ClusterOptions, name: str) -> TrainJobPlan:
     """Map a blueprint + validated params onto a TrainJob: runtime, initializers, trainer, metadata."""
     from kubeflow_trainer_api import models
 
@@ -226,7 +139,7 @@ def plan_trainjob(blueprint: Blueprint, request: TrainRequest, opts: ClusterOpti
     owner_labels, owner_annotations = owner_metadata(request.owner)
     labels.update(owner_labels)
     annotations = {
-        ANN_PARAMS: json.dumps(request.params, sort_keys=True),
+        ANN_PARAMS: json.dumps(request.params.as_dict(), sort_keys=True),
         ANN_OUTPUT: output_uri(name, blueprint, kind),
         ANN_BASE: base_model_uri(name, blueprint, request.overrides.model, kind),
         ANN_TRAINER: kind,

@@ -30,24 +30,20 @@ from playground.backends.common import absolute_source, check_trainer_installed,
 from playground.backends.gpus import detect_gpus
 from playground.backends.local import launch, records, state
 from playground.backends.local.queue import WaitEstimator, jobs_queue
-from playground.blueprints import Blueprint, get_blueprint
+from playground.blueprints import Blueprint
 from playground.blueprints.fit import local_fit
-from playground.booth import BoothPolicy, QuotaExceeded, deadline_grace, job_deadline, owns
+from playground.booth import BoothPolicy, QuotaExceeded, deadline_grace, job_deadline
 from playground.errors import JobNotFound, UserError
 from playground.events import Event, JobPhase, Phase
+from playground.owner import OPERATOR, Owner
 from playground.paths import ensure_writable_dir, playground_home
 from playground.requests import check_request
+from playground.run_request import REQUEST_ENV
 from playground.stopping import STOP_FILE, STOP_FILE_ENV
-from playground.types import Job, TrainRequest
+from playground.types import Job, RunRequest
 
 _JOB_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 CLEANUP_INTERVAL = 30.0  # booth mode: seconds between the TTL cleanups the facade runs on the side of list/submit
-
-
-def _format_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, float) else str(value)
 
 
 class LocalBackend(Backend):
@@ -70,7 +66,7 @@ class LocalBackend(Backend):
     def jobs_dir(self) -> Path:
         return self.home / "jobs"
 
-    def _jobdir(self, job_id: str, owner: str | None = None) -> Path:
+    def _jobdir(self, job_id: str, owner: Owner = OPERATOR) -> Path:
         """The job's directory; JobNotFound when unknown or (with ``owner``) someone else's, alike."""
         jobdir = self.jobs_dir / job_id
         if not _JOB_ID.match(job_id or "") or not (jobdir / state.SPEC).is_file() or not self._owned(jobdir, owner):
@@ -80,12 +76,12 @@ class LocalBackend(Backend):
         return jobdir
 
     @staticmethod
-    def _owned(jobdir: Path, owner: str | None) -> bool:
-        """Whether a caller acting as ``owner`` may see the job (the operator, ``owner=None``, sees all)."""
-        if owner is None:
+    def _owned(jobdir: Path, owner: Owner) -> bool:
+        """Whether a caller acting as ``owner`` may see the job (the operator sees all)."""
+        if owner.is_operator:
             return True
         try:
-            return owns(state.read_json(jobdir / state.SPEC).get("owner"), owner)
+            return owner.sees(state.read_json(jobdir / state.SPEC).get("owner"))
         except (OSError, ValueError):
             return False
 
@@ -97,10 +93,11 @@ class LocalBackend(Backend):
         return sorted(dirs, key=lambda p: (p / state.SPEC).stat().st_mtime, reverse=True)
 
     # -- submit -------------------------------------------------------------------------------
-    def _plan(self, request: TrainRequest, *, check_gpus: bool = True) -> tuple[Blueprint, dict[str, Any], int, bool]:
-        """Validate a request: (blueprint, params, trainer processes, stand-in mode). Starts nothing."""
-        blueprint = get_blueprint(request.blueprint_id)
-        params = blueprint.resolve_params(dict(request.params))
+    def _plan(self, request: RunRequest, *, check_gpus: bool = True) -> tuple[Blueprint, dict[str, Any], int, bool]:
+        """Plan a request (validated when it was made): (blueprint, its params for the job's record, trainer
+        processes, stand-in mode). Starts nothing."""
+        blueprint = request.blueprint
+        params = request.params.as_dict()
         check_trainer_installed()
         model = request.overrides.model
         source = model or blueprint.model.source
@@ -114,7 +111,7 @@ class LocalBackend(Backend):
         return blueprint, params, fit.processes, fit.stand_in
 
     def _spec(
-        self, job_id: str, jobdir: Path, request: TrainRequest, blueprint: Blueprint, params: dict, nproc: int
+        self, job_id: str, jobdir: Path, request: RunRequest, blueprint: Blueprint, params: dict, nproc: int
     ) -> dict[str, Any]:
         output = jobdir / state.OUTPUT
         blueprint_file = jobdir / "blueprint" / f"{blueprint.id}.yaml"
@@ -123,14 +120,11 @@ class LocalBackend(Backend):
             head += ["-m", state.TRAINER_MODULE]
         else:
             head = [sys.executable, "-m", state.TRAINER_MODULE]
-        command = [*head, "--blueprint", str(blueprint_file), "--output", str(output)]
-        for key, value in params.items():
-            command += ["--set", f"{key}={_format_value(value)}"]
+        command = [*head, "--output", str(output)]  # the run request: REQUEST_ENV (one JSON document)
         model, dataset = absolute_source(request.overrides.model), absolute_source(request.overrides.dataset)
-        if model:
-            command += ["--model-source", model]
-        if dataset:
-            command += ["--dataset-source", dataset]
+        trainer_request = request.for_trainer(
+            blueprint_id=str(blueprint_file), overrides={"model": model, "dataset": dataset}
+        )
         if blueprint.model.source.startswith("scratch://") and not model:
             base_model = str(output / "base-model")
         else:
@@ -154,10 +148,11 @@ class LocalBackend(Backend):
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": pythonpath,
                 STOP_FILE_ENV: str(jobdir / STOP_FILE),  # the supervisor's stop request (a deadline) goes here
+                REQUEST_ENV: trainer_request.to_json(),
                 **self._run_env(job_id, request.owner),
             },
             "cancel_grace_seconds": self.cancel_grace,
-            "owner": request.owner,
+            "owner": request.owner_id,
             # booth mode: wait for one of this many training slots; stop training after this long (then evaluate and
             # save), kill a trainer still running this much later
             "queue_slots": self.policy.max_concurrent_trainings if self.policy else None,
@@ -193,7 +188,7 @@ class LocalBackend(Backend):
             "planned_seconds": planned,
         }
 
-    def _run_env(self, job_id: str, owner: str | None) -> dict[str, str]:
+    def _run_env(self, job_id: str, owner: Owner) -> dict[str, str]:
         """What the trainer's MLflow run records (playground/runs): the job, this backend, the owner, and
         this home's SQLite store unless MLFLOW_TRACKING_URI names one (inherited, never written here)."""
         return run_env(job_id, self.name, owner, self.home)
@@ -225,12 +220,12 @@ class LocalBackend(Backend):
             retry_after_seconds=wait,
         )
 
-    def prepare(self, request: TrainRequest) -> Any:
+    def prepare(self, request: RunRequest) -> Any:
         blueprint, params, nproc, _ = self._plan(request)
         ensure_writable_dir(self.jobs_dir, what="state dir")
         return blueprint, params, nproc
 
-    def create(self, request: TrainRequest, prepared: Any) -> Job:
+    def create(self, request: RunRequest, prepared: Any) -> Job:
         blueprint, params, nproc = prepared
         jobdir = launch.new_job_dir(self.jobs_dir, blueprint.id)
         job_id = jobdir.name
@@ -241,7 +236,7 @@ class LocalBackend(Backend):
             raise UserError(f"could not start job {job_id} in {str(jobdir)!r}: {exc}", field="state dir") from None
         return self.get(job_id)
 
-    def render_train(self, request: TrainRequest) -> str:
+    def render_train(self, request: RunRequest) -> str:
         """What ``submit`` would run for ``request``, as YAML (the local backend has no manifest)."""
         import yaml
 
@@ -262,10 +257,10 @@ class LocalBackend(Backend):
         ttl = self.policy.finished_ttl_seconds if self.policy is not None else None
         return records.to_job(jobdir, self._status(jobdir), backend=self.name, ttl_seconds=ttl)
 
-    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+    def get(self, job_id: str, *, owner: Owner = OPERATOR) -> Job:
         return self._job(self._jobdir(job_id, owner))
 
-    def _jobs(self, owner: str | None = None) -> list[Job]:
+    def _jobs(self, owner: Owner = OPERATOR) -> list[Job]:
         jobs = []
         for jobdir in self._job_dirs():
             if not self._owned(jobdir, owner):
@@ -276,7 +271,7 @@ class LocalBackend(Backend):
                 continue  # being deleted or half-created by another process
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
-    def list(self, *, owner: str | None = None) -> list[Job]:
+    def list(self, *, owner: Owner = OPERATOR) -> list[Job]:
         return self._jobs(owner)
 
     # -- TTL ------------------------------------------------------------------------------------
@@ -306,14 +301,14 @@ class LocalBackend(Backend):
         return self._jobdir(job_id)
 
     # -- events -------------------------------------------------------------------------------
-    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+    def events(self, job_id: str, follow: bool = False, *, owner: Owner = OPERATOR) -> Iterator[Event]:
         jobdir = self._jobdir(job_id, owner)
         spec = state.read_json(jobdir / state.SPEC)
         yield Phase(JobPhase.PENDING, time=spec["created_at"])
         yield from records.log_events(jobdir, lambda: self._status(jobdir), follow)
 
     # -- control ------------------------------------------------------------------------------
-    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+    def cancel(self, job_id: str, *, owner: Owner = OPERATOR) -> Job:
         jobdir = self._jobdir(job_id, owner)
         status = self._status(jobdir)
         if JobPhase(status["phase"]).terminal:
@@ -338,7 +333,7 @@ class LocalBackend(Backend):
         state.wait_until(lambda: not state.supervisor_alive(jobdir), timeout=10)
         return self._job(jobdir)
 
-    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+    def delete(self, job_id: str, *, owner: Owner = OPERATOR) -> None:
         jobdir = self._jobdir(job_id, owner)
         if not JobPhase(self._status(jobdir)["phase"]).terminal:
             self.cancel(job_id)

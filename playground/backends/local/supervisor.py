@@ -45,6 +45,7 @@ from playground.events import (
     parse_line,
 )
 from playground.formatting import describe_event
+from playground.owner import Owner
 from playground.processes import child_env
 from playground.stopping import STOP_FILE, write_stop_request
 
@@ -203,7 +204,7 @@ class Supervisor:
         """Whether the job's visitor has been gone longer than the booth allows (never for the operator's jobs)."""
         after = self.spec.get("visitor_gone_seconds")
         home = self.jobdir.parent.parent
-        return bool(after) and visitor_gone(home, self.spec.get("owner"), float(after))
+        return bool(after) and visitor_gone(home, Owner(self.spec.get("owner")), float(after))
 
     def wait_for_slot(self, log) -> bool:
         """Wait (FIFO by submit time) for one of the machine's training slots; False if cancelled meanwhile

@@ -30,12 +30,14 @@ from playground.backends.ray import cluster as rc
 from playground.backends.ray.jobinfo import LogSummary, ended, log_events, phase_of, status_of
 from playground.backends.ray.logs import split_lines
 from playground.backends.ray.submission import AGENT_NOT_READY, AGENT_WAIT, job_env, submit_when_agent_ready
-from playground.blueprints import Blueprint, get_blueprint
-from playground.booth import BoothPolicy, owns
+from playground.blueprints import Blueprint
+from playground.booth import BoothPolicy
 from playground.errors import BackendError, JobNotFound, UserError, shown
 from playground.events import Event, JobPhase, Phase
+from playground.owner import OPERATOR, Owner
 from playground.paths import ensure_writable_dir, playground_home
-from playground.types import Job, TrainRequest
+from playground.run_request import REQUEST_ENV
+from playground.types import Job, RunRequest
 
 DRIVER_MODULE = "playground.train.on_ray"
 STORAGE_ENV = "PLAYGROUND_RAY_STORAGE"
@@ -152,9 +154,8 @@ class RayBackend(Backend):
                 cpus = min(cpus, max(1.0, float(int(available["CPU"] / workers))))
         return workers, cpus, gpus_per_worker
 
-    def _plan(self, request: TrainRequest) -> tuple[Blueprint, dict[str, Any], tuple[int, float, float]]:
-        blueprint = get_blueprint(request.blueprint_id)
-        params = blueprint.resolve_params(dict(request.params))
+    def _plan(self, request: RunRequest) -> tuple[Blueprint, dict[str, Any], tuple[int, float, float]]:
+        blueprint, params = request.blueprint, request.params.as_dict()  # validated when the request was made
         if self.is_local:
             check_trainer_installed()
         source = request.overrides.model or blueprint.model.source
@@ -177,37 +178,48 @@ class RayBackend(Backend):
                 )
         return blueprint, params, (workers, cpus, gpus)
 
-    def prepare(self, request: TrainRequest) -> Any:
+    def prepare(self, request: RunRequest) -> Any:
         plan = self._plan(request)
         if self.is_local:
             ensure_writable_dir(self.storage, what="Ray job storage", hint=f"choose another with {STORAGE_ENV}")
         return plan
 
-    def entrypoint(
-        self, job_id: str, request: TrainRequest, blueprint: Blueprint, params: dict, scaling: tuple[int, float, float]
-    ) -> list[str]:
-        """The Ray job's command: the driver, its scaling, then the trainer's own arguments."""
-        from playground.backends.kubernetes.manifests import blueprint_args
-
+    def entrypoint(self, job_id: str, scaling: tuple[int, float, float]) -> list[str]:
+        """The Ray job's command: the driver, its scaling, then the trainer's own arguments (its run request is in
+        the job's environment: :meth:`trainer_request`)."""
         workers, cpus, gpus = scaling
         output = self.storage / job_id / "output"
         command = ["python", "-m", DRIVER_MODULE, f"--workers={workers}", f"--cpus-per-worker={cpus:g}"]
         command += [f"--gpus-per-worker={gpus:g}"]
         if self.max_failures:
             command.append(f"--max-failures={self.max_failures}")
-        command += ["--", *blueprint_args(blueprint, None), "--output", str(output)]
-        for key, value in params.items():
-            command += ["--set", f"{key}={json.dumps(value) if isinstance(value, bool) else value}"]
-        overrides = request.overrides
-        for flag, source in (("--model-source", overrides.model), ("--dataset-source", overrides.dataset)):
-            if source:
-                command += [flag, str(absolute_source(source))]
+        command += ["--", "--output", str(output)]
         return command
 
-    def _runtime_env(self, job_id: str, owner: str | None) -> dict[str, Any]:
-        return {"env_vars": job_env(job_id, self.name, owner, self.home if self.is_local else None)}
+    def trainer_request(self, request: RunRequest, blueprint: Blueprint) -> RunRequest:
+        """The run request as the trainer reads it: the blueprint by catalog id (else its YAML), the sources as
+        absolute paths."""
+        from playground.cluster.manifests import blueprint_args
 
-    def _metadata(self, job_id: str, request: TrainRequest, blueprint: Blueprint, params: dict, scaling: tuple) -> dict:
+        flag, reference = blueprint_args(blueprint, None)
+        by_id = flag == "--blueprint"
+        overrides = {
+            "model": absolute_source(request.overrides.model),
+            "dataset": absolute_source(request.overrides.dataset),
+        }
+        return request.for_trainer(
+            blueprint_id=reference if by_id else blueprint.id,
+            blueprint_yaml=None if by_id else reference,
+            overrides=overrides,
+        )
+
+    def _runtime_env(self, job_id: str, owner: Owner, run_request: RunRequest | None = None) -> dict[str, Any]:
+        env = job_env(job_id, self.name, owner, self.home if self.is_local else None)
+        if run_request is not None:
+            env[REQUEST_ENV] = run_request.to_json()
+        return {"env_vars": env}
+
+    def _metadata(self, job_id: str, request: RunRequest, blueprint: Blueprint, params: dict, scaling: tuple) -> dict:
         output = self.storage / job_id / "output"
         model = request.overrides.model
         if blueprint.model.source.startswith("scratch://") and not model:
@@ -217,7 +229,7 @@ class RayBackend(Backend):
         labels = dict(request.labels)
         run = os.environ.get("PLAYGROUND_E2E_RUN")  # set by `playground e2e` per notebook: its cleanup finds the jobs
         if run:
-            from playground.backends.kubernetes.manifests import LABEL_E2E_RUN, LABEL_PREFIX, label_value
+            from playground.cluster.manifests import LABEL_E2E_RUN, LABEL_PREFIX, label_value
 
             labels.setdefault(LABEL_E2E_RUN.removeprefix(LABEL_PREFIX), label_value(run))
         data = {
@@ -230,11 +242,11 @@ class RayBackend(Backend):
             "base_model": base_model,
             "scaling": json.dumps(list(scaling)),
         }
-        if request.owner is not None:
-            data["owner"] = request.owner
+        if request.owner_id is not None:
+            data["owner"] = request.owner_id
         return data
 
-    def create(self, request: TrainRequest, prepared: Any) -> Job:
+    def create(self, request: RunRequest, prepared: Any) -> Job:
         import shlex
 
         blueprint, params, scaling = prepared
@@ -242,11 +254,11 @@ class RayBackend(Backend):
         job_id = new_job_id(blueprint.id)
         if self.is_local:
             (self.storage / job_id / "output").mkdir(parents=True, exist_ok=True)
-        command = self.entrypoint(job_id, request, blueprint, params, scaling)
+        command = self.entrypoint(job_id, scaling)
         job = {
             "entrypoint": shlex.join(command),
             "submission_id": job_id,
-            "runtime_env": self._runtime_env(job_id, request.owner),
+            "runtime_env": self._runtime_env(job_id, request.owner, self.trainer_request(request, blueprint)),
             "metadata": self._metadata(job_id, request, blueprint, params, scaling),
         }
         try:
@@ -259,7 +271,7 @@ class RayBackend(Backend):
             raise BackendError(f"Ray refused job {job_id}{waited}: {type(exc).__name__}: {exc}") from None
         return self.get(job_id)
 
-    def render_train(self, request: TrainRequest) -> str:
+    def render_train(self, request: RunRequest) -> str:
         """The Ray job ``submit`` would create (entrypoint, metadata; no runtime env), as YAML."""
         import shlex
 
@@ -272,7 +284,8 @@ class RayBackend(Backend):
         job_id = new_job_id(blueprint.id)
         job = {
             "submission_id": job_id,
-            "entrypoint": shlex.join(self.entrypoint(job_id, request, blueprint, params, scaling)),
+            "entrypoint": shlex.join(self.entrypoint(job_id, scaling)),
+            "run_request": json.loads(self.trainer_request(request, blueprint).to_json()),  # in its env_vars
             "metadata": self._metadata(job_id, request, blueprint, params, scaling),
             "address": self.address or "the local Ray (started on submit)",
         }
@@ -280,8 +293,8 @@ class RayBackend(Backend):
         return yaml.safe_dump(job, sort_keys=False)
 
     # -- state ----------------------------------------------------------------------------------------
-    def _info(self, job_id: str, owner: str | None) -> Any:
-        """Ray's JobDetails of a playground job; JobNotFound when unknown or (with ``owner``) someone else's."""
+    def _info(self, job_id: str, owner: Owner) -> Any:
+        """Ray's JobDetails of a playground job; JobNotFound when unknown or not ``owner``'s to see."""
         client = self.client()
         info = None
         if client is not None:
@@ -292,7 +305,7 @@ class RayBackend(Backend):
             except Exception as exc:
                 raise BackendError(f"cannot read Ray job {job_id!r}: {type(exc).__name__}: {exc}") from None
         metadata = (info.metadata or {}) if info is not None else {}
-        if info is None or metadata.get(MARK) != "1" or not owns(metadata.get("owner"), owner):
+        if info is None or metadata.get(MARK) != "1" or not owner.sees(metadata.get("owner")):
             known = [job.id for job in self.list(owner=owner)][:5]
             hint = f"known: {', '.join(known)}" if known else "there are no Ray jobs"
             raise JobNotFound(f"unknown job {job_id!r} on the ray backend; {hint}", field="job")
@@ -346,12 +359,12 @@ class RayBackend(Backend):
             return None
         return finished_at + self.policy.finished_ttl_seconds
 
-    def get(self, job_id: str, *, owner: str | None = None) -> Job:
-        if job_id in self._finished and owns(self._finished[job_id].owner, owner):
+    def get(self, job_id: str, *, owner: Owner = OPERATOR) -> Job:
+        if job_id in self._finished and owner.sees(self._finished[job_id].owner):
             return self._finished[job_id]
         return self._job(self._info(job_id, owner))
 
-    def list(self, *, owner: str | None = None) -> list[Job]:
+    def list(self, *, owner: Owner = OPERATOR) -> list[Job]:
         client = self.client()
         if client is None:
             return []
@@ -362,12 +375,12 @@ class RayBackend(Backend):
         jobs = []
         for info in infos:
             metadata = info.metadata or {}
-            if metadata.get(MARK) == "1" and info.submission_id and owns(metadata.get("owner"), owner):
+            if metadata.get(MARK) == "1" and info.submission_id and owner.sees(metadata.get("owner")):
                 jobs.append(self._job(info))
         return sorted(jobs, key=lambda job: job.created_at, reverse=True)
 
     # -- events ---------------------------------------------------------------------------------------
-    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+    def events(self, job_id: str, follow: bool = False, *, owner: Owner = OPERATOR) -> Iterator[Event]:
         info = self._info(job_id, owner)
         metadata = info.metadata or {}
         yield Phase(JobPhase.PENDING, info.message or "", time=float(metadata.get("created_at") or time.time()))
@@ -392,7 +405,7 @@ class RayBackend(Backend):
             time.sleep(FOLLOW_INTERVAL)
 
     # -- control --------------------------------------------------------------------------------------
-    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+    def cancel(self, job_id: str, *, owner: Owner = OPERATOR) -> Job:
         info = self._info(job_id, owner)
         if ended(info):
             return self._job(info)
@@ -408,7 +421,7 @@ class RayBackend(Backend):
             time.sleep(0.3)
         return self._job(info)
 
-    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+    def delete(self, job_id: str, *, owner: Owner = OPERATOR) -> None:
         info = self._info(job_id, owner)
         if not ended(info):
             info = self._info(self.cancel(job_id, owner=owner).id, owner)

@@ -1,9 +1,10 @@
 """The ``kuberay`` backend: blueprint jobs as KubeRay ``RayJob``s (Ray Train on Kubernetes), served by KServe.
 
-It is the Kubernetes backend with a RayJob in place of the TrainJob: the same connection, options (namespace,
-context, kubeconfig, Kueue queue, HF token Secret, image, TTL, booth policy), labels and owner filtering, the same
-watches (one per resource kind, resumed from the last resourceVersion) and log followers, and the same workspace
-PVC that KServe serves from. What differs, by concern:
+It shares with the kubernetes backend (:class:`~playground.backends.cluster_backend.ClusterBackend`, on
+:mod:`playground.cluster`'s plumbing) all but the job object, a RayJob in place of the TrainJob: the same
+connection, options (namespace, context, kubeconfig, Kueue queue, HF token Secret, image, TTL, booth policy), labels
+and owner filtering, the same watches (one per resource kind, resumed from the last resourceVersion) and log
+followers, and the same workspace PVC that KServe serves from. What differs, by concern:
 
 - manifests (:mod:`.rayjob`; read back: :mod:`.rayjob_status`): ``spec.entrypoint`` runs
   ``python -m playground.train.on_ray`` (Ray Train's ``TorchTrainer`` around the project's trainer) with the TrainJob's
@@ -24,7 +25,6 @@ PVC that KServe serves from. What differs, by concern:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import threading
@@ -34,19 +34,18 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from playground.backends.kubernetes import manifests as m
-from playground.backends.kubernetes import queue as kueue
-from playground.backends.kubernetes.backend import KubernetesBackend
-from playground.backends.kubernetes.status import started
-from playground.backends.kubernetes.watch import LogEnded, LogFollower, LogLine, ResourceWatcher, WatchItem
+from playground.backends.cluster_backend import ClusterBackend
 from playground.backends.ray import rayjob as rj
 from playground.backends.ray import rayjob_status as rs
 from playground.backends.ray.kuberay_follow import RayJobFollow, RayJobState
 from playground.blueprints import Blueprint
-from playground.booth import owner_key
+from playground.cluster import manifests as m
+from playground.cluster.pods import started
+from playground.cluster.watch import LogEnded, LogFollower, LogLine, WatchItem
 from playground.errors import BackendError, JobNotFound, UserError, shown
 from playground.events import Event, JobPhase, Phase
-from playground.types import Job, TrainRequest
+from playground.owner import OPERATOR, Owner
+from playground.types import Job, RunRequest
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")
@@ -68,31 +67,31 @@ def check_trainer(trainer: str | None) -> None:
             return
 
 
-class KubeRayBackend(KubernetesBackend):
+class KubeRayBackend(ClusterBackend):
     """Blueprint jobs as KubeRay RayJobs, served by KServe. Options fall back to env (PLAYGROUND_*)."""
 
     name = "kuberay"
+    job_api = (rj.GROUP, rj.VERSION, rj.RAYJOB_PLURAL)
+    watch_kind = "rayjob"
+    workload_owner = "RayJob"
 
     def __init__(self, *args: Any, trainer: str | None = None, **kwargs: Any) -> None:
-        """:class:`KubernetesBackend`'s options; ``trainer`` can only be the playground's (Ray Train runs it)."""
+        """:class:`ClusterBackend`'s options; ``trainer`` can only be the playground's (Ray Train runs it)."""
         check_trainer(trainer)
         super().__init__(*args, trainer=m.PLAYGROUND, **kwargs)
 
     # -- manifests (no cluster) ------------------------------------------------------------------
-    def plan_job(self, blueprint: Blueprint, request: TrainRequest, opts: m.ClusterOptions, name: str) -> rj.RayJobPlan:
+    def plan_job(self, blueprint: Blueprint, request: RunRequest, opts: m.ClusterOptions, name: str) -> rj.RayJobPlan:
         return rj.plan_rayjob(blueprint, request, opts, name)
 
-    def render_train(self, request: TrainRequest) -> str:
+    def render_train(self, request: RunRequest) -> str:
         return rj.to_yaml(self._plan(request))
 
     # -- jobs -----------------------------------------------------------------------------------
-    def prepare(self, request: TrainRequest) -> rj.RayJobPlan:  # type: ignore[override]
-        return self._plan(request)  # bad input fails here, before the cluster is contacted
-
     def _rayjobs(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.custom, method)(rj.GROUP, rj.VERSION, *args, **kwargs)
 
-    def create(self, request: TrainRequest, prepared: rj.RayJobPlan) -> Job:  # type: ignore[override]
+    def create(self, request: RunRequest, prepared: rj.RayJobPlan) -> Job:  # type: ignore[override]
         """The workspace PVC, then the RayJob (the PVC is removed again if the RayJob cannot be created), then the
         PVC's owner reference to the RayJob so that deleting the RayJob by any means deletes its workspace."""
         from kubernetes.client.exceptions import ApiException
@@ -121,8 +120,8 @@ class KubeRayBackend(KubernetesBackend):
             self.core.patch_namespaced_persistent_volume_claim(plan.workspace_claim, self.namespace, owned)
         return self.get(plan.name)
 
-    def _get_rayjob(self, job_id: str, owner: str | None = None) -> dict[str, Any]:
-        """The RayJob; JobNotFound when it does not exist or (with ``owner``) is someone else's."""
+    def _get_rayjob(self, job_id: str, owner: Owner = OPERATOR) -> dict[str, Any]:
+        """The RayJob; JobNotFound when it does not exist or is not ``owner``'s to see."""
         from kubernetes.client.exceptions import ApiException
 
         not_found = JobNotFound(f"no RayJob {job_id!r} in namespace {self.namespace!r}", field="job")
@@ -137,21 +136,12 @@ class KubeRayBackend(KubernetesBackend):
         labels = rs.RayJobView.from_dict(obj).metadata.labels
         if labels.get(m.LABEL_MANAGED) != m.MANAGED_BY:
             raise not_found  # a RayJob the playground did not make
-        if owner is not None and labels.get(m.LABEL_OWNER) != owner_key(owner):
+        if not m.visible_to(labels, owner):
             raise not_found  # someone else's job: reported like an unknown one
         return obj
 
-    def _pod_selector(self, job_id: str) -> str:
+    def pod_selector(self, job_id: str) -> str:
         return f"{m.LABEL_JOB}={job_id},{rj.LABEL_RAY_ROLE}"
-
-    def _pods(self, job_id: str) -> list[dict[str, Any]]:
-        try:
-            resp = self.core.list_namespaced_pod(
-                self.namespace, label_selector=self._pod_selector(job_id), _preload_content=False
-            )
-        except Exception as exc:
-            raise self._error(exc, "list", "pods") from None
-        return json.loads(resp.data).get("items") or []
 
     def _driver_tail(self, pods: list[dict[str, Any]]) -> list[str] | None:
         """The last lines of the driver's log (the newest submitter pod that ran); None when there is none."""
@@ -166,22 +156,15 @@ class KubeRayBackend(KubernetesBackend):
             return None
         return str(text).splitlines()
 
-    def get(self, job_id: str, *, owner: str | None = None) -> Job:
+    def get(self, job_id: str, *, owner: Owner = OPERATOR) -> Job:
         obj = self._get_rayjob(job_id, owner)
         pods = self._pods(job_id)
         lines = self._driver_tail(pods)
         job = rs.to_job(obj, pods, rs.LogSummary.read(lines) if lines is not None else None)
         view = rs.RayJobView.from_dict(obj)
-        queue_name = view.metadata.labels.get(m.QUEUE_LABEL)
-        if queue_name and job.phase == JobPhase.PENDING and view.spec.suspend:
-            job.queue_position = kueue.pending_position(
-                self.custom.api_client, self.namespace, queue_name, job_id, owner_kind="RayJob"
-            )
-            if job.queue_position is not None:  # else the message stays "... waiting for admission"
-                job.message = f"queued in Kueue queue {queue_name!r}: position {job.queue_position}"
-        return job
+        return self._with_queue_position(job, view.metadata.labels, bool(view.spec.suspend))
 
-    def list(self, *, owner: str | None = None) -> list[Job]:
+    def list(self, *, owner: Owner = OPERATOR) -> list[Job]:
         try:
             data = self._rayjobs(
                 "list_namespaced_custom_object",
@@ -195,7 +178,7 @@ class KubeRayBackend(KubernetesBackend):
         return sorted(jobs, key=lambda j: j.created_at, reverse=True)
 
     # -- events ---------------------------------------------------------------------------------
-    def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
+    def events(self, job_id: str, follow: bool = False, *, owner: Owner = OPERATOR) -> Iterator[Event]:
         obj = self._get_rayjob(job_id, owner)  # JobNotFound before anything starts
         view = rs.RayJobView.from_dict(obj)
         yield Phase(
@@ -206,25 +189,7 @@ class KubeRayBackend(KubernetesBackend):
             yield from self._history(state, job_id)
             return
         inbox: queue.Queue = queue.Queue()
-        watchers: list[Any] = self.watchers(job_id, inbox.put, threading.Event())
-        queue_name = view.metadata.labels.get(m.QUEUE_LABEL)
-        if queue_name:  # Kueue's pending position, where its visibility API answers
-            watchers.append(
-                kueue.QueuePoller(
-                    partial(
-                        kueue.pending_position,
-                        self.custom.api_client,
-                        self.namespace,
-                        queue_name,
-                        job_id,
-                        owner_kind="RayJob",
-                    ),
-                    lambda: state.phase in (None, JobPhase.PENDING),
-                    inbox.put,
-                    threading.Event(),
-                    interval=self.queue_poll_seconds,
-                )
-            )
+        watchers = self._follow_inputs(job_id, view.metadata.labels, state, inbox.put)
         session = RayJobFollow(
             state=state,
             watchers=watchers,
@@ -262,26 +227,8 @@ class KubeRayBackend(KubernetesBackend):
         if end is not None:
             yield end
 
-    def watchers(self, job_id: str, sink: Any, stop: threading.Event) -> list[ResourceWatcher]:
-        """One watch per resource kind for a job: its RayJob, its Ray pods (head, workers, submitter), Events."""
-        ns, t = self.namespace, self.watch_timeout
-        rayjob = partial(
-            self.custom.list_namespaced_custom_object,
-            rj.GROUP,
-            rj.VERSION,
-            ns,
-            rj.RAYJOB_PLURAL,
-            field_selector=f"metadata.name={job_id}",
-        )
-        pods = partial(self.core.list_namespaced_pod, ns, label_selector=self._pod_selector(job_id))
-        events = partial(self.core.list_namespaced_event, ns)
-        return [
-            ResourceWatcher(kind, call, sink, stop, timeout_seconds=t, stats=self.stats)
-            for kind, call in (("rayjob", rayjob), ("pod", pods), ("event", events))
-        ]
-
     # -- control --------------------------------------------------------------------------------
-    def cancel(self, job_id: str, *, owner: str | None = None) -> Job:
+    def cancel(self, job_id: str, *, owner: Owner = OPERATOR) -> Job:
         """Suspend the RayJob (KubeRay deletes its RayCluster and submitter; the RayJob stays) and mark it cancelled;
         under Kueue, deactivate its Workload first so that Kueue does not admit and unsuspend it again."""
         job = self.get(job_id, owner=owner)
@@ -358,7 +305,7 @@ class KubeRayBackend(KubernetesBackend):
         except Exception as exc:
             raise self._error(exc, "delete", PVCS, name) from None
 
-    def delete(self, job_id: str, *, owner: str | None = None) -> None:
+    def delete(self, job_id: str, *, owner: Owner = OPERATOR) -> None:
         """Delete the RayJob (KubeRay stops the Ray job; its RayCluster and submitter go with it) and its workspace."""
         from kubernetes.client.exceptions import ApiException
 

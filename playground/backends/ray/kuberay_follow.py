@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from playground.backends.kubernetes.follow import Follow
-from playground.backends.kubernetes.status import RANK, JobState
-from playground.backends.kubernetes.watch import LogFollower, WatchItem
 from playground.backends.ray import rayjob_status as rs
 from playground.backends.ray.logs import clean_line, ray_event
+from playground.cluster.follow import Follow
+from playground.cluster.pods import RANK, JobState
+from playground.cluster.watch import LogFollower, WatchItem
 from playground.events import ClusterEvent, Event, JobPhase, Log, Metric, Phase, Progress
 
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from playground.backends.common import cpu_cores
-from playground.backends.kubernetes import manifests as m
-from playground.backends.kubernetes.datafiles import DATA_MOUNT, DATA_VOLUME, DataPlacement, place
-from playground.backends.kubernetes.trainjob import playground_trainer
 from playground.blueprints import Blueprint
+from playground.cluster import manifests as m
+from playground.cluster.datafiles import DATA_MOUNT, DATA_VOLUME, DataPlacement, place
+from playground.cluster.trainer import playground_trainer
 from playground.errors import UserError, shown
-from playground.types import TrainRequest
+from playground.types import RunRequest
 
 GROUP = "ray.io"
 VERSION = "v1"
@@ -119,7 +119,7 @@ def base_model_uri(name: str, blueprint: Blueprint, override: str | None = None)
 
 
 def metadata(
-    name: str, blueprint: Blueprint, request: TrainRequest, opts: m.ClusterOptions
+    name: str, blueprint: Blueprint, request: RunRequest, opts: m.ClusterOptions
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The TrainJob's labels and annotations, for a RayJob (blueprint, managed-by, request labels, e2e run, queue,
     owner; params, output and base model URIs, trainer, TTL)."""
@@ -134,7 +134,7 @@ def metadata(
     owner_labels, owner_annotations = m.owner_metadata(request.owner)
     labels.update(owner_labels)
     annotations = {
-        m.ANN_PARAMS: json.dumps(request.params, sort_keys=True),
+        m.ANN_PARAMS: json.dumps(request.params.as_dict(), sort_keys=True),
         m.ANN_OUTPUT: m.output_uri(name, blueprint),
         m.ANN_BASE: base_model_uri(name, blueprint, request.overrides.model),
         m.ANN_TRAINER: m.PLAYGROUND,
@@ -165,7 +165,7 @@ def check_tokens(args: list[str]) -> None:
             )
 
 
-def plan_rayjob(blueprint: Blueprint, request: TrainRequest, opts: m.ClusterOptions, name: str) -> RayJobPlan:
+def plan_rayjob(blueprint: Blueprint, request: RunRequest, opts: m.ClusterOptions, name: str) -> RayJobPlan:
     """Map a blueprint + validated params onto a RayJob: the driver's entrypoint, scaling, pods, metadata."""
     from playground.runs import settings as rs
 
@@ -181,7 +181,10 @@ def plan_rayjob(blueprint: Blueprint, request: TrainRequest, opts: m.ClusterOpti
     # The TrainJob's own trainer (args and env) without initializers: the trainer downloads hub sources itself.
     trainer = playground_trainer(name, blueprint, request, opts, False, placement)
     args = list(trainer.args)
-    check_tokens(args)
+    # The run request travels in the pods' environment, past the shells; the sources are still held to the shell-safe
+    # form they needed as arguments (behaviour unchanged: a RayJob refuses the same sources as before).
+    sources = [("--model-source", request.overrides.model), ("--dataset-source", request.overrides.dataset)]
+    check_tokens([*args, *(token for flag, value in sources if value for token in (flag, value))])
     env = [e.to_dict() for e in trainer.env or []]
     for item in env:
         if item["name"] == rs.JOB_BACKEND_ENV:

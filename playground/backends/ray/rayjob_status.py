@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from playground.backends.kubernetes import manifests as m
-from playground.backends.kubernetes.status import pod_problem
 from playground.backends.ray.rayjob import ANN_CANCELLED_AT, BACKEND, LABEL_RAY_ROLE
+from playground.cluster import manifests as m
+from playground.cluster.pods import pod_problem
 from playground.errors import BackendError
 from playground.events import EVENT_PREFIX, JobPhase
 from playground.types import Job
@@ -211,9 +211,7 @@ def _iso_seconds(text: str) -> float | None:
 
 
 def blueprint_id(labels: dict[str, str]) -> str:
-    from playground.backends.kubernetes.mapping import blueprint_id as from_labels
-
-    return from_labels(labels)
+    return m.blueprint_id(labels)
 
 
 def to_job(obj: dict[str, Any], pods: list[dict[str, Any]] | None, log: LogSummary | None = None) -> Job:

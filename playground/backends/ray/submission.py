@@ -10,6 +10,7 @@ from typing import Any
 
 from playground.backends.common import package_pythonpath, run_env
 from playground.backends.ray import cluster as rc
+from playground.owner import Owner
 
 # Ray's head refuses a submission ("No available agent to submit job, please try again later.") while its node's
 # job agent has not registered yet: it waits only 10 s for it, and a freshly started Ray on a loaded machine
@@ -38,7 +39,7 @@ def submit_when_agent_ready(client: Any, job: dict[str, Any], *, wait: float = A
         time.sleep(AGENT_RETRY_INTERVAL)
 
 
-def job_env(job_id: str, backend: str, owner: str | None, local_home: Path | None) -> dict[str, str]:
+def job_env(job_id: str, backend: str, owner: Owner, local_home: Path | None) -> dict[str, str]:
     """The trainer's environment variables: the allowed ones of the submitter's, Ray's logging settings, the run's
     (:func:`~playground.backends.common.run_env`); for the local Ray (``local_home``) this checkout on the
     ``PYTHONPATH`` and the home's tracking store."""

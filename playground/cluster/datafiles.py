@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from playground.backends.kubernetes.connection import IN_CLUSTER_NS
+from playground.cluster.connection import IN_CLUSTER_NS
 from playground.errors import UserError, shown_path
 
 PVC_SETTING = "PLAYGROUND_DATA_PVC"

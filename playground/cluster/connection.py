@@ -2,7 +2,7 @@
 configuration; the kubeflow SDK's ``TrainerClient`` for what it does publicly (``get_runtime``, ``delete_job``).
 
 Nothing contacts the cluster before it is needed, so manifests render without a kubeconfig. Shared by the training
-backend and the KServe model servers (:mod:`playground.serving.kserve`).
+backends on a cluster (kubernetes, kuberay) and the KServe model servers (:mod:`playground.serving.kserve`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from playground.backends.kubernetes import sdk
-from playground.backends.kubernetes.errors import api_error
+from playground.cluster import sdk
+from playground.cluster.errors import api_error
 from playground.errors import BackendError, UserError
 
 IN_CLUSTER_NS = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

@@ -1,7 +1,7 @@
-"""What every playground object on a cluster shares (TrainJobs: :mod:`.trainjob`; the kuberay backend's RayJobs;
-InferenceServices: ``playground.serving.kserve``): the deployment's options, labels and annotations, job names, the
-job's workspace claim and model URIs, the HF token Secret's env, and how a blueprint and your data files travel to
-the trainer's pods.
+"""What every playground object on a cluster shares (TrainJobs: :mod:`playground.backends.kubernetes.trainjob`; the
+kuberay backend's RayJobs; InferenceServices: ``playground.serving.kserve``): the deployment's options, labels and
+annotations, job names, the job's workspace claim and model URIs, the HF token Secret's env, and how a blueprint and
+your data files travel to the trainer's pods.
 """
 
 from __future__ import annotations
@@ -9,20 +9,22 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from playground.backends.common import is_uri
-from playground.backends.kubernetes.datafiles import (
+from playground.blueprints import Blueprint, load_catalog
+from playground.booth import owner_key
+from playground.cluster.datafiles import (
     PVC_SETTING,
     ClaimMount,
     DataPlacement,
     parse_setting,
 )
-from playground.blueprints import Blueprint
-from playground.booth import owner_key
 from playground.errors import UserError, shown
-from playground.types import TrainRequest
+from playground.owner import Owner
+from playground.types import RunRequest
 
 GROUP = "trainer.kubeflow.org"
 VERSION = "v1alpha1"
@@ -131,22 +133,34 @@ class ClusterOptions:
         return cls(**values, extra_labels=labels)
 
 
-def owner_metadata(owner: str | None) -> tuple[dict[str, str], dict[str, str]]:
-    """(labels, annotations) marking an object as ``owner``'s; empty for an operator's object."""
-    if owner is None:
+def owner_metadata(owner: Owner) -> tuple[dict[str, str], dict[str, str]]:
+    """(labels, annotations) marking an object as ``owner``'s (the id's digest, the id); empty for the operator's."""
+    if owner.id is None:
         return {}, {}
-    return {LABEL_OWNER: owner_key(owner)}, {ANN_OWNER: owner}
+    return {LABEL_OWNER: owner_key(owner.id)}, {ANN_OWNER: owner.id}
 
 
-def owner_selector(owner: str | None) -> str:
-    """The label selector term for ``owner``'s objects ("" for everyone's)."""
-    return f",{LABEL_OWNER}={owner_key(owner)}" if owner is not None else ""
+def owner_selector(owner: Owner) -> str:
+    """The label selector term for ``owner``'s objects ("" for the operator: everyone's)."""
+    return f",{LABEL_OWNER}={owner_key(owner.id)}" if owner.id is not None else ""
+
+
+def visible_to(labels: Mapping[str, str], owner: Owner) -> bool:
+    """Whether an object carrying ``labels`` is ``owner``'s to see (the operator sees every object)."""
+    return owner.id is None or labels.get(LABEL_OWNER) == owner_key(owner.id)
 
 
 def label_value(text: str) -> str:
     """A valid label value (<=63 chars, alphanumeric ends)."""
     value = _LABEL_VALUE.sub("-", str(text))[:63]
     return value.strip("-._")
+
+
+def blueprint_id(labels: dict[str, str]) -> str:
+    """The blueprint a job ran, from its (label-safe) blueprint label."""
+    value = labels.get(LABEL_BLUEPRINT, "")
+    catalog = load_catalog()
+    return value if value in catalog else next((b for b in catalog if label_value(b) == value), value)
 
 
 def job_stem(blueprint_id: str) -> str:
@@ -211,7 +225,7 @@ def secret_env(name: str, opts: ClusterOptions, *, optional: bool):
     return models.IoK8sApiCoreV1EnvVar(name=name, valueFrom=models.IoK8sApiCoreV1EnvVarSource(secretKeyRef=ref))
 
 
-def local_data_files(blueprint: Blueprint, request: TrainRequest) -> list[str]:
+def local_data_files(blueprint: Blueprint, request: RunRequest) -> list[str]:
     """The run's data files on this machine (no URL): the dataset override, else the blueprint's own source,
     and the blueprint's held-out file. On Kubernetes they are read from a PVC (:mod:`.datafiles`)."""
     dataset = request.overrides.dataset or blueprint.dataset.source

@@ -274,7 +274,7 @@ def test_cli_trains_on_ray_with_workers_and_refuses_bad_values(
     )
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "python -m playground.train.on_ray --workers=2 --cpus-per-worker=1" in out and "max_steps=3" in out
+    assert "python -m playground.train.on_ray --workers=2 --cpus-per-worker=1" in out and "max_steps: 3" in out
     code = cli_main(["train", "tiny-llama-cpu", "--backend", "ray", "--workers", "0"])
     _, err = capsys.readouterr()
     assert code == 2 and "--workers" in err and "allowed" in err

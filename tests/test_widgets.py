@@ -252,7 +252,7 @@ class ScriptedBackend(Backend):
             for job_id in self.scripts
         }
         self.job = self.jobs["job-1"]
-        self.owners: list[str | None] = []
+        self.owners: list[Owner] = []
 
     def events(self, job_id: str, follow: bool = False, *, owner: str | None = None) -> Iterator[Event]:
         self.owners.append(owner)
@@ -395,7 +395,7 @@ def test_monitor_shows_a_second_job_on_the_same_chart() -> None:
     assert monitor.points.value == "5 points" and "job-2" in monitor.header.value
     assert "Loss on held-out examples" in monitor.metrics.value and "1.235" in monitor.metrics.value
     assert "Succeeded" in monitor.phase.value and monitor.final_job is backend.jobs["job-2"]
-    assert set(backend.owners) == {"v-0123456789abcdef"}  # every call carried the visitor
+    assert set(backend.owners) == {Owner.visitor("v-0123456789abcdef")}  # every call carried the visitor
 
 
 def test_visitors_see_no_paths_pids_or_command_lines() -> None:

@@ -26,6 +26,7 @@ from playground.api import (
 )
 from playground.api import loss_curves as previous_loss_curves
 from playground.events import HEADLINE_METRICS, METRIC_LABELS, JobPhase, Progress
+from playground.facade import Playground
 from playground.types import Job
 from voila_app import PLOTLY_BUNDLE_ENV
 from widgets.run_view import RunView
@@ -164,6 +165,11 @@ def loss_chart() -> go.FigureWidget:
     return chart
 
 
+def _facade(backend: Backend | Playground | None) -> Playground | None:
+    """The facade over ``backend``: a monitor talks to jobs the way the app does (owners as the edge takes them)."""
+    return backend if backend is None or isinstance(backend, Playground) else Playground(backend)
+
+
 class JobMonitor(ipw.VBox):
     """Follows a job through ``backend.events(job_id, follow=True)`` on a background thread.
 
@@ -199,7 +205,7 @@ class JobMonitor(ipw.VBox):
             # own threads, so a chart render during that import met a half-initialised module (AttributeError: ...
             # 'pandas' has no 'Series'). A visitor's page reads no MLflow: its kernel never imports pandas (~70 MB).
             import pandas  # noqa: F401  (0.3 s, once per kernel)
-        self.backend = backend
+        self.backend = _facade(backend)
         self.job_id = ""
         self.blueprint = blueprint
         self.on_done = on_done
@@ -303,7 +309,7 @@ class JobMonitor(ipw.VBox):
             self._done = threading.Event()
             self._thread = None
             self.coalescer = None
-            self.backend = backend or self.backend
+            self.backend = _facade(backend) or self.backend
             self.blueprint = blueprint
             self.job_id = job if isinstance(job, str) else job.id
             self.final_job = None

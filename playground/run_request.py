@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from playground.blueprints import Blueprint, blueprint_from_yaml, get_blueprint
 from playground.blueprints.loader import looks_like_file
-from playground.errors import ParameterError, UserError, shown
+from playground.errors import ParameterError, UserError
 from playground.owner import Owner
 
 REQUEST_ENV = "PLAYGROUND_RUN_REQUEST"  # the trainer's run request (JSON) in a job's environment
@@ -160,15 +160,7 @@ class RunRequest(BaseModel):
             field = ".".join(str(part) for part in error["loc"]) or "request"
             message = f"{where}: {field}: {error['msg']}; allowed: a run request (RunRequest)"
             raise UserError(message, field=field) from None
-        blueprint = request.blueprint
-        unknown = sorted(set(request.params.as_dict()) - set(blueprint.parameters))
-        if unknown:
-            allowed = ", ".join(sorted(blueprint.parameters)) or "(none)"
-            raise ParameterError(
-                f"unknown parameter {shown(unknown[0])} for blueprint {blueprint.id!r}; allowed: {allowed}",
-                field=unknown[0],
-            )
-        blueprint.resolve_params(request.params.as_dict())  # the bounds and choices
+        request.blueprint.resolve_params(request.params.as_dict())  # declared by the blueprint, its bounds and choices
         return request
 
     def to_json(self) -> str:
@@ -201,7 +193,5 @@ class RunRequest(BaseModel):
         if "overrides" in changes and isinstance(changes["overrides"], Mapping):
             changes["overrides"] = SourceOverrides(**changes["overrides"])
         updated = self.model_copy(update=changes)
-        updated.__dict__.pop("blueprint", None)
-        if "blueprint_id" not in changes and "blueprint_yaml" not in changes and "blueprint" in self.__dict__:
-            updated.__dict__["blueprint"] = self.__dict__["blueprint"]
+        updated.__dict__.pop("blueprint", None)  # the cached blueprint: loaded again from what the copy names
         return updated

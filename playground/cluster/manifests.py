@@ -241,11 +241,12 @@ def shipped(blueprint: Blueprint) -> bool:
     return path.is_file() and load_blueprint_file(path) == blueprint
 
 
-def blueprint_args(blueprint: Blueprint, placement: DataPlacement | None) -> list[str]:
-    """``--blueprint ID`` for a shipped blueprint; else its YAML (a blueprint of your own, a few KB of settings,
-    never data), with its local data files renamed to where the trainer's pods see them."""
+def trainer_blueprint_yaml(blueprint: Blueprint, placement: DataPlacement | None) -> str | None:
+    """What a cluster trainer's run request carries of the blueprint besides its id: nothing for a shipped blueprint
+    (the image's catalog has it); else its YAML (a blueprint of your own, a few KB of settings, never data), with its
+    local data files renamed to where the trainer's pods see them."""
     if shipped(blueprint):
-        return ["--blueprint", blueprint.id]
+        return None
     from playground.blueprints.custom import blueprint_yaml
     from playground.blueprints.schema import Example
 
@@ -258,7 +259,7 @@ def blueprint_args(blueprint: Blueprint, placement: DataPlacement | None) -> lis
             "eval_source": placement.paths.get(dataset.eval_source or "", dataset.eval_source),
         }
         blueprint = blueprint.model_copy(update={"dataset": dataset.model_copy(update=moved)})
-    return ["--blueprint-yaml", blueprint_yaml(blueprint)]
+    return blueprint_yaml(blueprint)
 
 
 def to_yaml(obj: dict[str, Any]) -> str:

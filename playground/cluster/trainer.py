@@ -14,9 +14,9 @@ from playground.cluster.manifests import (
     MODEL_DIR,
     OUTPUT_DIR,
     ClusterOptions,
-    blueprint_args,
     output_uri,
     secret_env,
+    trainer_blueprint_yaml,
 )
 from playground.run_request import REQUEST_ENV, RunRequest
 
@@ -73,10 +73,8 @@ def playground_trainer(
         sources = {"model": MODEL_DIR, "dataset": dataset_arg}
     else:
         sources = {"model": request.overrides.model, "dataset": dataset_override}
-    flag, reference = blueprint_args(blueprint, placement)  # by catalog id, or the blueprint's own YAML
-    by_id = {"blueprint_id": reference} if flag == "--blueprint" else {"blueprint_id": blueprint.id}
     pod_request = request.for_trainer(
-        **by_id, blueprint_yaml=None if flag == "--blueprint" else reference, overrides=sources
+        blueprint_id=blueprint.id, blueprint_yaml=trainer_blueprint_yaml(blueprint, placement), overrides=sources
     )
     procs = max(1, res.gpus_per_node)
     distributed = res.nodes * procs > 1  # torchrun reads nnodes/nproc/rank/master from the PET_* env

@@ -199,17 +199,15 @@ class RayBackend(Backend):
     def trainer_request(self, request: RunRequest, blueprint: Blueprint) -> RunRequest:
         """The run request as the trainer reads it: the blueprint by catalog id (else its YAML), the sources as
         absolute paths."""
-        from playground.cluster.manifests import blueprint_args
+        from playground.cluster.manifests import trainer_blueprint_yaml
 
-        flag, reference = blueprint_args(blueprint, None)
-        by_id = flag == "--blueprint"
         overrides = {
             "model": absolute_source(request.overrides.model),
             "dataset": absolute_source(request.overrides.dataset),
         }
         return request.for_trainer(
-            blueprint_id=reference if by_id else blueprint.id,
-            blueprint_yaml=None if by_id else reference,
+            blueprint_id=blueprint.id,
+            blueprint_yaml=trainer_blueprint_yaml(blueprint, None),
             overrides=overrides,
         )
 

@@ -148,8 +148,6 @@ def metadata(
 def _token_field(args: list[str], index: int) -> str:
     """The input a trainer argument came from, for an error message."""
     flag = args[index - 1] if index else ""
-    if flag == "--set":
-        return args[index].split("=", 1)[0]
     return {"--model-source": "model", "--dataset-source": "dataset"}.get(flag, "blueprint")
 
 

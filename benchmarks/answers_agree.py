@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", default=os.environ.get("PLAYGROUND_HOME"))
     parser.add_argument("--limit", type=int, default=0, help="only the first N requests (0: all)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--tag", default="", help="added to the result file's name")
     args = parser.parse_args(argv)
     if args.home:
         os.environ["PLAYGROUND_HOME"] = args.home
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from playground.blueprints import get_blueprint
     from playground.facade import Playground
     from playground.serving.client import chat
+    from playground.serving.vllm_server import serving_dtype
     from playground.train.evaluate import exact_match
 
     backend = Playground(LocalBackend())
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "job": job.id,
         "blueprint": job.blueprint_id,
+        "dtype": serving_dtype(),  # PLAYGROUND_VLLM_DTYPE; auto: vLLM's choice (bfloat16 on this CPU)
         "requests": len(rows),
         "identical": identical,
         "verdicts_agree": agree,
@@ -85,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  differs: expected {row['expected']!r}: trainer {row['trainer']!r}, served {row['served']!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"answers_agree-{job.blueprint_id}-{time.strftime('%Y%m%d')}.json").write_text(json.dumps(result, indent=2))
+    tag = f"-{args.tag}" if args.tag else ""
+    name = f"answers_agree-{job.blueprint_id}{tag}-{time.strftime('%Y%m%d')}.json"
+    (out / name).write_text(json.dumps(result, indent=2))
     backend.unserve(job.id)
     return 0 if agree / len(rows) >= 0.99 else 1
 

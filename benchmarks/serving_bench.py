@@ -365,7 +365,7 @@ def start_variant(
     )
     env.update(extra_env)
     argv = vllm_server.command(
-        python, model_dir, port, HOST, served_name="base", lora=True, max_adapters=BoothPolicy().max_adapters, gpu=False
+        python, model_dir, port, HOST, served_name="base", lora=True, max_adapters=BoothPolicy().max_adapters
     )
     log_path = work / "variant.log"
     load = load_avg()
@@ -459,6 +459,9 @@ def main() -> int:
     prompts = visitor_prompts(args.distinct, args.repeats)
     result: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0)), "load_start": load_avg(), "model": model_dir}
     result["workload"] = {"requests": len(prompts), "distinct": args.distinct, "max_tokens": args.max_tokens}
+    from playground.serving.vllm_server import serving_dtype
+
+    result["vllm_dtype"] = serving_dtype()  # auto: vLLM's choice (bfloat16 on a CPU with bfloat16 arithmetic)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="serving-bench-") as tmp:
         work = Path(tmp)

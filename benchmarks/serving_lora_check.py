@@ -36,7 +36,7 @@ def server_argv(python: Path, model_dir: str, port: int, args: argparse.Namespac
     from playground.serving import vllm_server
 
     argv = vllm_server.command(
-        python, model_dir, port, "127.0.0.1", served_name="base", lora=True, max_adapters=args.max_adapters, gpu=False
+        python, model_dir, port, "127.0.0.1", served_name="base", lora=True, max_adapters=args.max_adapters
     )
     if args.without_target_modules:
         start = argv.index("--lora-target-modules")

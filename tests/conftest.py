@@ -18,8 +18,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Model servers start with transformers' `transformers serve` (the documented fallback, ~10 s) unless a test is about
 # the engine: those ask for vLLM with the `vllm_engine` fixture (60-140 s a start on 2 busy cores, so the run starts
-# about two: the SmolLM2 base server every LoRA adapter loads onto, and the trained tiny job's own server).
+# one: the SmolLM2 base server every LoRA adapter loads onto, `smollm2_base` below).
 os.environ.setdefault("PLAYGROUND_SERVING_ENGINE", "transformers")
+# vLLM servers in float32, as the trainer evaluates: their answers are checked token for token against its evaluation
+# on a few requests, where vLLM's default bfloat16 agrees on ~99 % of verdicts (a rule for 300 requests, measured in
+# benchmarks/answers_agree.py; on 10 one flip fails). tests/test_vllm_env.py checks the default itself.
+os.environ.setdefault("PLAYGROUND_VLLM_DTYPE", "float32")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # ../shared beside the clone (as in CI); PLAYGROUND_SHARED_DIR points elsewhere (e.g. from a git worktree)

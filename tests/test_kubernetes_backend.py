@@ -631,8 +631,12 @@ def test_cli_dry_run_of_a_lora_job_prints_its_shared_base(tmp_path, monkeypatch,
     assert base["metadata"]["name"] == isvc["metadata"]["name"] and "--enable-lora" not in base_args
     smollm2 = m.new_job_name("smollm2-135m-lora-kubectl")  # packaged base: the copy its trainer wrote
     assert main(["serve", smollm2, "--backend", "kubernetes", "--dry-run"]) == 0
-    uris = [e["uri"] for e in yaml.safe_load(capsys.readouterr().out)["spec"]["predictor"]["storageUris"]]
+    predictor = yaml.safe_load(capsys.readouterr().out)["spec"]["predictor"]
+    uris = [e["uri"] for e in predictor["storageUris"]]
     assert uris == [f"pvc://workspace-{smollm2}/output/base-model", f"pvc://workspace-{smollm2}/output/model"]
+    # CPU (no GPU asked: KServe's -cpu image): one adapter, two slots, the last left empty for base-model tokens
+    assert "nvidia.com/gpu" not in predictor["model"]["resources"]["requests"]
+    assert "--max-loras=2" in predictor["model"]["args"]
 
 
 # -- nothing outlives an interrupted run ---------------------------------------------------------

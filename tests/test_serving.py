@@ -1,12 +1,13 @@
 """Serving on vLLM, over HTTP: LoRA adapters loaded onto the one SmolLM2 base server, a full fine-tune on a server
 of its own, bad input, a crashed server, and the CLI.
 
-Two vLLM processes serve the whole run (60-140 s each to start on 2 busy cores): the SmolLM2 base server
-(conftest's ``smollm2_base``, shared with tests/test_booth_servers.py across the xdist lanes), onto which the default
-blueprint's trained adapter and random PEFT adapters load in well under a second, and the session's trained tiny
-full fine-tune (``playground serve JOB --port N``). The crash test starts the tiny one a second time. Tests whose
-subject is not the engine (a bad model directory, a running job's base model, the start timeout) use the suite's
-default engine, transformers' ``transformers serve``.
+One vLLM process serves the whole run (25 s to start on idle cores, 60-140 s on busy ones): the SmolLM2 base server
+(conftest's ``smollm2_base``, shared with tests/test_smollm2_blueprint.py and tests/test_booth_servers.py across the
+xdist lanes), onto which the default blueprint's trained adapter and random PEFT adapters load in well under a
+second; its tests check vLLM's own answers and errors. The tests of a full fine-tune's server of its own (the
+session's trained tiny job, ``playground serve JOB --port N``), of a crashed server and of the CLI are about the
+playground's server lifecycle, the same for either engine: they use the suite's default engine, transformers'
+``transformers serve`` (~10 s a start), and a second vLLM start would cost the run a minute or two of its 2 cores.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from _waiting import wait_for
 
 from playground.errors import UserError
 from playground.facade import Playground
-from playground.serving.client import base_url, chat, list_models
+from playground.serving.client import base_url, chat
 from playground.serving.local import LocalServers, free_port, pid_alive, port_in_use
 from playground.serving.validate import check_model_dir
 from playground.types import Endpoint
@@ -78,15 +79,11 @@ def backend(session_home: Path) -> Playground:
 
 
 @pytest.fixture(scope="module")
-def tiny_served(trained_tiny_job, session_home: Path, vllm_python: Path) -> Endpoint:
-    """The session's trained tiny full fine-tune on a vLLM server of its own, started by
+def tiny_served(trained_tiny_job, session_home: Path) -> Endpoint:
+    """The session's trained tiny full fine-tune on a server of its own (the suite's default engine), started by
     ``playground serve JOB --port N --json`` on the port chosen here (stopped at the end of the run)."""
     port = free_port()
-    env_engine = {"PLAYGROUND_SERVING_ENGINE": "vllm"}
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in env_engine.items():
-            patch.setenv(name, value)
-        result = _cli("serve", trained_tiny_job.id, "--port", str(port), "--json", home=session_home, timeout=900)
+    result = _cli("serve", trained_tiny_job.id, "--port", str(port), "--json", home=session_home, timeout=900)
     assert result.returncode == 0, result.stderr
     endpoint = Endpoint(**json.loads(result.stdout))
     assert endpoint.url == f"http://127.0.0.1:{port}/v1" and port_in_use(port)
@@ -202,6 +199,12 @@ def test_the_adapter_on_vllm_answers_as_the_trainers_evaluation(shared_base, smo
     assert same_text >= len(records) - 1, list(zip(served, records, strict=True))
 
 
+def test_the_cli_says_vllms_unknown_model_in_one_line(shared_base, session_home):
+    result = _cli("chat", shared_base.url, "list the pods", "--model", "other", home=session_home)
+    assert result.returncode == 2 and "The model `other` does not exist" in result.stderr
+    assert result.stderr.count("\n") == 1  # one line
+
+
 # -- 3. bad input, with the official openai client ------------------------------------------------
 def test_bad_requests_get_their_status_and_the_server_keeps_serving(shared_base, smollm2_job, session_home):
     import openai
@@ -240,14 +243,15 @@ def shared_base_dir(session_home: Path, endpoint: Endpoint) -> str:
     return next(r["model_dir"] for r in LocalServers(session_home).records() if r["url"] == endpoint.url)
 
 
-# -- 5. a full fine-tune on a vLLM server of its own ----------------------------------------------
+# -- 5. a full fine-tune on a server of its own --------------------------------------------------
 def test_full_fine_tune_answers_the_held_out_prompts(
     tiny_served, trained_tiny_job, held_out, tiny_answers, session_home
 ):
     assert tiny_served.kind == "fine-tuned" and tiny_served.job_id == trained_tiny_job.id
-    assert tiny_served.model == trained_tiny_job.id and list_models(tiny_served.url) == [trained_tiny_job.id]
     record = next(r for r in LocalServers(session_home).records() if r["url"] == tiny_served.url)
-    assert record["engine"] == "vllm" and record["model_dir"] == str(Path(trained_tiny_job.model_dir).resolve())
+    model_dir = str(Path(trained_tiny_job.model_dir).resolve())
+    assert record["engine"] == "transformers" and record["model_dir"] == model_dir  # the suite's default engine
+    assert tiny_served.model == model_dir  # `transformers serve` loads by path (vLLM: the job id, as the adapters)
     assert _score(tiny_answers, held_out) >= 0.9, list(zip(held_out, tiny_answers, strict=True))
 
 
@@ -275,7 +279,7 @@ def test_eight_concurrent_clients_all_get_correct_answers(tiny_served, held_out,
 
 # -- the CLI --------------------------------------------------------------------------------------
 def test_a_new_process_lists_the_servers_and_serving_again_reuses_them(
-    tiny_served, backend, trained_tiny_job, session_home, vllm_engine
+    tiny_served, backend, trained_tiny_job, session_home
 ):
     result = _cli("servers", "--json", home=session_home)
     assert result.returncode == 0, result.stderr
@@ -293,7 +297,7 @@ def test_a_new_process_lists_the_servers_and_serving_again_reuses_them(
 
 
 def test_serve_port_that_is_bad_or_taken_is_one_line_exit_2_and_starts_nothing(
-    tiny_served, trained_tiny_job, session_home, vllm_engine
+    tiny_served, trained_tiny_job, session_home
 ):
     """``playground serve JOB --port N`` (and ``playground.api.serve``): an invalid port, a port another process
     listens on, or a port other than the one the job's running server has, each in one line naming --port."""
@@ -333,7 +337,7 @@ def test_serve_port_that_is_bad_or_taken_is_one_line_exit_2_and_starts_nothing(
     assert not port_in_use(other)
 
 
-def test_cli_chat(tiny_served, trained_tiny_job, session_home, vllm_engine):
+def test_cli_chat(tiny_served, trained_tiny_job, session_home):
     result = _cli("chat", tiny_served.url, "reverse: flow", "--max-tokens", "12", home=session_home)
     assert (result.returncode, result.stdout.strip()) == (0, "wolf"), result.stderr
     streamed = ("chat", tiny_served.url, "reverse: serve", "--stream", "--model", tiny_served.model)
@@ -341,9 +345,6 @@ def test_cli_chat(tiny_served, trained_tiny_job, session_home, vllm_engine):
     assert (result.returncode, result.stdout.strip()) == (0, "evres"), result.stderr
     result = _cli("chat", trained_tiny_job.id, "reverse: kube", home=session_home)  # a job id finds its server
     assert (result.returncode, result.stdout.strip()) == (0, "ebuk"), result.stderr
-    result = _cli("chat", tiny_served.url, "reverse: kube", "--model", "other", home=session_home)
-    assert result.returncode == 2 and "The model `other` does not exist" in result.stderr
-    assert result.stderr.count("\n") == 1  # one line
     result = _cli("unserve", "http://127.0.0.1:1/v1", home=session_home)
     assert result.returncode == 2 and "no local model server matches" in result.stderr
     with pytest.raises(UserError, match="cannot reach"):
@@ -355,7 +356,7 @@ def test_cli_chat(tiny_served, trained_tiny_job, session_home, vllm_engine):
 
 # -- 4. a crashed server; unserve ------------------------------------------------------------------
 def test_a_crashed_server_is_dropped_and_serving_again_starts_a_new_one(
-    tiny_served, trained_tiny_job, backend, session_home, vllm_engine, held_out, tiny_answers
+    tiny_served, trained_tiny_job, backend, session_home, held_out, tiny_answers
 ):
     """kill -9 of a server: listing drops it, a chat gets a one-line error, the job is untouched, and serving it
     again starts a new server that answers as before."""
@@ -394,7 +395,7 @@ def test_a_crashed_base_server_drops_its_adapters(shared_base, smollm2_job, sess
     assert not (session_home / "servers" / "ghost-base.json").exists()
 
 
-def test_unserve_by_job_id_stops_its_server(trained_tiny_job, backend, session_home, vllm_engine):
+def test_unserve_by_job_id_stops_its_server(trained_tiny_job, backend, session_home):
     served = backend.serve(trained_tiny_job.id)  # the running one (started again by the crash test)
     job = trained_tiny_job.id
     result = _cli("unserve", job, home=session_home)

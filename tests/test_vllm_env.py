@@ -3,6 +3,7 @@ a bad engine setting, one line naming the allowed values; `playground setup` wit
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,32 @@ def test_the_engine_setting_is_checked(monkeypatch) -> None:
     assert vllm_env.engine() == "vllm"
     monkeypatch.delenv(vllm_env.ENGINE_VARIABLE)
     assert vllm_env.engine() == "vllm"  # the default
+
+
+def test_the_weights_type_is_vllms_own_unless_set_and_a_bad_one_starts_nothing(tmp_path: Path, monkeypatch) -> None:
+    """No ``--dtype`` by default (vLLM's ``auto``, as KServe's runtime runs it); ``PLAYGROUND_VLLM_DTYPE`` passes one
+    on; a bad value is one line naming the variable and the allowed values, before any server or record exists."""
+    from playground.serving import vllm_server
+    from playground.serving.local import LocalServers
+    from playground.train.standins import build_standin
+
+    def argv() -> list[str]:
+        return vllm_server.command(Path("python"), "m", 1, "127.0.0.1", served_name="m", lora=False, max_adapters=1)
+
+    monkeypatch.delenv(vllm_server.DTYPE_VARIABLE, raising=False)
+    assert "--dtype" not in argv()
+    monkeypatch.setenv(vllm_server.DTYPE_VARIABLE, " Float32 ")
+    assert argv()[argv().index("--dtype") + 1] == "float32"
+    monkeypatch.setenv(vllm_server.DTYPE_VARIABLE, "fp8")
+    message = "PLAYGROUND_VLLM_DTYPE='fp8' is not valid (allowed: auto, bfloat16, float16, float32)"
+    with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+        argv()
+    monkeypatch.setenv(vllm_env.ENGINE_VARIABLE, "vllm")
+    model = build_standin("llama", tmp_path / "model")  # a complete model directory (tiny, random)
+    servers = LocalServers(tmp_path / "home")
+    with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+        servers.start(str(model))
+    assert servers.records() == [] and not list((tmp_path / "home" / "servers").glob("*.log"))
 
 
 def test_setup_with_the_fallback_builds_nothing_and_says_so(tmp_path: Path, monkeypatch, capsys) -> None:

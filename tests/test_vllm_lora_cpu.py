@@ -75,9 +75,7 @@ def test_vllm_finds_the_plugin_beside_the_guard(tmp_path: Path) -> None:
 
 
 def test_base_server_puts_lora_on_linear_layers_only(tmp_path: Path) -> None:
-    argv = vllm_server.command(
-        Path("python"), "m", 1, "127.0.0.1", served_name="m", lora=True, max_adapters=2, gpu=False
-    )
+    argv = vllm_server.command(Path("python"), "m", 1, "127.0.0.1", served_name="m", lora=True, max_adapters=2)
     targets = argv[argv.index("--lora-target-modules") + 1 :]
     targets = targets[: next((i for i, a in enumerate(targets) if a.startswith("--")), len(targets))]
     assert {"q_proj", "v_proj", "down_proj", "qkv_proj", "c_attn"} <= set(targets) and "lm_head" not in targets

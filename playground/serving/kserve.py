@@ -180,14 +180,25 @@ def adapter_path(job_id: str, uri: str) -> str:
     return f"{ADAPTER_MOUNT}/{job_id}/{match.group(1)}".rstrip("/")
 
 
-def lora_args(adapters: dict[str, dict[str, Any]]) -> list[str]:
-    """vLLM's LoRA flags for ``adapters`` (job id -> {"uri", "rank"}): each served under its job id."""
+def lora_args(adapters: dict[str, dict[str, Any]], *, gpu: bool) -> list[str]:
+    """vLLM's LoRA flags for ``adapters`` (job id -> {"uri", "rank"}): each served under its job id.
+
+    On CPU (the runtime's ``-cpu`` image) one adapter slot more than adapters, left empty: vLLM's CPU LoRA arithmetic
+    reads a base-model token's slot ``-1`` as the *last* slot, so with every slot taken a base chat batched with an
+    adapter's is answered with that adapter added (docs/guide/serving.md; the local servers mend it with a plugin
+    the runtime's image does not have). An empty last slot adds nothing."""
     if not adapters:
         return []
     rank = max(int(a.get("rank") or 1) for a in adapters.values())
     max_rank = next((r for r in VLLM_LORA_RANKS if r >= rank), rank)
     modules = [f"{job}={adapter_path(job, a['uri'])}" for job, a in sorted(adapters.items())]
-    return ["--enable-lora", f"--max-lora-rank={max_rank}", f"--max-loras={len(adapters)}", "--lora-modules", *modules]
+    slots = len(adapters) if gpu else len(adapters) + 1
+    return ["--enable-lora", f"--max-lora-rank={max_rank}", f"--max-loras={slots}", "--lora-modules", *modules]
+
+
+def _on_gpu(model: dict[str, Any]) -> bool:
+    """Whether ``spec.predictor.model`` asks for a GPU (else KServe runs the runtime's CPU image)."""
+    return "nvidia.com/gpu" in ((model.get("resources") or {}).get("requests") or {})
 
 
 def _storage_uris(base_uri: str, adapters: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
@@ -212,7 +223,7 @@ def build_shared_base(
     """The InferenceService of ``base_uri`` with ``adapters`` (job id -> {"uri", "rank", "owner"}) as LoRA
     modules and ``base_users`` (job id -> owner) chatting with the base itself."""
     model = _vllm_model(blueprint, opts, base_uri)
-    args = [*model.pop("args", []), *lora_args(adapters)]
+    args = [*model.pop("args", []), *lora_args(adapters, gpu=_on_gpu(model))]
     if args:
         model["args"] = args
     labels = {m.LABEL_KIND: KIND_SHARED}  # no job, blueprint or owner of its own: it serves many
@@ -493,7 +504,8 @@ class KServeServers(ModelServers):
             self._delete(meta["name"])
             return True
         base_uri = (meta.get("annotations") or {})[m.ANN_BASE]
-        args = [*_engine_args(_at(isvc, "spec", "predictor", "model", "args") or []), *lora_args(adapters)]
+        model = _at(isvc, "spec", "predictor", "model") or {}
+        args = [*_engine_args(model.get("args") or []), *lora_args(adapters, gpu=_on_gpu(model))]
         patch = {
             "metadata": {
                 "resourceVersion": meta.get("resourceVersion"),

@@ -817,7 +817,7 @@ class _Launcher:
             )
             argv = vllm_server.command(
                 python, model, port, HOST, served_name=served_name, lora=self.lora,
-                max_adapters=self.max_adapters, gpu=gpu,
+                max_adapters=self.max_adapters,
             )  # fmt: skip
         else:  # transformers' public CLI (an adapter directory loads onto its base through PEFT)
             env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -857,9 +857,14 @@ def _merged_for_fallback(job: Job, adapter_dir: str) -> str:
 
 
 def _launcher(state_dir: Path, *, lora: bool, max_adapters: int) -> _Launcher:
+    """The engine's launcher, its settings checked (a bad one is a one-line error before anything starts)."""
+    from playground.serving import vllm_server
     from playground.serving.vllm_env import engine
 
-    return _Launcher(engine(), state_dir, lora=lora, max_adapters=max_adapters)
+    chosen = engine()
+    if chosen == "vllm":
+        vllm_server.serving_dtype()
+    return _Launcher(chosen, state_dir, lora=lora, max_adapters=max_adapters)
 
 
 def _templates_dir(usage_dir: Path) -> Path:

@@ -36,30 +36,53 @@ def outcome_of(exc: BaseException | None) -> PapermillOutcome:
     )
 
 
+KERNEL_STARTS = 3  # a kernel that dies before it answers is started again, at most this many times in all
+_DIED_STARTING = "Kernel died before replying to kernel_info"  # nbclient's words: no cell had run
+
+
+def _died_starting(exc: BaseException) -> bool:
+    """Whether the kernel died before it answered at all, so nothing of the notebook ran: jupyter_client picks
+    its ports free, then the kernel binds them, and a process started meanwhile may take one first ("Address
+    already in use"), most often when several kernels and servers start at once on a busy machine."""
+    return _DIED_STARTING in str(exc)
+
+
 def execute(request: dict[str, Any]) -> PapermillOutcome:
     import papermill
 
-    try:
-        papermill.execute_notebook(
-            request["input"],
-            request["output"],
-            parameters=request["parameters"],
-            kernel_name=request["kernel"],
-            cwd=request["cwd"],
-            execution_timeout=request["cell_timeout"],
-            log_output=True,
-            progress_bar=False,
-            request_save_on_cell_execute=True,
-        )
-    except Exception as exc:  # the notebook failed, a cell timed out, the kernel died...
-        outcome = outcome_of(exc)
-        traceback = getattr(exc, "traceback", None)  # the notebook's own traceback, for the log
-        for line in traceback or []:
-            print(_ANSI.sub("", str(line)), file=sys.stderr)
-        said = f"{outcome.ename}: {outcome.evalue}" if outcome.ename else outcome.message
-        print(f"papermill: {outcome.exception}: {said}", file=sys.stderr, flush=True)
-        return outcome
-    return PapermillOutcome()
+    start = 1
+    while True:
+        try:
+            papermill.execute_notebook(
+                request["input"],
+                request["output"],
+                parameters=request["parameters"],
+                kernel_name=request["kernel"],
+                cwd=request["cwd"],
+                execution_timeout=request["cell_timeout"],
+                log_output=True,
+                progress_bar=False,
+                request_save_on_cell_execute=True,
+            )
+        except Exception as exc:  # the notebook failed, a cell timed out, the kernel died...
+            if not _died_starting(exc) or start == KERNEL_STARTS:
+                return _failed(exc)
+            print(f"papermill: the kernel died before it answered (start {start} of {KERNEL_STARTS}); "
+                  "no cell ran: starting it again", file=sys.stderr, flush=True)  # fmt: skip
+            start += 1
+            continue
+        return PapermillOutcome()
+
+
+def _failed(exc: BaseException) -> PapermillOutcome:
+    """The outcome of a failed run, its notebook's traceback and one summary line printed to the log."""
+    outcome = outcome_of(exc)
+    traceback = getattr(exc, "traceback", None)  # the notebook's own traceback, for the log
+    for line in traceback or []:
+        print(_ANSI.sub("", str(line)), file=sys.stderr)
+    said = f"{outcome.ename}: {outcome.evalue}" if outcome.ename else outcome.message
+    print(f"papermill: {outcome.exception}: {said}", file=sys.stderr, flush=True)
+    return outcome
 
 
 def main(argv: list[str]) -> int:

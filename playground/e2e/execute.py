@@ -64,14 +64,13 @@ def execute(request: dict[str, Any]) -> PapermillOutcome:
                 progress_bar=False,
                 request_save_on_cell_execute=True,
             )
+            return PapermillOutcome()
         except Exception as exc:  # the notebook failed, a cell timed out, the kernel died...
             if not _died_starting(exc) or start == KERNEL_STARTS:
                 return _failed(exc)
             print(f"papermill: the kernel died before it answered (start {start} of {KERNEL_STARTS}); "
                   "no cell ran: starting it again", file=sys.stderr, flush=True)  # fmt: skip
             start += 1
-            continue
-        return PapermillOutcome()
 
 
 def _failed(exc: BaseException) -> PapermillOutcome:

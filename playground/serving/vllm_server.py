@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from playground.errors import UserError
+from playground.errors import UserError, shown
 
 GUARD_MODULE = "playground_vllm_guard"
 LORA_CPU_MODULE = "playground_vllm_lora_cpu"  # vLLM general plugin: the CPU LoRA operations mended (vllm_lora_cpu.py)
@@ -75,12 +75,13 @@ def command(
 def serving_dtype() -> str:
     """The weights' type on the server: ``PLAYGROUND_VLLM_DTYPE``, else ``auto``, vLLM's own choice (and KServe's
     runtime's): bfloat16 on a CPU with bfloat16 arithmetic, even for a float32 checkpoint. The trainer evaluates in
-    float32; the default blueprint's 300 held-out answers came out token for token the same on bfloat16, 1.4× faster
-    (benchmarks/README.md). ``float32`` serves exactly as the trainer evaluates, where a model needs it."""
+    float32; on the default blueprint's 300 held-out requests bfloat16 gave 293 answers token for token the same and
+    the same verdict on 298 (99.3 %), 20 chats ~1.3× faster (benchmarks/README.md). ``float32`` serves exactly as the
+    trainer evaluates (300 of 300), where a model needs it."""
     value = os.environ.get(DTYPE_VARIABLE, "").strip().lower() or "auto"
     if value not in DTYPES:
         raise UserError(
-            f"{DTYPE_VARIABLE}={os.environ[DTYPE_VARIABLE].strip()!r} is not valid (allowed: {', '.join(DTYPES)})",
+            f"{DTYPE_VARIABLE}={shown(os.environ[DTYPE_VARIABLE].strip())} is not valid (allowed: {', '.join(DTYPES)})",
             field=DTYPE_VARIABLE,
         )
     return value

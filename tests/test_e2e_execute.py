@@ -16,8 +16,9 @@ from playground.e2e import execute
 LAUNCHER = """
 import os, pathlib, sys
 starts = pathlib.Path(sys.argv[1])
-starts.write_text(str(int(starts.read_text() or 0) + 1) if starts.exists() else "1")
-if int(starts.read_text()) <= int(sys.argv[2]):
+count = int(starts.read_text()) + 1 if starts.exists() else 1
+starts.write_text(str(count))
+if count <= int(sys.argv[2]):
     sys.exit("Address already in use (as a kernel whose port was taken)")
 os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", sys.argv[3]])
 """

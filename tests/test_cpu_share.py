@@ -101,20 +101,37 @@ def test_a_busy_machine_is_not_idle() -> None:
             assert cpu_share.machine_idle() is False
 
 
-def test_no_guard_for_a_sleeping_process_or_a_single_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sleeping_trainer_starts_on_the_free_cores_and_its_guard_takes_the_rest_when_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert cpu_share.free_cores(busy=1.0, cores=2) == 1  # one busy process on this machine's size
+    assert cpu_share.free_cores(busy=1.9, cores=2) == 1  # never fewer than one
+    assert cpu_share.free_cores(busy=0.3, cores=2) == 2  # busy by pressure only: the cores are free
+    assert cpu_share.free_cores(busy=5.1, cores=16) == 11
+    monkeypatch.setattr(cpu_share, "_free_at_start", 1)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    assert cpu_share.ThreadGuard.for_this_process(2) is None
+    assert cpu_share.start_threads(2) == 1 and cpu_share.start_threads(16) == 1
     monkeypatch.delenv("OMP_WAIT_POLICY")
-    assert cpu_share.ThreadGuard.for_this_process(1) is None
+    assert cpu_share.start_threads(2) == 2  # spinning: it was alone at its start
+    monkeypatch.setattr(cpu_share, "_free_at_start", None)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert cpu_share.start_threads(2) == 2  # nothing measured (not the entrypoint, no PSI): all of them
+    if cpu_share.pressure_avg10() is not None:
+        guard = cpu_share.ThreadGuard.for_this_process(2, start=1)
+        assert guard is not None and (guard.threads, guard.full) == (1, 2)
+        assert next_threads(guard.threads, guard.full, pressure=0.0, idle_cores=0.9) == 2  # the core it never took
+        assert cpu_share.ThreadGuard.for_this_process(1) is None  # one thread: nothing to give or take
 
 
 @pytest.mark.skipif(cpu_share.pressure_avg10() is None, reason="no Linux PSI (/proc/pressure/cpu): the guard is off")
 def test_the_entrypoint_spins_with_a_guard_only_where_it_may(tmp_path) -> None:
     """The real entrypoint, from this (sleeping) test process: told to spin, its model line says so and it trains;
-    told to sleep, it does not."""
-    from _train_helpers import describe, run_trainer
+    told to sleep, it does not, on every core; left to choose beside a process that keeps a core busy, it sleeps on
+    the cores left free."""
+    from _train_helpers import busy_processes, describe, run_trainer
 
-    if cpu_share.available_cores() < 2:
+    cores = cpu_share.available_cores()
+    if cores < 2:
         pytest.skip("one core: a single thread has nothing to spin for")
     few = ("--blueprint", "tiny-llama-cpu", "--set", "max_steps=3", "--set", "num_eval_examples=10")
     spin = run_trainer(*few, "--output", str(tmp_path / "spin"), env={SETTING: "spin"})
@@ -122,7 +139,13 @@ def test_the_entrypoint_spins_with_a_guard_only_where_it_may(tmp_path) -> None:
     assert spin.returncode == 0 and sleep.returncode == 0, describe(spin) + describe(sleep)
     model_line = next(line for line in spin.stdout.splitlines() if line.startswith("model: "))
     assert model_line.endswith("threads (spinning: alone on an idle CPU)"), model_line
-    assert "spinning" not in sleep.stdout
+    sleep_line = next(line for line in sleep.stdout.splitlines() if line.startswith("model: "))
+    assert sleep_line.endswith(f"× {cores} threads"), sleep_line  # forced: nothing measured, every core
+    with busy_processes(cores - 1):  # all cores but one busy (whatever else this machine runs now)
+        shared = run_trainer(*few, "--output", str(tmp_path / "shared"))
+    assert shared.returncode == 0, describe(shared)
+    shared_line = next(line for line in shared.stdout.splitlines() if line.startswith("model: "))
+    assert f"× 1 threads of {cores} (the others were busy at the start" in shared_line, shared_line
 
 
 def test_pressure_is_read_from_the_process_cgroup_where_it_has_one(tmp_path) -> None:

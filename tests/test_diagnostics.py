@@ -247,6 +247,28 @@ def test_doctor_exit_codes_and_the_apps_background_check(broken_torchvision: Pat
     assert said_line.startswith("doctor: problem: torchvision 0.28.0 does not match torch")
 
 
+def test_the_start_check_remembers_a_healthy_environment_and_never_a_broken_one(
+    broken_torchvision: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `playground app` and `playground e2e` run at start: the imports once per healthy environment (then
+    remembered, no child started), again where PYTHONPATH changes it, and every time where they fail."""
+    from playground.commands import doctor
+
+    monkeypatch.setenv("PLAYGROUND_VLLM_CACHE", str(tmp_path / "cache"))  # the store lives beside vLLM's env
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    first = doctor.fast_problems(full=True, remember=True)
+    assert first.ok and not first.remembered and first.import_seconds > 0, first.problems
+    again = doctor.fast_problems(full=True, remember=True)
+    assert again.ok and again.remembered and again.import_seconds == 0 and again.imported == first.imported
+    assert doctor.fast_problems(full=True).import_seconds > 0  # `playground doctor` always imports
+    monkeypatch.setenv("PYTHONPATH", str(broken_torchvision))  # another environment: checked, failing
+    broken = doctor.fast_problems(full=True, remember=True)
+    assert not broken.remembered and any("torchvision 0.28.0" in line for line in broken.problems), broken.problems
+    key = doctor.healthy_key(doctor.fast_modules(full=True))
+    assert key is not None and key not in doctor.healthy_store().read_text().split()  # so checked again next time
+    assert len(doctor.healthy_store().read_text().split()) == 1
+
+
 def test_doctor_reports_requirements_that_do_not_hold(tmp_path: Path) -> None:
     """A peft whose metadata (first on the path, as an upstream notebook's `pip install --target` leaves it)
     requires a transformers that is not installed: one line naming both and the fix; nothing imported."""

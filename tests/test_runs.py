@@ -48,9 +48,15 @@ def _train(backend: LocalBackend, params: dict):
     return backend.get(job.id)
 
 
-def _run_of(client: MlflowClient, job_id: str):
+def _runs_of(client: MlflowClient, job_id: str) -> list:
     experiment = client.get_experiment_by_name("tiny-llama-cpu")
-    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TAG_JOB}` = '{job_id}'")
+    if experiment is None:
+        return []
+    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TAG_JOB}` = '{job_id}'")
+
+
+def _run_of(client: MlflowClient, job_id: str):
+    runs = _runs_of(client, job_id)
     assert len(runs) == 1, f"one run for {job_id}, found {len(runs)}"
     return runs[0]
 
@@ -279,6 +285,9 @@ def test_cancelled_job_ends_its_run_killed(home: Path, client: MlflowClient) -> 
     for event in backend.events(job.id, follow=True):
         if isinstance(event, Progress):
             break
+    # the run opens at the first progress point (its worker imports mlflow then): cancelled once it is open, as a
+    # run a user sees and stops (a fresh-clone run beside 2 other busy lanes cancelled mid-import and found none)
+    wait_for(lambda: _runs_of(client, job.id), 120, "the run to open")
     assert backend.cancel(job.id).phase == JobPhase.CANCELLED
     run = wait_for(lambda: (r := _run_of(client, job.id)).info.status != "RUNNING" and r, 30, "the run's end")
     assert run.info.status == "KILLED"

@@ -12,7 +12,9 @@ One line per problem, exit 1 on any; exit 0 with a short OK summary. Checks:
 - Chromium for the browser tests (a warning, not a problem).
 
 The fast part (:func:`fast_problems`: metadata, plus importing torch, its installed companions and
-transformers' ``LlamaConfig`` in a child; ~6 s) is what ``playground app`` and ``playground e2e`` run at start.
+transformers' ``LlamaConfig`` in a child; ~6 s) is what ``playground app`` and ``playground e2e`` run at start; they
+remember an environment whose imports passed (same interpreter, ``PYTHONPATH`` and packages, installed at the same
+time) and skip the imports there next time. ``playground doctor`` always imports.
 Neither refuses to start on it: the app's page still lets a visitor pick, queue and read why a launch failed, and a
 foreign notebook may not need the project's stack at all. They print the problems (the e2e summary keeps them).
 """
@@ -84,6 +86,7 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     imported: list[str] = field(default_factory=list)
     import_seconds: float = 0.0
+    remembered: bool = False  # the imports passed before in this very environment (fast_problems' remember)
 
     @property
     def ok(self) -> bool:
@@ -269,12 +272,72 @@ def fast_modules(*, full: bool) -> list[str]:
     return modules
 
 
-def fast_problems(*, full: bool = False, timeout: float = FAST_TIMEOUT) -> Report:
-    """The fast part: metadata checks plus the fast imports in a child (nothing heavy imported here)."""
+def fast_problems(*, full: bool = False, timeout: float = FAST_TIMEOUT, remember: bool = False) -> Report:
+    """The fast part: metadata checks plus the fast imports in a child (nothing heavy imported here). ``remember``
+    (the app's and the e2e runner's start): an environment whose imports passed before, with the same interpreter,
+    ``PYTHONPATH`` and installed packages (:func:`healthy_key`), is not imported again."""
     report = Report(problems=missing_problems(full=full) + version_problems())
-    found, report.imported, report.import_seconds = import_problems(fast_modules(full=full), timeout)
+    modules = fast_modules(full=full)
+    key = healthy_key(modules) if remember and not report.problems else None
+    if key is not None and key in _remembered():
+        report.imported, report.remembered = modules, True
+        return report
+    found, report.imported, report.import_seconds = import_problems(modules, timeout)
     report.add_import_problems(found)
+    if key is not None and report.ok:
+        _remember(key)
     return report
+
+
+def healthy_store() -> Path:
+    """Where the keys of environments whose fast imports passed are kept (one per line): the user cache dir of the
+    project, as vLLM's environment (``$PLAYGROUND_VLLM_CACHE`` moves both)."""
+    from playground.serving.vllm_env import cache_root
+
+    return cache_root() / "doctor-healthy.txt"
+
+
+def healthy_key(modules: list[str]) -> str | None:
+    """What the fast imports' outcome depends on: the interpreter, ``PYTHONPATH`` (what the child puts first), the
+    modules, and each checked distribution's version, where it is installed and when (a reinstall of the same
+    version is a new key); None where a distribution's files cannot be read (then nothing is remembered)."""
+    import hashlib
+
+    parts: list[object] = [sys.executable, sys.version, os.environ.get("PYTHONPATH", ""), modules]
+    for name in ("torch", *TORCH_COMPANIONS, "transformers"):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            parts.append([name, None])
+            continue
+        info = getattr(dist, "_path", None)  # its .dist-info directory (a PathDistribution's)
+        if info is None:
+            return None
+        try:
+            parts.append([name, dist.version, str(info), Path(info).stat().st_mtime_ns])
+        except OSError:
+            return None
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def _remembered() -> set[str]:
+    try:
+        return set(healthy_store().read_text().split())
+    except OSError:
+        return set()
+
+
+def _remember(key: str) -> None:
+    """Add ``key`` to the store (its newest 50); a store that cannot be written only means checking again."""
+    store = healthy_store()
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        keys = [k for k in (store.read_text().split() if store.is_file() else []) if k != key][-49:]
+        tmp = store.with_name(f"{store.name}.{os.getpid()}.tmp")
+        tmp.write_text("\n".join([*keys, key]) + "\n")
+        os.replace(tmp, store)
+    except OSError:
+        pass
 
 
 def diagnose(*, fast: bool = False, timeout: float | None = None) -> Report:
@@ -313,7 +376,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def print_fast_check(say, *, full: bool = True) -> Report:
     """Run the fast part and ``say`` each problem as ``doctor: …`` (what ``playground app``/``e2e`` print at start)."""
-    report = fast_problems(full=full)
+    report = fast_problems(full=full, remember=True)
     for line in report.lines():
         say(f"doctor: {line} (see `playground doctor`)")
     return report

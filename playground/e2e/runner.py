@@ -285,7 +285,7 @@ class _StackCheck:
         try:
             from playground.commands.doctor import fast_problems
 
-            report = fast_problems(full=False)  # the slim e2e install: only what is installed is checked
+            report = fast_problems(full=False, remember=True)  # the slim e2e install: only what is installed
         except Exception as exc:  # the check must never break the run
             self._found = [f"the stack check itself failed ({type(exc).__name__}: {exc})"]
         else:

@@ -345,9 +345,10 @@ def setup_distributed(recipe: Recipe) -> Runtime:
     cuda = torch.cuda.is_available()
     guard = None
     if not cuda:
-        torch.set_num_threads(cpu_threads())
+        full = cpu_threads()
+        torch.set_num_threads(full if os.environ.get("PLAYGROUND_TRAIN_THREADS") else cpu_share.start_threads(full))
         if dist.world_size == 1:
-            guard = cpu_share.ThreadGuard.for_this_process(torch.get_num_threads())
+            guard = cpu_share.ThreadGuard.for_this_process(full, start=torch.get_num_threads())
     # bf16 on GPU (autocast over fp32 masters for scratch models, bf16 weights for hub models); float32 on CPU,
     # unless the blueprint asks for cpu_bf16 and the CPU has bf16 instructions (emulated bf16 is slower).
     bf16 = cuda and torch.cuda.is_bf16_supported()
@@ -358,6 +359,18 @@ def setup_distributed(recipe: Recipe) -> Runtime:
     torch.manual_seed(recipe.settings.seed)
     device = torch.device(f"cuda:{dist.local_rank}" if cuda else "cpu")
     return Runtime(dist, device, cuda, bf16, cpu_bf16, thread_guard=guard)
+
+
+def _threads_note(runtime: Runtime, full: int) -> str:
+    """Why the model line's thread count is what it is: spinning alone, or fewer than the cores because others kept
+    them busy at the start (the guard takes them back when they sit idle)."""
+    import torch
+
+    if runtime.thread_guard is not None and cpu_share.spinning():
+        return " (spinning: alone on an idle CPU)"
+    if torch.get_num_threads() < full:
+        return f" of {full} (the others were busy at the start; taken back when idle)"
+    return ""
 
 
 def setup_data(recipe: Recipe) -> DataState:
@@ -445,7 +458,7 @@ def setup_model(recipe: Recipe) -> ModelState:
         f"{dist.world_size} GPUs"
         if runtime.cuda
         else f"{dist.world_size} process(es) × {torch.get_num_threads()} threads"
-        + (" (spinning: alone on an idle CPU)" if runtime.thread_guard is not None else "")
+        + _threads_note(runtime, cpu_threads())
     )
     recipe.reporter.log(
         f"model: {spec.model_source} ({n_params / 1e6:.2f}M parameters, {n_trainable / 1e6:.2f}M trainable, "

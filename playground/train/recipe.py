@@ -361,15 +361,19 @@ def setup_distributed(recipe: Recipe) -> Runtime:
     return Runtime(dist, device, cuda, bf16, cpu_bf16, thread_guard=guard)
 
 
-def _threads_note(runtime: Runtime, full: int) -> str:
+def _threads_note(runtime: Runtime) -> str:
     """Why the model line's thread count is what it is: spinning alone, or fewer than the cores because others kept
-    them busy at the start (the guard takes them back when they sit idle)."""
+    them busy at the start (the guard takes them back when they sit idle). Only a run with a thread guard starts on
+    fewer than its cores or spins with a guard."""
     import torch
 
-    if runtime.thread_guard is not None and cpu_share.spinning():
+    guard = runtime.thread_guard
+    if guard is None:
+        return ""
+    if cpu_share.spinning():
         return " (spinning: alone on an idle CPU)"
-    if torch.get_num_threads() < full:
-        return f" of {full} (the others were busy at the start; taken back when idle)"
+    if torch.get_num_threads() < guard.full:
+        return f" of {guard.full} (the others were busy at the start; taken back when idle)"
     return ""
 
 
@@ -457,8 +461,7 @@ def setup_model(recipe: Recipe) -> ModelState:
     workers = (
         f"{dist.world_size} GPUs"
         if runtime.cuda
-        else f"{dist.world_size} process(es) × {torch.get_num_threads()} threads"
-        + _threads_note(runtime, cpu_threads())
+        else f"{dist.world_size} process(es) × {torch.get_num_threads()} threads" + _threads_note(runtime)
     )
     recipe.reporter.log(
         f"model: {spec.model_source} ({n_params / 1e6:.2f}M parameters, {n_trainable / 1e6:.2f}M trainable, "

@@ -27,6 +27,7 @@ from _waiting import wait_for
 
 from playground.api import make_request
 from playground.backends.ray.backend import RayBackend
+from playground.backends.ray.cluster import ephemeral_ports
 from playground.cli import main as cli_main
 from playground.events import Event, JobPhase, Log, Phase, Progress
 from playground.facade import Playground
@@ -390,9 +391,13 @@ def test_the_local_rays_ports_are_its_own(ray_home: Path) -> None:
     started = backend.local_ray.read()
     assert started is not None
     command = " ".join(psutil.Process(started.pid).cmdline())
-    flags = ("dashboard-agent-listen-port", "ray-client-server-port")
-    ports = {flag: int(command.split(f"--{flag}=")[1].split()[0]) for flag in flags}
+    flags = ("port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+             "ray-client-server-port", "runtime-env-agent-port", "metrics-export-port")  # fmt: skip
+    ports = {flag: int(command.split(f" --{flag}=")[1].split()[0]) for flag in flags}
     assert not set(ports.values()) & set(RAYS_DEFAULT_PORTS), ports
+    # none from the ephemeral range, where a connection's local port could take it before Ray binds it
+    ephemeral = ephemeral_ports()
+    assert all(port < ephemeral.start for port in ports.values()) or ephemeral.start < 20700, (ports, ephemeral)
     client = backend.client(start=False)
     job_id = submit_when_agent_ready(client, {"entrypoint": "python -c 'print(6 * 7)'"})
     status = wait_for(

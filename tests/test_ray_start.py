@@ -9,7 +9,9 @@ not why. These tests run real ``ray start`` processes (no Ray test module fixtur
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +22,16 @@ from _train_helpers import processes_mentioning
 from _waiting import wait_for
 
 from playground.backends.ray import cluster
-from playground.backends.ray.cluster import START_TIMEOUT, LocalRayHome, start_env, start_failure
+from playground.backends.ray.cluster import (
+    RAY_WORKER_PORTS,
+    START_TIMEOUT,
+    LocalRayHome,
+    ephemeral_ports,
+    exit_reason,
+    listen_ports,
+    start_env,
+    start_failure,
+)
 from playground.errors import BackendError
 
 pytest.importorskip("ray")
@@ -81,3 +92,45 @@ def test_a_failed_start_is_summed_up_by_rays_first_error() -> None:
     )
     assert start_failure("one\ntwo\nthree\nfour") == "two / three / four"
     assert start_failure("") == "it printed nothing"
+
+
+# What ``ray start --block`` printed when its client server could not bind its port (taken meanwhile by a
+# connection's local port): the end of a real ray-start.log, colour codes and all.
+RAY_STOPPED_BY_ITSELF = """\
+2026-12-07 21:27:20,635\tINFO scripts.py:1160 -- This command will now block forever until terminated by a signal.
+2026-12-07 21:27:21,636\tERR scripts.py:1201 -- \x1b[31mSome Ray subprocesses exited unexpectedly:\x1b[39m
+2026-12-07 21:27:21,637\tERR scripts.py:1206 -- \x1b[31m\x1b[1mray_client_server\x1b[22m\x1b[26m\x1b[39m\x1b[0m\x1b[2m \
+[exit code=1]\x1b[22m\x1b[0m
+2026-12-07 21:27:21,638\tERR scripts.py:1224 -- \x1b[31mRemaining processes will be killed.\x1b[39m
+"""
+
+
+def test_a_local_ray_that_stopped_by_itself_is_summed_up_by_the_processes_that_exited(tmp_path: Path) -> None:
+    """A local Ray dies whole when one of its processes exits: the submission that met it says which, from
+    ``ray start``'s own lines; a Ray that was stopped (no such lines), or none at all, has no reason."""
+    assert exit_reason(RAY_STOPPED_BY_ITSELF) == (
+        "Some Ray subprocesses exited unexpectedly: ray_client_server [exit code=1]"
+    )
+    home = LocalRayHome(tmp_path / "home")
+    assert home.exit_reason() is None  # never started
+    home.dir.mkdir(parents=True)
+    (home.dir / "ray-start.log").write_text("x" * 100_000 + "\n" + RAY_STOPPED_BY_ITSELF)  # the end of a long log
+    assert home.exit_reason() == exit_reason(RAY_STOPPED_BY_ITSELF)
+    stopped = RAY_STOPPED_BY_ITSELF.split("\n")[0] + "\n2026-12-07 21:28:00,000\tINFO scripts.py:1 -- Ray stopped\n"
+    assert exit_reason(stopped) is None
+
+
+def test_the_local_rays_ports_are_none_a_connection_could_take() -> None:
+    """The ports the local Ray is started on lie between Ray's worker ports and the kernel's ephemeral range, where
+    no outgoing connection and no bind to port 0 takes one first (one took the client server's port in CI, and
+    the whole local Ray stopped under its first submission); they are distinct and free."""
+    ephemeral = ephemeral_ports()
+    if ephemeral.start - RAY_WORKER_PORTS.stop < 700:
+        pytest.skip(f"this kernel's ephemeral ports start at {ephemeral.start}: no room below them")
+    for _ in range(20):
+        ports = listen_ports(7)
+        assert len(set(ports)) == 7
+        assert all(RAY_WORKER_PORTS.stop <= port < ephemeral.start for port in ports), (ports, ephemeral)
+        with contextlib.ExitStack() as stack:
+            for port in ports:
+                stack.enter_context(socket.socket()).bind(("127.0.0.1", port))

@@ -576,8 +576,10 @@ def test_chat_asks_one_bounded_question_at_a_time() -> None:
 
 
 def test_chat_prompt_sends_on_enter_once() -> None:
-    """Enter in the prompt box (its value synced from the browser) asks; the same question sent again while it is
-    answered (Enter, then Send) is not asked twice and says nothing; another question then says to wait."""
+    """Enter in the prompt box (its value synced from the browser) asks and empties the box; the same question sent
+    again while it is answered is not asked twice and says nothing; another question then says to wait. Typing and
+    clicking Send syncs the box, then clicks: one question, even when its answers came before the click (a tiny
+    model's did, in the booth's browser test, and the question was asked twice)."""
     from widgets.chat import ChatPanel
 
     panel = ChatPanel(get_blueprint("tiny-llama-cpu"), operator=False)
@@ -592,10 +594,26 @@ def test_chat_prompt_sends_on_enter_once() -> None:
     panel.endpoints = {"fine-tuned": Endpoint(url="http://127.0.0.1:9/v1", model="m")}
     panel.prompt.set_state({"value": "  reverse: kube "})  # what the browser sends on Enter
     assert wait_for(lambda: asked == ["reverse: kube"], 5, "asked")
-    assert panel.ask("reverse: kube") == [] and "wait for" not in panel.status.value  # Send after Enter
+    assert panel.prompt.value == ""  # the question is in the dialogue, not in the box
+    panel.send.click()  # Send after Enter
+    assert panel.ask("reverse: kube") == [] and "wait for" not in panel.status.value
     assert panel.ask("reverse: flow") == [] and "wait for both answers" in panel.status.value
     release.set()
     assert panel.wait(5) and asked == ["reverse: kube"]
+    panel.prompt.set_state({"value": "reverse: nebx"})  # typed, then Send clicked: the box syncs as it loses focus
+    assert panel.wait(5) and asked == ["reverse: kube", "reverse: nebx"]  # answered before the click arrives
+    panel.send.click()
+    assert panel.wait(5) and asked == ["reverse: kube", "reverse: nebx"], asked
+    release.clear()
+    panel.prompt.set_state({"value": "reverse: flow"})  # a question refused while one is answered stays in the box
+    assert wait_for(lambda: len(asked) == 3, 5, "asked") and panel.prompt.value == ""
+    panel.prompt.set_state({"value": "reverse: tree"})
+    assert "wait for both answers" in panel.status.value and panel.prompt.value == "reverse: tree"
+    release.set()
+    assert panel.wait(5)
+    panel.send.click()  # Send once the answers are in: asked now
+    assert wait_for(lambda: asked[-1] == "reverse: tree", 5, "asked") and len(asked) == 4
+    assert panel.wait(5)
 
 
 # -- page nits (issue 62) -------------------------------------------------------------------------

@@ -178,7 +178,9 @@ class ChatPanel(ipw.VBox):
         self.dialogue = ipw.HTML(dialogue_html(self.transcripts)).add_class("pg-answers").add_class("pg-dialogue")
         self.answers = dict.fromkeys(SIDES, self.dialogue)  # each side's answers (one shared widget)
         # Enter (or leaving the box) sends the question: the value syncs then (ipywidgets' replacement for the
-        # deprecated on_submit); the same question while it is being answered is not asked twice.
+        # deprecated on_submit). An asked question leaves the box (it is in the dialogue): a Send click, which
+        # comes right after the box's own sync (clicking Send leaves the box), finds it empty and asks nothing
+        # again, however fast the first answers came.
         self.prompt = ipw.Text(placeholder="Ask both models…", layout=ipw.Layout(width="60%"), continuous_update=False)
         self.prompt.add_class("pg-prompt")
         self.prompt.observe(self._submitted, names="value")
@@ -251,7 +253,7 @@ class ChatPanel(ipw.VBox):
         self._asking = prompt
         self._echo = True  # this value is ours, not a question typed
         try:
-            self.prompt.value = prompt
+            self.prompt.value = ""
         finally:
             self._echo = False
         reading = request_reading(self.blueprint, prompt)

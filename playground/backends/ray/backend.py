@@ -263,6 +263,13 @@ class RayBackend(Backend):
             submit_when_agent_ready(client, job, wait=self.agent_wait)
         except Exception as exc:
             shutil.rmtree(self.storage / job_id, ignore_errors=True)
+            if self.is_local and self.local_ray.read() is None:  # it died under the submission: say Ray's reason
+                self._client = None  # the next submission starts a new one
+                why = self.local_ray.exit_reason() or "it was stopped"
+                raise BackendError(
+                    f"the local Ray stopped while job {job_id} was submitted: {why}; the next submission starts it "
+                    f"again (Ray's log: {self.local_ray.dir / 'ray-start.log'})"
+                ) from None
             waited = (
                 f" (its job agent did not come up within {self.agent_wait:g}s)" if AGENT_NOT_READY in str(exc) else ""
             )

@@ -78,13 +78,54 @@ def remote_address() -> str | None:
     return address if is_uri(address) else f"http://{address}"
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports (held open together while chosen, so none repeats)."""
+RAY_WORKER_PORTS = range(10002, 20000)  # Ray's default --min-worker-port .. --max-worker-port: its workers bind there
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports() -> range:
+    """The kernel's ephemeral port range: every outgoing connection and every bind to port 0 takes a local port
+    from it (Linux's default 32768-60999 where the kernel does not say)."""
+    try:
+        low, high = (int(word) for word in _EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def listen_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports nobody uses now, between Ray's worker ports and the ephemeral range (held
+    open together while chosen, so none repeats).
+
+    A port handed out by binding port 0 is an ephemeral one: between the choice and Ray's bind, many seconds on a
+    loaded machine, any outgoing connection on the machine (Ray's own among them) may take it as its local port.
+    When that happened to the client server's port, the client server exited and ``ray start --block`` stopped
+    every process it had started: the whole local Ray, seconds after it first answered."""
+    import random
+
+    ephemeral = ephemeral_ports()
+    # below the ephemeral range first: the ports Ray picks itself are random ones above an ephemeral one
+    candidates = list(range(RAY_WORKER_PORTS.stop, ephemeral.start))
+    if len(candidates) < 100 * count:
+        candidates = [p for p in range(RAY_WORKER_PORTS.stop, 65536) if p not in ephemeral]
+    if len(candidates) < 100 * count:  # an operator gave (nearly) every port to the kernel: take its ports
+        candidates = []
+    random.shuffle(candidates)
+    chosen: list[int] = []
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
+        for port in candidates:
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (a listener, or a connection's local port)
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+        while len(chosen) < count:
+            sock = stack.enter_context(socket.socket())
             sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
+            chosen.append(int(sock.getsockname()[1]))
+    return chosen
 
 
 def _temp_dir(home: Path) -> Path:
@@ -149,6 +190,31 @@ def start_failure(log_text: str) -> str:
     return " / ".join(line[:200] for line in lines[-3:]) or "it printed nothing"
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RAY_LOG_LINE = re.compile(r"^\S+ \S+\s+(?P<level>[A-Z]+) \S+ -- (?P<message>.*)$")
+_SUBPROCESSES_EXITED = "Some Ray subprocesses exited unexpectedly"
+
+
+def exit_reason(log_text: str) -> str | None:
+    """Why a running local Ray stopped by itself, from what ``ray start --block`` printed last ("Some Ray
+    subprocesses exited unexpectedly: ray_client_server [exit code=1]": it then stops every other process it
+    started); None where it printed no such thing (it was stopped)."""
+    messages = [
+        (found["level"], found["message"].strip())
+        for line in log_text.splitlines()
+        if (found := _RAY_LOG_LINE.match(_ANSI.sub("", line).strip()))
+    ]
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index][1].startswith(_SUBPROCESSES_EXITED):
+            exited = []
+            for level, message in messages[index + 1 :]:
+                if not level.startswith("ERR") or message.startswith("Remaining processes"):
+                    break
+                exited.append(message)
+            return f"{_SUBPROCESSES_EXITED}: {', '.join(exited) or 'Ray did not say which'}"
+    return None
+
+
 class LocalRayHome:
     """The local Ray of one playground home: find it, start it, stop it."""
 
@@ -168,6 +234,15 @@ class LocalRayHome:
             return cluster
         return None
 
+    def exit_reason(self) -> str | None:
+        """Why the last local Ray of this home stopped by itself (:func:`exit_reason` of its log's end)."""
+        try:
+            with open(self.dir / "ray-start.log", "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - 64 * 1024))
+                return exit_reason(log.read().decode(errors="replace"))
+        except OSError:
+            return None
+
     def ensure(self) -> LocalRay:
         """The running local Ray, started now if there is none (one process starts it; others wait for it)."""
         import fcntl
@@ -180,15 +255,18 @@ class LocalRayHome:
     def _start(self) -> LocalRay:
         temp_dir = _temp_dir(self.dir.parent)
         temp_dir.mkdir(parents=True, exist_ok=True)
-        port, agent_port, client_port = _free_ports(3)
+        gcs_port, port, agent_port, agent_grpc_port, client_port, env_agent_port, metrics_port = listen_ports(7)
         cpus, gpus = local_cpus(), local_gpus()
         # Every port of its own: Ray's fixed defaults (the job agent's 52365, the client server's 10001) are taken
         # when another Ray runs on this machine (another home's, a second test run, an operator's), and then its
-        # job agent never registers (every submission: "No available agent") and its client server exits.
+        # job agent never registers (every submission: "No available agent") and its client server exits. Ports Ray
+        # would pick itself come from the ephemeral range, where a connection may take them first (listen_ports).
         command = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--disable-usage-stats",
-            "--port=0", f"--dashboard-port={port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-            f"--dashboard-agent-listen-port={agent_port}", f"--ray-client-server-port={client_port}",
+            f"--port={gcs_port}", f"--dashboard-port={port}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+            f"--dashboard-agent-listen-port={agent_port}", f"--dashboard-agent-grpc-port={agent_grpc_port}",
+            f"--ray-client-server-port={client_port}", f"--runtime-env-agent-port={env_agent_port}",
+            f"--metrics-export-port={metrics_port}",
             f"--num-cpus={cpus:g}", f"--num-gpus={gpus:g}", f"--object-store-memory={OBJECT_STORE_BYTES}",
             f"--temp-dir={temp_dir}",
         ]  # fmt: skip

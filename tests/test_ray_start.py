@@ -118,6 +118,10 @@ def test_a_local_ray_that_stopped_by_itself_is_summed_up_by_the_processes_that_e
     assert home.exit_reason() == exit_reason(RAY_STOPPED_BY_ITSELF)
     stopped = RAY_STOPPED_BY_ITSELF.split("\n")[0] + "\n2026-12-07 21:28:00,000\tINFO scripts.py:1 -- Ray stopped\n"
     assert exit_reason(stopped) is None
+    # the log is appended to by every start: an earlier Ray's exit is not the reason the last one is gone
+    started_again = "2026-12-07 21:30:00,000\tINFO scripts.py:940 -- \x1b[37mLocal node IP\x1b[39m: 127.0.0.1\n"
+    assert exit_reason(RAY_STOPPED_BY_ITSELF + started_again + stopped) is None
+    assert exit_reason(started_again + RAY_STOPPED_BY_ITSELF) == exit_reason(RAY_STOPPED_BY_ITSELF)
 
 
 def test_the_local_rays_ports_are_none_a_connection_could_take() -> None:

@@ -193,6 +193,7 @@ def start_failure(log_text: str) -> str:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RAY_LOG_LINE = re.compile(r"^\S+ \S+\s+(?P<level>[A-Z]+) \S+ -- (?P<message>.*)$")
 _SUBPROCESSES_EXITED = "Some Ray subprocesses exited unexpectedly"
+_RAY_START_FIRST_LINE = "Local node IP"  # the first line each `ray start --head` prints about its node
 
 
 def exit_reason(log_text: str) -> str | None:
@@ -204,6 +205,8 @@ def exit_reason(log_text: str) -> str | None:
         for line in log_text.splitlines()
         if (found := _RAY_LOG_LINE.match(_ANSI.sub("", line).strip()))
     ]
+    starts = [index for index, (_, message) in enumerate(messages) if message.startswith(_RAY_START_FIRST_LINE)]
+    messages = messages[starts[-1] :] if starts else messages  # the last start's lines only: the log is appended to
     for index in range(len(messages) - 1, -1, -1):
         if messages[index][1].startswith(_SUBPROCESSES_EXITED):
             exited = []

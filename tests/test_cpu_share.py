@@ -95,10 +95,10 @@ def test_a_busy_machine_is_not_idle() -> None:
     from _train_helpers import busy_processes
 
     with busy_processes(3):
-        assert cpu_share.machine_idle() is False
+        assert cpu_share.idle_at_start(*cpu_share.read_start()) is False
     if cpu_share.available_cores() == 2:  # this machine's size: one busy process takes half its cores
         with busy_processes(1):
-            assert cpu_share.machine_idle() is False
+            assert cpu_share.idle_at_start(*cpu_share.read_start()) is False
 
 
 def test_a_sleeping_trainer_starts_on_the_free_cores_and_its_guard_takes_the_rest_when_idle(
@@ -216,12 +216,12 @@ def test_a_pod_under_a_cpu_quota_starts_from_its_own_use_not_the_hosts_cores(tmp
     assert cpu_share.cgroup_cpu_seconds(pod) == 5.0 and cpu_share.cgroup_cpu_seconds(container) is None
     with busy_processes(cpu_share.available_cores()):  # the host's cores are busy; the pod's own use is nil
         assert cpu_share.busy_cores(0.3, self_cgroup, root) == (0.0, 1)
-        assert cpu_share.machine_idle(0.3, self_cgroup, root) is True
+        assert cpu_share.idle_at_start(*cpu_share.read_start(0.3, self_cgroup, root)) is True
 
     kernel = PodKernel(pod, used=0.8, used_before=5.0)  # the pod's tasks use 0.8 of a core
     busy, cores = cpu_share.busy_cores(0.5, self_cgroup, root, clock=kernel)
     assert abs(busy - 0.8) < 0.01 and cores == 1
-    assert cpu_share.machine_idle(0.5, self_cgroup, root, clock=kernel) is False
+    assert cpu_share.idle_at_start(*cpu_share.read_start(0.5, self_cgroup, root, clock=kernel)) is False
 
 
 @pytest.mark.skipif(cpu_share.available_cores() < 2, reason="one core: a quota below the affinity mask needs two")

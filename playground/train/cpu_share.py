@@ -171,16 +171,6 @@ def read_start(
     return avg10, busy, cores
 
 
-def machine_idle(
-    window: float = 0.5, self_cgroup: Path = SELF_CGROUP, cgroup_root: Path = CGROUP_ROOT,
-    clock: Callable[[], float] = time.monotonic,
-) -> bool | None:  # fmt: skip
-    """Whether nothing else wants this process's cores now (:func:`idle_at_start` on :func:`read_start`); None
-    without Linux PSI."""
-    start = read_start(window, self_cgroup, cgroup_root, clock)
-    return None if start is None else idle_at_start(*start)
-
-
 def free_cores(busy: float, cores: int) -> int:
     """The whole cores others left free at a trainer's start (at least one): ``cores`` less the busy ones, rounded (a
     busy core reads 0.96–1.02)."""

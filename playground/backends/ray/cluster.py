@@ -153,8 +153,8 @@ def local_gpus() -> float:
     return float(detect_gpus())
 
 
-# a Ray log line at ERROR ("<time>\tERROR services.py:1405 -- Failed to start the dashboard"): its message
-_RAY_ERROR = re.compile(r"^\S+ \S+\s+ERROR \S+ -- (?P<message>.+)$")
+# a Ray log line ("<time>\tERROR services.py:1405 -- Failed to start the dashboard"): its level and message
+_RAY_LOG_LINE = re.compile(r"^\S+ \S+\s+(?P<level>[A-Z]+) \S+ -- (?P<message>.*)$")
 _EXCEPTION = re.compile(r"^[A-Za-z_.]*(Error|Exception): .+$")
 
 
@@ -182,7 +182,7 @@ def start_failure(log_text: str) -> str:
     the dashboard's log, whose last lines say nothing), else the exception, else its last lines."""
     lines = [line.strip() for line in log_text.strip().splitlines() if line.strip()]
     for line in lines:
-        if found := _RAY_ERROR.match(line):
+        if (found := _RAY_LOG_LINE.match(line)) and found["level"] == "ERROR" and found["message"]:
             return found["message"].strip()[:300]
     exceptions = [line for line in lines if _EXCEPTION.match(line)]
     if exceptions:
@@ -191,7 +191,6 @@ def start_failure(log_text: str) -> str:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RAY_LOG_LINE = re.compile(r"^\S+ \S+\s+(?P<level>[A-Z]+) \S+ -- (?P<message>.*)$")
 _SUBPROCESSES_EXITED = "Some Ray subprocesses exited unexpectedly"
 _RAY_START_FIRST_LINE = "Local node IP"  # the first line each `ray start --head` prints about its node
 

@@ -427,12 +427,16 @@ def test_a_local_ray_that_stops_under_a_submission_says_why(ray_home: Path) -> N
     (ray_home / STOPPED_ON_PURPOSE).touch()
     client_servers[0].send_signal(signal.SIGKILL)
     wait_for(lambda: backend.local_ray.read() is None, timeout=90, what="the local Ray to stop by itself")
-    jobs_before = sorted(path.name for path in backend.storage.iterdir()) if backend.storage.is_dir() else []
+
+    def stored_jobs() -> list[str]:
+        return sorted(path.name for path in backend.storage.iterdir()) if backend.storage.is_dir() else []
+
+    jobs_before = stored_jobs()
     with pytest.raises(BackendError) as refused:
         backend.submit(make_request("tiny-llama-cpu", PARAMS))
     message = str(refused.value)
     assert "\n" not in message and message.startswith("the local Ray stopped while job tiny-llama-cpu-"), message
     assert "ray_client_server" in message and "the next submission starts it again" in message, message
     assert str(backend.local_ray.dir / "ray-start.log") in message
-    assert (sorted(path.name for path in backend.storage.iterdir()) if backend.storage.is_dir() else []) == jobs_before
+    assert stored_jobs() == jobs_before  # the refused job's directory is gone
     wait_for(lambda: not processes_mentioning(str(running.temp_dir)), timeout=60, what="the stopped Ray's processes")

@@ -520,6 +520,8 @@ def test_booth_visitors_in_headless_chromium(booth: Booth, artifacts_dir: Path) 
                 with contextlib.suppress(Exception):
                     page.screenshot(path=str(shots / f"99-last-{'abc'[i]}.png"), full_page=True)
             browser.close()
+            with contextlib.suppress(OSError):  # the pages' console errors: a widget that failed to render says why
+                (shots / "console-errors.txt").write_text("\n\n".join(console_errors).replace(SECRET, "<secret>"))
             with contextlib.suppress(OSError):  # the booth server's log beside the screenshots (its kernels' hand-outs)
                 (shots / "voila.log").write_text(booth.log.read_text(errors="replace").replace(SECRET, "<secret>"))
     assert "Culling kernels with idle durations > 60 seconds" in booth.log.read_text()

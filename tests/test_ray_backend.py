@@ -27,7 +27,7 @@ from _waiting import wait_for
 
 from playground.api import make_request
 from playground.backends.ray.backend import RayBackend
-from playground.backends.ray.cluster import RAY_WORKER_PORTS, ephemeral_ports
+from playground.backends.ray.cluster import PORT_CANDIDATES, RAY_WORKER_PORTS, ephemeral_ports
 from playground.cli import main as cli_main
 from playground.errors import BackendError
 from playground.events import Event, JobPhase, Log, Phase, Progress
@@ -399,7 +399,7 @@ def test_the_local_rays_ports_are_its_own(ray_home: Path) -> None:
     assert not set(ports.values()) & set(RAYS_DEFAULT_PORTS), ports
     # none from the ephemeral range, where a connection's local port could take it before Ray binds it
     ephemeral = ephemeral_ports()
-    room = ephemeral.start - RAY_WORKER_PORTS.stop >= 700  # listen_ports' own rule: 100 candidates per port
+    room = ephemeral.start - RAY_WORKER_PORTS.stop >= PORT_CANDIDATES * len(ports)  # listen_ports' own rule
     assert all(port < ephemeral.start for port in ports.values()) or not room, (ports, ephemeral)
     client = backend.client(start=False)
     job_id = submit_when_agent_ready(client, {"entrypoint": "python -c 'print(6 * 7)'"})

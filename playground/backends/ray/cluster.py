@@ -79,6 +79,7 @@ def remote_address() -> str | None:
 
 
 RAY_WORKER_PORTS = range(10002, 20000)  # Ray's default --min-worker-port .. --max-worker-port: its workers bind there
+PORT_CANDIDATES = 100  # free-looking ports per port wanted, for a range to be worth choosing from
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -105,9 +106,9 @@ def listen_ports(count: int) -> list[int]:
     ephemeral = ephemeral_ports()
     # below the ephemeral range first: the ports Ray picks itself are random ones above an ephemeral one
     candidates = list(range(RAY_WORKER_PORTS.stop, ephemeral.start))
-    if len(candidates) < 100 * count:
+    if len(candidates) < PORT_CANDIDATES * count:
         candidates = [p for p in range(RAY_WORKER_PORTS.stop, 65536) if p not in ephemeral]
-    if len(candidates) < 100 * count:  # an operator gave (nearly) every port to the kernel: take its ports
+    if len(candidates) < PORT_CANDIDATES * count:  # an operator gave (nearly) every port to the kernel: take its ports
         candidates = []
     random.shuffle(candidates)
     chosen: list[int] = []
